@@ -1,0 +1,160 @@
+"""The tile planner: from a mask to the small tables a block-sparse kernel consumes.
+
+The planner knows masks; kernels know tables. For `block_q` x `block_kv` tiles it
+classifies every tile (EMPTY / PARTIAL / FULL) from exact pair counts (no N x N
+array), and lays out a compressed schedule: for each query tile, the key/value
+tiles to visit in order, padded to a common length with idle steps that point at
+the block already resident, so an idle grid step issues no DMA.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .masks import Mask, TileAlignedMask, check_block_size
+
+EMPTY, PARTIAL, FULL = 0, 1, 2  # the same codes as Splash attention's block classes
+CLASS_NAMES = {EMPTY: "empty", PARTIAL: "partial", FULL: "full"}
+
+
+@dataclass
+class TilePlan:
+    """Tile classes and the scalar-prefetch schedule of one mask at one block size.
+
+    Shapes: `nq = ceil(tokens / block_q)` query tiles, `nk = ceil(tokens / block_kv)` key tiles,
+    `steps` = the most tiles any query tile visits (at least 1).
+    """
+
+    mask: Mask
+    block_q: int
+    block_kv: int
+    counts: np.ndarray           # int64 [nq, nk] kept pairs per tile
+    areas: np.ndarray            # int64 [nq, nk] real (unpadded) pairs per tile
+    classes: np.ndarray          # int8  [nq, nk] EMPTY / PARTIAL / FULL
+    touches_padding: np.ndarray  # bool  [nq, nk] tile reaches past the last token in q or kv
+    kv_index: np.ndarray         # int32 [nq, steps] key tile to fetch at each step
+    step_class: np.ndarray       # int8  [nq, steps] class of that step's tile; EMPTY for idle steps
+    num_steps: np.ndarray        # int32 [nq] how many steps of each row are real visits
+    _stats: dict | None = field(default=None, repr=False)
+
+    @property
+    def tokens(self) -> int:
+        return self.mask.tokens
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """(query tiles, key tiles)."""
+        return self.classes.shape
+
+    @property
+    def steps(self) -> int:
+        """Grid steps per query tile in the compressed schedule."""
+        return self.kv_index.shape[1]
+
+    @property
+    def visited(self) -> np.ndarray:
+        """bool [nq, nk]: tiles a block-sparse kernel computes (every non-empty tile)."""
+        return self.classes != EMPTY
+
+    @property
+    def needs_mask(self) -> np.ndarray:
+        """bool [nq, nk]: visited tiles that need an elementwise mask in B2.
+
+        Boundary tiles, and tiles reaching into key padding (padded key columns must not enter
+        the softmax). Padded query rows need no mask: they are computed and thrown away.
+        """
+        return self.classes == PARTIAL
+
+    def table(self, name: str) -> np.ndarray:
+        """The schedule tables as int32, the dtype scalar prefetch wants in SMEM."""
+        return np.asarray(getattr(self, name), dtype=np.int32)
+
+    @property
+    def stats(self) -> dict:
+        """Plan statistics; the keys of `python -m svg_lib plan --json`."""
+        if self._stats is None:
+            self._stats = _plan_stats(self)
+        return self._stats
+
+    def __str__(self) -> str:
+        s = self.stats
+        return (f"{self.block_q}x{self.block_kv} tiles over {s['tokens']:,} tokens: "
+                f"{s['tiles_visited']}/{s['tiles_total']} visited, {s['tiles_masked']} masked; "
+                f"B3 {s['b3_tiles_visited']} visited, {s['b3_tiles_masked']} masked")
+
+
+def plan_tiles(mask: Mask, block_q: int, block_kv: int) -> TilePlan:
+    """Classify every `block_q` x `block_kv` tile of `mask` and build its schedule tables."""
+    if not isinstance(mask, Mask):
+        raise TypeError(f"plan_tiles needs an svg_lib Mask (e.g. SVGMask.spatial(...)), got {type(mask).__name__}")
+    block_q = check_block_size("block_q", block_q)
+    block_kv = check_block_size("block_kv", block_kv)
+    n = mask.tokens
+    nq, nk = -(-n // block_q), -(-n // block_kv)
+    q_edges = np.arange(nq + 1, dtype=np.int64) * block_q
+    k_edges = np.arange(nk + 1, dtype=np.int64) * block_kv
+    counts = mask.pair_counts(q_edges, k_edges)
+    rows = np.minimum(q_edges[1:], n) - q_edges[:-1]
+    cols = np.minimum(k_edges[1:], n) - k_edges[:-1]
+    areas = rows[:, None] * cols[None, :]
+    kv_padded = (k_edges[1:] > n)[None, :]
+    q_padded = (q_edges[1:] > n)[:, None]
+
+    classes = np.full((nq, nk), PARTIAL, dtype=np.int8)
+    classes[counts == 0] = EMPTY
+    classes[(counts == areas) & ~kv_padded] = FULL
+
+    visited = classes != EMPTY
+    num_steps = visited.sum(axis=1).astype(np.int32)
+    steps = max(int(num_steps.max(initial=0)), 1)
+    # Visited key tiles first, in ascending order; idle steps repeat the last visited tile.
+    order = np.argsort(~visited, axis=1, kind="stable")[:, :steps]
+    last = np.take_along_axis(order, np.maximum(num_steps - 1, 0)[:, None], axis=1)
+    idle = np.arange(steps)[None, :] >= num_steps[:, None]
+    kv_index = np.where(idle, last, order).astype(np.int32)
+    step_class = np.where(idle, EMPTY, np.take_along_axis(classes, order, axis=1)).astype(np.int8)
+
+    return TilePlan(mask, block_q, block_kv, counts, areas, classes, q_padded | kv_padded,
+                    kv_index, step_class, num_steps)
+
+
+def _plan_stats(plan: TilePlan) -> dict:
+    mask = plan.mask
+    nq, nk = plan.grid
+    visited = int(plan.visited.sum())
+    masked = int(plan.needs_mask.sum())
+    exact_pairs = int(plan.counts.sum())
+    band = getattr(mask, "band_width", None)
+    stats = {
+        "tokens": int(mask.tokens),
+        "band_width": None if band is None else int(band),
+        "pair_density": exact_pairs / float(mask.tokens) ** 2,
+        "block_q": plan.block_q,
+        "block_kv": plan.block_kv,
+        "q_tiles": nq,
+        "kv_tiles": nk,
+        "tiles_total": nq * nk,
+        "tiles_visited": visited,
+        "tiles_full": int((plan.classes == FULL).sum()),
+        "tiles_masked": masked,
+        "tiles_touching_padding": int(plan.touches_padding.sum()),
+        "visited_fraction": visited / (nq * nk),
+        "masked_fraction": masked / max(visited, 1),
+        "grid_steps": nq * plan.steps,
+        "computed_pairs": int(plan.areas[plan.visited].sum()),
+    }
+    if isinstance(mask, TileAlignedMask) and mask.report is None:
+        b3 = mask  # already whole tiles: nothing to round
+    else:
+        b3 = mask.tile_aligned(plan.block_q, plan.block_kv, policy="balanced")
+    b3_plan = plan if b3 is mask else plan_tiles(b3, plan.block_q, plan.block_kv)
+    b3_visited = int(b3_plan.visited.sum())
+    stats.update({
+        "b3_tiles_visited": b3_visited,
+        "b3_tiles_masked": int(b3_plan.needs_mask.sum()),
+        "b3_visited_fraction": b3_visited / (nq * nk),
+        "b3_pairs": int(b3_plan.counts.sum()),
+        "b3_budget_error": (int(b3_plan.counts.sum()) - exact_pairs) / max(exact_pairs, 1),
+    })
+    return stats
