@@ -6,3 +6,8 @@ from .planner import EMPTY, FULL, PARTIAL, TilePlan, plan_tiles
 from .reference import reference_attention
 
 __version__ = "0.1.0"
+# runtime detection, problem-size presets, plots (helper: runtime/plots/cli)
+from .runtime import PRESETS, Preset, Runtime, default_interpret, detect_runtime, get_preset, parse_tpu_generation
+from .plots import TILE_COLORS, ascii_tile_map, kept_fraction_grid, plot_mask, plot_tile_map, plot_tile_map_grid
+from .attention import METHODS, attention, b3_mask, build_attention
+from .vmem import VmemEstimate, estimate_vmem

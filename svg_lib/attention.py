@@ -1,0 +1,141 @@
+"""`attention(...)`: one entry point for every method of the series.
+
+It validates inputs, pads the token axis to whole tiles, scales q, turns the mask into
+the tables the chosen kernel consumes (the planner's job), and slices the padding off
+again. Built kernels are cached, so calling it twice with the same mask and shapes
+traces and plans once.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from collections import OrderedDict
+
+import numpy as np
+
+from .masks import Mask, TileAlignedMask, check_block_size
+from .planner import plan_tiles
+from .reference import check_qkv, reference_attention
+from .vmem import check_block_kv_compute, check_fits, estimate_vmem
+
+METHODS = ("reference", "dense", "splash_dense", "splash", "b1", "b2", "b3")
+_NEEDS_MASK = ("splash", "b1", "b2", "b3")
+_CACHE: OrderedDict = OrderedDict()
+_CACHE_SIZE = 32
+
+
+def default_interpret() -> bool:
+    """Pallas TPU kernels run compiled on a TPU and in interpret mode everywhere else."""
+    import jax
+    return jax.devices()[0].platform != "tpu"
+
+
+def b3_mask(mask: Mask, block_q: int, block_kv: int) -> TileAlignedMask:
+    """The tile-aligned mask B3 computes: `mask` itself if it already is one at these blocks."""
+    if isinstance(mask, TileAlignedMask) and (mask.block_q, mask.block_kv) == (block_q, block_kv):
+        return mask
+    return mask.tile_aligned(block_q, block_kv)
+
+
+def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, head_dim: int, dtype,
+                    block_q: int, block_kv: int, block_kv_compute: int | None = None, interpret=None):
+    """A jitted `f(q, k, v) -> out` for `[heads, tokens, head_dim]` arrays of `dtype`.
+
+    Planning (tile classes, schedule tables, Splash's mask info) happens here, once; the
+    returned function only pads, runs the kernel and slices.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if method in _NEEDS_MASK and mask is None:
+        raise ValueError(f"method {method!r} needs a mask (e.g. SVGMask.spatial(geometry, density)); "
+                         "for dense attention use method='dense' or 'splash_dense'")
+    if mask is not None and not isinstance(mask, Mask):
+        raise TypeError(f"mask must be an svg_lib Mask or None, got {type(mask).__name__}")
+    if mask is not None and mask.tokens != tokens:
+        raise ValueError(f"the mask covers {mask.tokens} tokens but q, k, v have {tokens}")
+    dtype = jnp.dtype(dtype)
+    if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+        raise ValueError(f"q, k, v must be float32 or bfloat16, got {dtype}")
+
+    if method == "reference":
+        return jax.jit(lambda q, k, v: reference_attention(q, k, v, mask))
+    if method in ("dense", "splash_dense"):
+        mask = None  # dense methods ignore any mask given; they are the baselines
+
+    block_q = check_block_size("block_q", block_q)
+    block_kv = check_block_size("block_kv", block_kv)
+    block_kv_compute = check_block_kv_compute(block_kv, block_kv_compute, block_q)
+    vmem = check_fits(estimate_vmem(method, block_q, block_kv, head_dim, dtype, block_kv_compute))
+    if interpret is None:
+        interpret = default_interpret()
+    nq, nk = -(-tokens // block_q), -(-tokens // block_kv)
+    q_len, kv_len = nq * block_q, nk * block_kv
+    scale = 1.0 / math.sqrt(head_dim)
+
+    if method in ("splash_dense", "splash"):
+        from .splash import make_splash
+        kernel = make_splash(mask, tokens=tokens, heads=heads, q_len=q_len, kv_len=kv_len, block_q=block_q,
+                             block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=interpret)
+        run = kernel
+    elif method == "dense":
+        from .kernels import dense_flash_attention
+        run = functools.partial(dense_flash_attention, tokens=tokens, block_q=block_q, block_kv=block_kv,
+                                block_kv_compute=block_kv_compute, interpret=interpret,
+                                vmem_limit_bytes=vmem.vmem_limit_bytes)
+    else:
+        from .kernels import block_sparse_attention
+        if method == "b3":
+            plan = plan_tiles(b3_mask(mask, block_q, block_kv), block_q, block_kv)
+            keep = functools.partial(_not_padding, tokens=tokens)  # whole tiles: only padding masks
+        else:
+            plan = plan_tiles(mask, block_q, block_kv)
+            keep = mask.keep
+        kv_index, step_class = jnp.asarray(plan.table("kv_index")), jnp.asarray(plan.table("step_class"))
+
+        def run(q, k, v):
+            return block_sparse_attention(q, k, v, kv_index, step_class, stage=method, keep=keep,
+                                          block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
+                                          interpret=interpret, vmem_limit_bytes=vmem.vmem_limit_bytes)
+
+    def f(q, k, v):
+        qs = (q.astype(jnp.float32) * scale).astype(q.dtype)
+        pad_q = ((0, 0), (0, q_len - tokens), (0, 0))
+        pad_kv = ((0, 0), (0, kv_len - tokens), (0, 0))
+        out = run(jnp.pad(qs, pad_q), jnp.pad(k, pad_kv), jnp.pad(v, pad_kv))
+        return out[:, :tokens]
+
+    return jax.jit(f)
+
+
+def _not_padding(q_ids, k_ids, *, tokens):
+    return k_ids < tokens
+
+
+def attention(q, k, v, mask: Mask | None = None, *, method: str, block_q: int = 512, block_kv: int = 512,
+              block_kv_compute: int | None = None, interpret=None):
+    """Attention over `[heads, tokens, head_dim]` q, k, v (float32 or bfloat16) by `method`.
+
+    Methods: "reference" (jnp), "dense" (the series' flash kernel), "splash_dense" (B0,
+    JAX's Splash with a full mask), "splash" (Splash with the exact mask), "b1", "b2",
+    "b3" (the blog's stages; b3 computes attention under `mask.tile_aligned(block_q,
+    block_kv)`). Any token count works: padding is added inside and never leaks into the
+    result. Softmax scale 1/sqrt(head_dim). `interpret=None` runs compiled on a TPU and in
+    interpret mode elsewhere; `pltpu.InterpretParams(...)` is passed through.
+    """
+    heads, tokens, head_dim = check_qkv(q, k, v)
+    key = (id(mask), method, heads, tokens, head_dim, str(q.dtype), block_q, block_kv, block_kv_compute,
+           repr(interpret))
+    entry = _CACHE.get(key)
+    if entry is None or entry[0] is not mask:
+        fn = build_attention(mask, method=method, heads=heads, tokens=tokens, head_dim=head_dim, dtype=q.dtype,
+                             block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
+                             interpret=interpret)
+        entry = (mask, fn)  # holding the mask keeps id(mask) from being reused while cached
+        _CACHE[key] = entry
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    _CACHE.move_to_end(key)
+    return entry[1](q, k, v)

@@ -1,0 +1,206 @@
+"""The series' Pallas TPU attention kernels: dense, B1, B2 and B3.
+
+Every kernel is the same online-softmax loop over key/value tiles; they differ only
+in which tiles the grid visits and which of them evaluate a mask:
+
+    dense  grid (heads, q tiles, kv tiles)  every tile; padding mask on the last kv tile
+    B1     grid (heads, q tiles, steps)     planner's non-empty tiles; mask on every one
+    B2     same schedule as B1              FULL tiles skip the mask; PARTIAL tiles mask
+    B3     schedule of the tile-aligned     like B2, but only tiles touching key padding
+           mask                             mask, and only for padding
+
+The tile body (`_online_softmax_tile`) is shared by all four. Kernels never see a
+Mask object's structure, only tables from the planner (scalar-prefetched into SMEM)
+and an elementwise predicate `keep(q_ids, k_ids)` for the tiles that must mask.
+
+All arrays here are already padded: q `[heads, nq * block_q, head_dim]`, k and v
+`[heads, nk * block_kv, head_dim]`, q pre-scaled by 1/sqrt(head_dim).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from .planner import EMPTY, FULL, PARTIAL
+
+# A finite "minus infinity": exp(MASK_VALUE - m) is exactly 0 for any real score m, and
+# unlike -inf it never produces inf - inf = nan in a row that has seen no kept key yet.
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+LANES = 128
+
+
+def _online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_start, k_start,
+                         block_kv_compute):
+    """Fold one key/value tile into the running softmax state of one query tile.
+
+    q_ref `[block_q, head_dim]`; k_ref, v_ref `[block_kv, head_dim]`; m_ref, l_ref
+    `[block_q, 128]` f32 running max and sum (replicated over lanes, the layout the VPU
+    likes); acc_ref `[block_q, head_dim]` f32 unnormalised output. `keep` is None (a
+    mask-free tile: the MXU path with no per-element VPU work) or a predicate on global
+    token indices. The tile is processed in `block_kv_compute` slices to bound VMEM.
+    """
+    block_q = q_ref.shape[0]
+    block_kv = k_ref.shape[0]
+    q = q_ref[...]
+    for c in range(block_kv // block_kv_compute):  # static unroll: slices are compile-time
+        ks = pl.ds(c * block_kv_compute, block_kv_compute)
+        k = k_ref[ks, :]
+        v = v_ref[ks, :]
+        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        if keep is not None:
+            shape = (block_q, block_kv_compute)
+            q_ids = q_start + jax.lax.broadcasted_iota(jnp.int32, shape, 0)
+            k_ids = k_start + c * block_kv_compute + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
+            s = jnp.where(keep(q_ids, k_ids), s, MASK_VALUE)
+        m_prev = m_ref[...]
+        m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))  # [block_q, 128]
+        p = jnp.exp(s - m_next[:, :1])
+        alpha = jnp.exp(m_prev - m_next)
+        l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
+        m_ref[...] = m_next
+        pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
+                                 preferred_element_type=jnp.float32)
+        acc_ref[...] = alpha[:, :1] * acc_ref[...] + pv
+
+
+def _init_state(m_ref, l_ref, acc_ref):
+    m_ref[...] = jnp.full(m_ref.shape, MASK_VALUE, jnp.float32)
+    l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
+    acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+
+
+def _finish(m_ref, l_ref, acc_ref, o_ref):
+    # A row whose max never rose above MASK_VALUE saw no kept key: it gets zeros, like the
+    # reference, instead of the average of masked values.
+    seen = m_ref[:, :1] > 0.5 * MASK_VALUE
+    l = l_ref[:, :1]
+    o_ref[...] = jnp.where(seen, acc_ref[...] / jnp.where(seen, l, 1.0), 0.0).astype(o_ref.dtype)
+
+
+def _scratch(block_q, head_dim):
+    return [pltpu.VMEM((block_q, LANES), jnp.float32),   # m: running max
+            pltpu.VMEM((block_q, LANES), jnp.float32),   # l: running sum
+            pltpu.VMEM((block_q, head_dim), jnp.float32)]  # acc: unnormalised output
+
+
+def _compiler_params(vmem_limit_bytes):
+    # heads and query tiles are independent; the kv axis carries the softmax state
+    return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary"),
+                                vmem_limit_bytes=vmem_limit_bytes)
+
+
+# -- dense ---------------------------------------------------------------------------------
+
+def dense_flash_attention(q, k, v, *, tokens, block_q, block_kv, block_kv_compute, interpret,
+                          vmem_limit_bytes=None):
+    """Dense flash attention: every (query tile, key tile) pair, K/V tiles along the grid.
+
+    Only the last key tile can reach into padding, so only it masks (`k < tokens`).
+    """
+    heads, nq_pad, head_dim = q.shape
+    nq, nk = nq_pad // block_q, k.shape[1] // block_kv
+    pad_kv = k.shape[1] != tokens
+
+    def not_padding(q_ids, k_ids):
+        return k_ids < tokens
+
+    def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
+        i, j = pl.program_id(1), pl.program_id(2)
+        tile = functools.partial(_online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
+                                 q_start=i * block_q, k_start=j * block_kv,
+                                 block_kv_compute=block_kv_compute)
+
+        @pl.when(j == 0)
+        def _():
+            _init_state(m_ref, l_ref, acc_ref)
+
+        if pad_kv:
+            pl.when(j < nk - 1)(lambda: tile(keep=None))
+            pl.when(j == nk - 1)(lambda: tile(keep=not_padding))
+        else:
+            tile(keep=None)
+
+        @pl.when(j == nk - 1)
+        def _():
+            _finish(m_ref, l_ref, acc_ref, o_ref)
+
+    return pl.pallas_call(
+        kernel,
+        grid=(heads, nq, nk),
+        in_specs=[pl.BlockSpec((None, block_q, head_dim), lambda h, i, j: (h, i, 0)),
+                  pl.BlockSpec((None, block_kv, head_dim), lambda h, i, j: (h, j, 0)),
+                  pl.BlockSpec((None, block_kv, head_dim), lambda h, i, j: (h, j, 0))],
+        out_specs=pl.BlockSpec((None, block_q, head_dim), lambda h, i, j: (h, i, 0)),
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        scratch_shapes=_scratch(block_q, head_dim),
+        compiler_params=_compiler_params(vmem_limit_bytes),
+        interpret=interpret,
+        name="dense_flash_attention",
+    )(q, k, v)
+
+
+# -- block-sparse: B1, B2, B3 ---------------------------------------------------------------
+
+def block_sparse_attention(q, k, v, kv_index, step_class, *, stage, keep, block_q,
+                           block_kv, block_kv_compute, interpret, vmem_limit_bytes=None):
+    """B1 / B2 / B3 over a planner schedule.
+
+    kv_index and step_class `[q_tiles, steps]` (int32) come from `TilePlan`; they are
+    scalar-prefetched into SMEM so the index maps can read them. Grid step (h, i, s)
+    fetches key tile kv_index[i, s]; idle steps (class EMPTY) repeat the previous index,
+    so the pipeline issues no DMA for them. `keep(q_ids, k_ids)` is the elementwise
+    predicate for masked tiles (the exact mask for B1/B2, padding only for B3).
+    """
+    if stage not in ("b1", "b2", "b3"):
+        raise ValueError(f"stage must be 'b1', 'b2' or 'b3', got {stage!r}")
+    heads, nq_pad, head_dim = q.shape
+    nq, steps = kv_index.shape
+
+    def kernel(kv_index_ref, step_class_ref, q_ref, k_ref, v_ref, o_ref,
+               m_ref, l_ref, acc_ref):
+        i, s = pl.program_id(1), pl.program_id(2)
+        cls = step_class_ref[i, s]
+        tile = functools.partial(_online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
+                                 q_start=i * block_q, k_start=kv_index_ref[i, s] * block_kv,
+                                 block_kv_compute=block_kv_compute)
+
+        @pl.when(s == 0)
+        def _():
+            _init_state(m_ref, l_ref, acc_ref)
+
+        if stage == "b1":  # B1: skip empty tiles, but mask every visited one
+            pl.when(cls != EMPTY)(lambda: tile(keep=keep))
+        else:              # B2, B3: a full tile takes the mask-free path
+            pl.when(cls == FULL)(lambda: tile(keep=None))
+            pl.when(cls == PARTIAL)(lambda: tile(keep=keep))
+
+        @pl.when(s == steps - 1)
+        def _():
+            _finish(m_ref, l_ref, acc_ref, o_ref)
+
+    def q_map(h, i, s, kv_index_ref, *_):
+        return h, i, 0
+
+    def kv_map(h, i, s, kv_index_ref, *_):
+        return h, kv_index_ref[i, s], 0
+
+    return pl.pallas_call(
+        kernel,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=2,
+            grid=(heads, nq, steps),
+            in_specs=[pl.BlockSpec((None, block_q, head_dim), q_map),
+                      pl.BlockSpec((None, block_kv, head_dim), kv_map),
+                      pl.BlockSpec((None, block_kv, head_dim), kv_map)],
+            out_specs=pl.BlockSpec((None, block_q, head_dim), q_map),
+            scratch_shapes=_scratch(block_q, head_dim)),
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        compiler_params=_compiler_params(vmem_limit_bytes),
+        interpret=interpret,
+        name=f"{stage}_block_sparse_attention",
+    )(kv_index, step_class, q, k, v)
