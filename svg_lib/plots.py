@@ -1,0 +1,269 @@
+"""Pictures of masks and tile plans, as figures and as text.
+
+Conventions (the same in every figure of the series): query index on the y axis,
+key index on the x axis, origin top-left like a matrix; one colour per tile class.
+Every function returns the matplotlib Figure it drew on. matplotlib is imported
+inside the functions, so `import svg_lib` never needs it.
+
+Nothing here runs a kernel: the pictures come from exact pair counts
+(`Mask.pair_counts`) and tile plans (`plan_tiles`), i.e. they are analytic.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .masks import Mask
+from .planner import EMPTY, FULL, PARTIAL, TilePlan, plan_tiles
+
+# One colour per tile class (colour-blind safe): skipped work is pale, masked work stands out.
+TILE_COLORS = {EMPTY: "#ececec", PARTIAL: "#e69f00", FULL: "#0072b2"}
+TILE_LABELS = {EMPTY: "empty (skipped)", PARTIAL: "partial (masked)", FULL: "full (no mask)"}
+PADDING_COLOR = "#9a9a9a"
+
+# ascii_tile_map: characters in order of the work a tile costs, least first
+_ASCII_CHARS = ".#px"  # empty, full, masked only for key padding, partial (boundary)
+
+
+def _new_axes(ax, figsize):
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        fig, ax = plt.subplots(figsize=figsize, layout="constrained")
+        return fig, ax
+    return ax.figure, ax
+
+
+def _sample_kept_fraction(mask: Mask, edges: np.ndarray, samples: int = 4) -> np.ndarray:
+    """Kept fraction per cell estimated from `samples` x `samples` evenly spaced pairs per cell."""
+    starts, widths = edges[:-1], np.diff(edges)
+    offsets = (np.arange(samples) + 0.5) / samples
+    points = (starts[:, None] + np.floor(widths[:, None] * offsets[None, :])).astype(np.int64).ravel()
+    cells = starts.size
+    kept = np.zeros((cells, samples, cells, samples), dtype=np.float64)
+    chunk = max(1, 4096 // samples)  # rows of cells per keep() call bounds memory at ~4k x 2k pairs
+    for c0 in range(0, cells, chunk):
+        rows = points[c0 * samples:(c0 + chunk) * samples]
+        block = np.asarray(mask.keep(rows[:, None], points[None, :]), dtype=np.float64)
+        kept[c0:c0 + chunk] = block.reshape(-1, samples, cells, samples)
+    return kept.mean(axis=(1, 3))
+
+
+def kept_fraction_grid(mask: Mask, resolution: int = 512):
+    """The fraction of kept pairs in each cell of a grid of at most `resolution` x `resolution` cells.
+
+    Returns `(fraction, edges, exact)`: fraction float64 `[cells, cells]` (query cells on axis 0),
+    the cell edges in token indices `[cells + 1]` (the same for queries and keys), and whether
+    the fractions are exact (from `pair_counts`) or sampled (for masks too large to count pair by
+    pair that have no closed form, e.g. a temporal head's mask at 75,600 tokens).
+    """
+    if not isinstance(mask, Mask):
+        raise TypeError(f"expected an svg_lib Mask (e.g. SVGMask.spatial(...)), got {type(mask).__name__}")
+    if isinstance(resolution, bool) or not isinstance(resolution, (int, np.integer)) or resolution < 1:
+        raise ValueError(f"resolution must be a positive integer (cells per side), got {resolution!r}")
+    n = mask.tokens
+    if n <= resolution:
+        edges = np.arange(n + 1, dtype=np.int64)  # one cell per token: the mask itself
+    else:
+        edges = np.unique(np.rint(np.linspace(0, n, resolution + 1)).astype(np.int64))
+    widths = np.diff(edges)
+    try:
+        counts = mask.pair_counts(edges, edges)
+    except ValueError:
+        # no closed form and too many tokens to count exactly: fall back to sampling pairs
+        return _sample_kept_fraction(mask, edges), edges, False
+    return counts / (widths[:, None] * widths[None, :]), edges, True
+
+
+def plot_mask(mask: Mask, ax=None, resolution: int = 512, title: str | None = None):
+    """Draw `mask` (`[tokens, tokens]`, query on y, key on x) as an image; returns the Figure.
+
+    Up to `resolution` tokens every pixel is one (query, key) pair. Beyond that each pixel is a
+    cell of about tokens/resolution tokens per side, shaded by the fraction of its pairs the mask
+    keeps, computed exactly with `mask.pair_counts` (no N x N array, so 75,600 tokens is fine).
+    A mask with no closed-form count and too many tokens to count pair by pair (a temporal
+    head's frame-major view at the blog size) is sampled instead, and the colour bar says so.
+    """
+    fig, ax = _new_axes(ax, figsize=(5.6, 4.8))
+    fraction, edges, exact = kept_fraction_grid(mask, resolution)
+    n = mask.tokens
+    image = ax.imshow(fraction, cmap="Greys", vmin=0.0, vmax=1.0, extent=(0, n, n, 0),
+                      interpolation="nearest", aspect="equal")
+    per_pair = edges.size == n + 1
+    if per_pair:
+        label = "kept (1) or dropped (0)"
+    else:
+        cell = n / (edges.size - 1)
+        label = f"kept fraction per {cell:,.0f} x {cell:,.0f}-token cell" + ("" if exact else " (sampled)")
+    fig.colorbar(image, ax=ax, label=label, shrink=0.9)
+    ax.set_xlabel("key index")
+    ax.set_ylabel("query index")
+    if title is None:
+        density = float(np.sum(fraction * np.diff(edges)[:, None] * np.diff(edges)[None, :])) / float(n) ** 2
+        approx = "" if exact else "~"
+        title = f"{type(mask).__name__}: {n:,} tokens, pair density {approx}{density:.3f}"
+    ax.set_title(title)
+    return fig
+
+
+def _tile_extents(plan: TilePlan):
+    """Token extents of the tiles, clipped to the real tokens: (q0, q1, k0, k1), each `[tiles]` per axis."""
+    n = plan.tokens
+    nq, nk = plan.grid
+    q0 = np.arange(nq, dtype=np.int64) * plan.block_q
+    k0 = np.arange(nk, dtype=np.int64) * plan.block_kv
+    return q0, np.minimum(q0 + plan.block_q, n), k0, np.minimum(k0 + plan.block_kv, n)
+
+
+def _legend_handles(counts: dict | None = None, padding: bool = True):
+    from matplotlib.patches import Patch
+
+    handles = []
+    for cls in (FULL, PARTIAL, EMPTY):
+        label = TILE_LABELS[cls] + ("" if counts is None else f": {counts[cls]}")
+        handles.append(Patch(facecolor=TILE_COLORS[cls], edgecolor="#555555", linewidth=0.5, label=label))
+    if padding:
+        handles.append(Patch(facecolor="none", edgecolor="#333333", hatch="////", label="touches padding"))
+        handles.append(Patch(facecolor=PADDING_COLOR, edgecolor="none", label="padding (no tokens)"))
+    return handles
+
+
+def plot_tile_map(plan: TilePlan, ax=None, title: str | None = None, show_mask: bool = True,
+                  legend: bool = True):
+    """Draw the tile classes of `plan` at their true token extents; returns the Figure.
+
+    Each `block_q` x `block_kv` tile is one rectangle coloured by class (empty, partial, full);
+    tiles at the end of the sequence are clipped to the last token, so the padded remainder of
+    the grid shows as a grey strip and the tiles reaching into it are hatched. With `show_mask`
+    the mask's kept fraction is drawn faintly underneath, so the band's edge is visible crossing
+    the partial tiles.
+    """
+    from matplotlib.collections import PatchCollection
+    from matplotlib.patches import Rectangle
+
+    if not isinstance(plan, TilePlan):
+        raise TypeError(f"plot_tile_map needs a TilePlan (from plan_tiles(mask, block_q, block_kv)), "
+                        f"got {type(plan).__name__}")
+    fig, ax = _new_axes(ax, figsize=(7.4, 5.2))
+    n = plan.tokens
+    nq, nk = plan.grid
+    q0, q1, k0, k1 = _tile_extents(plan)
+    q_end, k_end = nq * plan.block_q, nk * plan.block_kv  # the padded grid
+
+    if show_mask:
+        fraction, _, _ = kept_fraction_grid(plan.mask, resolution=min(n, 384))
+        # vmax 2: the fully kept regions only reach mid grey, so the tile colours stay readable
+        ax.imshow(fraction, cmap="Greys", vmin=0.0, vmax=2.0, extent=(0, n, n, 0),
+                  interpolation="nearest", aspect="auto", zorder=1)
+    if q_end > n:
+        ax.add_patch(Rectangle((0, n), k_end, q_end - n, facecolor=PADDING_COLOR, edgecolor="none", zorder=1))
+    if k_end > n:
+        ax.add_patch(Rectangle((n, 0), k_end - n, q_end, facecolor=PADDING_COLOR, edgecolor="none", zorder=1))
+
+    ii, jj = np.meshgrid(np.arange(nq), np.arange(nk), indexing="ij")
+    ii, jj = ii.ravel(), jj.ravel()
+    tiles = [Rectangle((k0[j], q0[i]), k1[j] - k0[j], q1[i] - q0[i]) for i, j in zip(ii, jj)]
+    colors = [TILE_COLORS[int(c)] for c in plan.classes.ravel()]
+    thin = 0.6 if max(nq, nk) <= 64 else 0.25  # tile borders must not swamp large grids
+    ax.add_collection(PatchCollection(tiles, facecolors=colors, edgecolors="white", linewidths=thin,
+                                      alpha=0.62 if show_mask else 1.0, zorder=2, gid="tiles"))
+    padded = np.flatnonzero(plan.touches_padding.ravel())
+    if padded.size:
+        ax.add_collection(PatchCollection([tiles[t] for t in padded], facecolors="none", edgecolors="#333333",
+                                          linewidths=0.8, hatch="////", zorder=3, gid="padding"))
+
+    ax.set_xlim(0, k_end)
+    ax.set_ylim(q_end, 0)
+    ax.set_aspect("equal")
+    ax.set_xlabel("key index")
+    ax.set_ylabel("query index")
+    s = plan.stats
+    if title is None:
+        title = (f"{plan.block_q} x {plan.block_kv} tiles (analytic plan): "
+                 f"{s['tiles_visited']}/{s['tiles_total']} visited, {s['tiles_masked']} masked")
+    ax.set_title(title)
+    if legend:
+        counts = {c: int((plan.classes == c).sum()) for c in (EMPTY, PARTIAL, FULL)}
+        ax.legend(handles=_legend_handles(counts, padding=bool(padded.size)), loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                  fontsize="small", frameon=False)
+    return fig
+
+
+def plot_tile_map_grid(mask: Mask, block_sizes, show_mask: bool = True, title: str | None = None,
+                       panel_size: float = 3.6):
+    """One tile map per `(block_q, block_kv)` in `block_sizes`, side by side; returns the Figure.
+
+    Each panel is titled with its block sizes and its visited / masked tile counts, so the
+    same mask can be compared across tilings (more tiles skipped is not always less work).
+    """
+    import matplotlib.pyplot as plt
+
+    sizes = [tuple(b) for b in block_sizes]
+    if not sizes or any(len(b) != 2 for b in sizes):
+        raise ValueError(f"block_sizes must be a non-empty list of (block_q, block_kv) pairs, got {block_sizes!r}")
+    plans = [plan_tiles(mask, bq, bkv) for bq, bkv in sizes]  # validates the block sizes first
+    fig, axes = plt.subplots(1, len(plans), figsize=(panel_size * len(plans) + 0.4, panel_size + 1.2),
+                             squeeze=False, layout="constrained")
+    for ax, plan in zip(axes[0], plans):
+        s = plan.stats
+        plot_tile_map(plan, ax=ax, show_mask=show_mask, legend=False,
+                      title=f"{plan.block_q} x {plan.block_kv}\n{s['tiles_visited']}/{s['tiles_total']} visited, "
+                            f"{s['tiles_masked']} masked")
+    for ax in axes[0][1:]:
+        ax.set_ylabel("")
+    fig.legend(handles=_legend_handles(), loc="outside lower center", ncol=5, fontsize="small", frameon=False)
+    if title is not None:
+        fig.suptitle(title)
+    return fig
+
+
+def _tile_work(plan: TilePlan) -> np.ndarray:
+    """int8 [nq, nk]: index into `_ASCII_CHARS`, ordered by the work the tile costs."""
+    work = np.zeros(plan.grid, dtype=np.int8)
+    work[plan.classes == FULL] = 1
+    partial = plan.classes == PARTIAL
+    padding_only = partial & (plan.counts == plan.areas)  # every real pair kept: masked only for key padding
+    work[padding_only] = 2
+    work[partial & ~padding_only] = 3
+    return work
+
+
+def _downsample_max(work: np.ndarray, axis: int, limit: int | None) -> tuple[np.ndarray, int]:
+    """Merge groups of tiles along `axis` so at most `limit` remain, keeping the most work in each group."""
+    size = work.shape[axis]
+    if limit is None or size <= limit:
+        return work, 1
+    group = -(-size // limit)
+    pad = -size % group
+    widths = [(0, 0), (0, 0)]
+    widths[axis] = (0, pad)
+    work = np.pad(work, widths)  # pads with 0 (empty), which never wins a max
+    shape = list(work.shape)
+    shape[axis:axis + 1] = [shape[axis] // group, group]
+    return work.reshape(shape).max(axis=axis + 1), group
+
+
+def ascii_tile_map(plan: TilePlan, max_cols: int = 100, max_rows: int | None = None) -> str:
+    """The tile classes of `plan` as text: one line per query tile, one character per key tile.
+
+    '#' full (mask-free), 'x' partial (elementwise mask), 'p' masked only because it reaches
+    into key padding (all its real pairs are kept), '.' empty (skipped). With more key tiles
+    than `max_cols` (or query tiles than `max_rows`), each character stands for a group of
+    tiles and shows the most work among them (x > p > # > .); the legend says so.
+    """
+    if not isinstance(plan, TilePlan):
+        raise TypeError(f"ascii_tile_map needs a TilePlan (from plan_tiles(...)), got {type(plan).__name__}")
+    for name, value in (("max_cols", max_cols), ("max_rows", max_rows)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    nq, nk = plan.grid
+    work, col_group = _downsample_max(_tile_work(plan), 1, max_cols)
+    work, row_group = _downsample_max(work, 0, max_rows)
+    chars = np.array(list(_ASCII_CHARS))
+    lines = ["".join(row) for row in chars[work]]
+    legend = "legend: '#' full (no mask)  'x' partial (elementwise mask)  'p' masked only for key padding  '.' empty"
+    rows = f"rows: {nq} query tiles of {plan.block_q}" + (f", {row_group} per line" if row_group > 1 else "")
+    cols = f"columns: {nk} key tiles of {plan.block_kv}" + (f", {col_group} per character" if col_group > 1 else "")
+    scale = f"{rows}; {cols}"
+    if row_group > 1 or col_group > 1:
+        scale += " (downsampled: each character shows the most work in its group, x > p > # > .)"
+    return "\n".join(lines + [legend, scale])

@@ -1,0 +1,130 @@
+"""Tests of `python -m svg_lib`: the plan command, its JSON, its errors, and the command registry."""
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from svg_lib.cli import commands, main
+from svg_lib.geometry import VideoGeometry
+from svg_lib.masks import SVGMask
+from svg_lib.planner import plan_tiles
+from svg_lib.plots import ascii_tile_map
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def expected_stats(frames, height, width, density, block_q, block_kv, text_tokens=0, sink=True):
+    mask = SVGMask.spatial(VideoGeometry(frames, height, width, text_tokens), density, first_frame_sink=sink)
+    return plan_tiles(mask, block_q, block_kv).stats
+
+
+def test_json_is_plan_stats(capsys):
+    code, out, err = run(capsys, "plan", "--frames", "4", "--height", "10", "--width", "20",
+                         "--density", "0.3", "--block-q", "256", "--block-kv", "128", "--json")
+    assert code == 0 and err == ""
+    assert json.loads(out) == expected_stats(4, 10, 20, 0.3, 256, 128)
+    assert len(out.strip().splitlines()) == 1  # exactly one JSON object, nothing else
+
+
+def test_preset_supplies_defaults_and_flags_override_them(capsys):
+    code, out, _ = run(capsys, "plan", "--preset", "small", "--json")
+    assert code == 0
+    assert json.loads(out) == expected_stats(21, 16, 30, 0.35, 512, 256)
+    code, out, _ = run(capsys, "plan", "--preset", "small", "--block-q", "1024", "--density", "0.2", "--json")
+    assert code == 0
+    assert json.loads(out) == expected_stats(21, 16, 30, 0.2, 1024, 256)
+
+
+def test_no_sink_and_text_tokens(capsys):
+    code, out, _ = run(capsys, "plan", "--preset", "tiny", "--text-tokens", "16", "--no-sink", "--json")
+    assert code == 0
+    stats = json.loads(out)
+    assert stats == expected_stats(3, 8, 16, 0.35, 128, 128, text_tokens=16, sink=False)
+    assert stats != expected_stats(3, 8, 16, 0.35, 128, 128, text_tokens=16, sink=True)
+
+
+def test_text_output_describes_the_plan_and_draws_the_map(capsys):
+    code, out, err = run(capsys, "plan", "--preset", "small")
+    assert code == 0 and err == ""
+    mask = SVGMask.spatial(VideoGeometry(21, 16, 30), 0.35)
+    plan = plan_tiles(mask, 512, 256)
+    s = plan.stats
+    report = mask.tile_aligned(512, 256).report
+    assert ascii_tile_map(plan) in out
+    assert f"band |q - k| <= {mask.band_width:,}" in out
+    assert f"{s['q_tiles']} x {s['kv_tiles']} = {s['tiles_total']:,} tiles" in out
+    assert f"B1 naive      visits {s['tiles_visited']:,} tiles" in out
+    assert f"masks {s['tiles_masked']:,}" in out
+    assert f"B3 aligned    visits {s['b3_tiles_visited']:,}" in out
+    assert f"masks {s['b3_tiles_masked']:,}" in out
+    assert f"+{report.pairs_added:,} pairs added, -{report.pairs_dropped:,} dropped" in out
+    assert "budget error" in out and "analytic" in out
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--preset", "small", "--block-q", "100"], ["--block-q", "multiple of 128", "100"]),
+    (["--preset", "small", "--block-kv", "0"], ["--block-kv", "multiple of 128"]),
+    (["--preset", "small", "--density", "0"], ["--density", "(0, 1]"]),
+    (["--preset", "small", "--density", "1.5"], ["--density", "(0, 1]"]),
+    (["--preset", "small", "--density", "nan"], ["--density", "(0, 1]"]),
+    (["--frames", "21", "--height", "45"], ["--width", "--density", "--block-q", "--preset"]),
+    (["--preset", "small", "--frames", "0"], ["--frames", "positive"]),
+    (["--preset", "small", "--frames", "two"], ["--frames", "invalid int"]),
+    (["--preset", "huge"], ["--preset", "tiny", "blog"]),
+    (["--preset", "tiny", "--text-tokens", "200", "--density", "0.5"], ["text tokens", "density"]),
+])
+def test_bad_input_is_one_line_and_exit_code_2(capsys, argv, words):
+    code, out, err = run(capsys, "plan", *argv, "--json")
+    assert code == 2
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith("python -m svg_lib plan: error:")
+    for word in words:
+        assert word in err
+
+
+def test_missing_command_and_help(capsys):
+    code, out, err = run(capsys)
+    assert code == 2 and "COMMAND" in err
+    code, out, err = run(capsys, "plan", "--help")
+    assert code == 0 and "--block-q" in out and "--preset" in out
+
+
+def test_registry_builds_the_subcommands():
+    names = [c.name for c in commands()]
+    assert "plan" in names and len(names) == len(set(names))
+
+
+def test_blog_plan_is_fast():
+    start = time.perf_counter()
+    stats = expected_stats(21, 45, 80, 0.35, 3328, 1536)  # the plan and its stats, B3 rounding included
+    assert time.perf_counter() - start < 2.0  # about a millisecond on a laptop; generous for busy CI
+    assert stats["tokens"] == 75_600
+
+
+def test_module_entry_point_at_blog_size():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in [env.get("PYTHONPATH")] if p])
+    done = subprocess.run([sys.executable, "-m", "svg_lib", "plan", "--preset", "blog", "--json"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    stats = json.loads(done.stdout)
+    assert stats["tokens"] == 21 * 45 * 80 == 75_600
+    assert (stats["block_q"], stats["block_kv"]) == (3328, 1536)
+    assert stats["tiles_total"] == math.ceil(75_600 / 3328) * math.ceil(75_600 / 1536) == 23 * 50
+    assert stats["tiles_full"] + stats["tiles_masked"] == stats["tiles_visited"]
+    assert stats["b3_tiles_visited"] < stats["tiles_visited"]
+    assert stats["b3_tiles_masked"] < stats["tiles_masked"]
+    assert abs(stats["b3_budget_error"]) < 0.01
+    assert stats == expected_stats(21, 45, 80, 0.35, 3328, 1536)

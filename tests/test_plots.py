@@ -1,0 +1,224 @@
+"""Tests of svg_lib.plots: mask images, tile maps (figure and ASCII).
+
+Expected values come from dense masks (small sizes), the plan's own class arrays, and
+orientation facts of the SVG mask (the sink is a column on the left: keys < S).
+"""
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.colors import to_rgb  # noqa: E402
+
+from svg_lib.geometry import VideoGeometry  # noqa: E402
+from svg_lib.masks import SVGMask  # noqa: E402
+from svg_lib.planner import EMPTY, FULL, PARTIAL, plan_tiles  # noqa: E402
+from svg_lib.plots import (TILE_COLORS, ascii_tile_map, kept_fraction_grid, plot_mask, plot_tile_map,  # noqa: E402
+                           plot_tile_map_grid)
+from svg_lib.runtime import get_preset  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def small_plan(block_q=512, block_kv=256):
+    p = get_preset("small")  # 10,080 tokens: padding in both directions at 512 x 256
+    return plan_tiles(p.mask(), block_q, block_kv)
+
+
+# -- kept fraction -------------------------------------------------------------------------
+
+def test_kept_fraction_grid_matches_the_dense_mask():
+    g = VideoGeometry(3, 8, 15, text_tokens=7)  # 367 tokens
+    mask = SVGMask.spatial(g, 0.4)
+    fraction, edges, exact = kept_fraction_grid(mask, resolution=50)
+    assert exact and edges[0] == 0 and edges[-1] == g.tokens
+    assert np.all(np.diff(edges) > 0) and edges.size - 1 <= 50
+    dense = mask.to_dense().astype(np.int64)
+    sums = np.add.reduceat(np.add.reduceat(dense, edges[:-1], axis=0), edges[:-1], axis=1)
+    widths = np.diff(edges)
+    np.testing.assert_allclose(fraction, sums / (widths[:, None] * widths[None, :]))
+
+
+def test_kept_fraction_grid_is_the_mask_itself_at_small_sizes():
+    mask = get_preset("tiny").mask()
+    fraction, edges, exact = kept_fraction_grid(mask, resolution=512)
+    assert exact and edges.size == mask.tokens + 1
+    np.testing.assert_array_equal(fraction, mask.to_dense())
+
+
+class _NoClosedForm(SVGMask):
+    """An SVG mask pretending to be uncountable, to force the sampled fallback."""
+
+    def pair_counts(self, q_edges, k_edges):
+        raise ValueError("no closed form")
+
+
+def test_sampled_fraction_agrees_with_exact_where_cells_are_uniform():
+    g = VideoGeometry(5, 20, 20)  # 2,000 tokens, 40-token cells at resolution 50
+    exact_mask = SVGMask.spatial(g, 0.3)
+    sampled_mask = _NoClosedForm(g, exact_mask.band_width, exact_mask.sink_tokens)
+    exact, _, was_exact = kept_fraction_grid(exact_mask, resolution=50)
+    sampled, _, sampled_exact = kept_fraction_grid(sampled_mask, resolution=50)
+    assert was_exact and not sampled_exact
+    uniform = (exact == 0) | (exact == 1)
+    assert uniform.mean() > 0.8
+    np.testing.assert_array_equal(sampled[uniform], exact[uniform])
+    assert abs(sampled.mean() - exact.mean()) < 0.01
+
+
+def test_kept_fraction_grid_rejects_bad_input():
+    with pytest.raises(TypeError, match="Mask"):
+        kept_fraction_grid(np.ones((4, 4), bool))
+    with pytest.raises(ValueError, match="resolution"):
+        kept_fraction_grid(get_preset("tiny").mask(), resolution=0)
+
+
+# -- plot_mask -----------------------------------------------------------------------------
+
+def test_plot_mask_small_is_the_dense_mask():
+    mask = get_preset("tiny").mask()
+    fig = plot_mask(mask)
+    ax = fig.axes[0]
+    (image,) = ax.images
+    np.testing.assert_array_equal(np.asarray(image.get_array()), mask.to_dense())
+    assert ax.get_xlabel() == "key index" and ax.get_ylabel() == "query index"
+    assert len(fig.axes) == 2  # the image and its colorbar
+
+
+def test_plot_mask_blog_size_is_exact_and_oriented_like_a_matrix():
+    mask = get_preset("blog").mask()
+    fig = plot_mask(mask, resolution=256)
+    ax = fig.axes[0]
+    image = np.asarray(ax.images[0].get_array())
+    assert image.shape == (256, 256)
+    assert image.min() >= 0 and image.max() <= 1
+    n = mask.tokens
+    assert ax.get_ylim() == (n, 0)  # query 0 at the top
+    # the first-frame sink is a column of keys on the left: bottom-left kept, top-right far outside the band
+    assert image[-1, 0] == 1.0 and image[0, -1] == 0.0
+    # cells of (almost) equal size: the mean kept fraction is the pair density
+    assert abs(image.mean() - mask.pair_density) < 1e-3
+
+
+def test_plot_mask_draws_into_a_given_axes():
+    fig, ax = plt.subplots()
+    assert plot_mask(get_preset("tiny").mask(), ax=ax, title="hello") is fig
+    assert ax.get_title() == "hello"
+
+
+# -- plot_tile_map ---------------------------------------------------------------------------
+
+def _collection(ax, gid):
+    found = [c for c in ax.collections if c.get_gid() == gid]
+    assert len(found) == 1
+    return found[0]
+
+
+@pytest.mark.parametrize("show_mask", [True, False])
+def test_tile_map_colours_one_patch_per_tile_by_class(show_mask):
+    plan = small_plan()
+    fig = plot_tile_map(plan, show_mask=show_mask)
+    ax = fig.axes[0]
+    tiles = _collection(ax, "tiles")
+    colours = np.asarray(tiles.get_facecolors())[:, :3]
+    assert len(colours) == plan.classes.size
+    for cls in (EMPTY, PARTIAL, FULL):
+        painted = np.all(np.isclose(colours, to_rgb(TILE_COLORS[cls])), axis=1)
+        assert painted.sum() == (plan.classes == cls).sum()
+        np.testing.assert_array_equal(painted, (plan.classes == cls).ravel())
+    assert len(ax.images) == (1 if show_mask else 0)
+    assert ax.get_xlabel() == "key index" and ax.get_ylabel() == "query index"
+
+
+def test_tile_map_draws_tiles_at_their_true_extents():
+    plan = small_plan()
+    n = plan.tokens
+    nq, nk = plan.grid
+    ax = plot_tile_map(plan).axes[0]
+    boxes = np.array([p.get_extents().bounds for p in _collection(ax, "tiles").get_paths()])  # x, y, w, h
+    boxes = boxes.reshape(nq, nk, 4)
+    np.testing.assert_allclose(boxes[0, :-1, 2], plan.block_kv)
+    np.testing.assert_allclose(boxes[0, -1, 2], n - (nk - 1) * plan.block_kv)  # narrower: key padding
+    np.testing.assert_allclose(boxes[-1, 0, 3], n - (nq - 1) * plan.block_q)   # shorter: query padding
+    assert len(_collection(ax, "padding").get_paths()) == plan.touches_padding.sum() == nq + nk - 1
+    assert ax.get_xlim() == (0, nk * plan.block_kv) and ax.get_ylim() == (nq * plan.block_q, 0)
+
+
+def test_tile_map_legend_counts_the_classes():
+    plan = small_plan()
+    ax = plot_tile_map(plan).axes[0]
+    texts = [t.get_text() for t in ax.get_legend().get_texts()]
+    for cls, word in ((EMPTY, "empty"), (PARTIAL, "partial"), (FULL, "full")):
+        (label,) = [t for t in texts if t.startswith(word)]
+        assert label.endswith(f": {(plan.classes == cls).sum()}")
+    assert any("padding" in t for t in texts)
+
+
+def test_tile_map_rejects_a_mask():
+    with pytest.raises(TypeError, match="TilePlan"):
+        plot_tile_map(get_preset("tiny").mask())
+
+
+def test_tile_map_grid_one_panel_per_block_size():
+    mask = get_preset("small").mask()
+    sizes = [(256, 256), (512, 256), (1024, 512)]
+    fig = plot_tile_map_grid(mask, sizes)
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert len(panels) == len(sizes)
+    for ax, (bq, bkv) in zip(panels, sizes):
+        s = plan_tiles(mask, bq, bkv).stats
+        assert f"{bq} x {bkv}" in ax.get_title()
+        assert f"{s['tiles_visited']}/{s['tiles_total']} visited" in ax.get_title()
+        assert f"{s['tiles_masked']} masked" in ax.get_title()
+        assert len(_collection(ax, "tiles").get_paths()) == s["tiles_total"]
+    with pytest.raises(ValueError, match="multiple of 128"):
+        plot_tile_map_grid(mask, [(512, 200)])
+
+
+# -- ascii_tile_map --------------------------------------------------------------------------
+
+def test_ascii_map_characters_match_the_classes():
+    plan = small_plan()
+    lines = ascii_tile_map(plan).splitlines()
+    nq, nk = plan.grid
+    grid, legend = lines[:nq], lines[nq:]
+    assert len(legend) == 2 and "legend" in legend[0]
+    assert all(len(line) == nk for line in grid)
+    chars = np.array([list(line) for line in grid])
+    padding_only = (plan.classes == PARTIAL) & (plan.counts == plan.areas)
+    assert padding_only.sum() > 0  # the small preset reaches into key padding
+    np.testing.assert_array_equal(chars == "#", plan.classes == FULL)
+    np.testing.assert_array_equal(chars == ".", plan.classes == EMPTY)
+    np.testing.assert_array_equal(chars == "p", padding_only)
+    np.testing.assert_array_equal(chars == "x", (plan.classes == PARTIAL) & ~padding_only)
+    assert (chars == "#").sum() == plan.stats["tiles_full"]
+    assert np.isin(chars, ["x", "p"]).sum() == plan.stats["tiles_masked"]
+
+
+def test_ascii_map_downsamples_to_the_most_work():
+    plan = small_plan(128, 128)  # 79 x 79 tiles
+    nq, nk = plan.grid
+    text = ascii_tile_map(plan, max_cols=20)
+    lines = text.splitlines()
+    group = -(-nk // 20)
+    assert all(len(line) == -(-nk // group) for line in lines[:nq])
+    assert f"{group} per character" in text and "most work" in text
+    padding_only = (plan.classes == PARTIAL) & (plan.counts == plan.areas)
+    boundary = (plan.classes == PARTIAL) & ~padding_only
+    for i in range(nq):
+        for c, char in enumerate(lines[i]):
+            cols = slice(c * group, (c + 1) * group)
+            expect = ("x" if boundary[i, cols].any() else "p" if padding_only[i, cols].any()
+                      else "#" if (plan.classes[i, cols] == FULL).any() else ".")
+            assert char == expect, (i, c)
+
+
+def test_ascii_map_rejects_bad_widths():
+    with pytest.raises(ValueError, match="max_cols"):
+        ascii_tile_map(small_plan(), max_cols=0)

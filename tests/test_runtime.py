@@ -1,0 +1,139 @@
+"""Tests of svg_lib.runtime: runtime detection, TPU generation names, and the presets."""
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from svg_lib.geometry import VideoGeometry
+from svg_lib.masks import SVGMask
+from svg_lib.runtime import (PRESETS, Preset, Runtime, default_interpret, detect_runtime, get_preset,
+                             parse_tpu_generation)
+
+ON_CPU = jax.devices()[0].platform == "cpu"
+
+
+# -- runtime -------------------------------------------------------------------------------
+
+def test_detect_runtime_matches_jax():
+    r = detect_runtime()
+    devices = jax.devices()
+    assert r.platform == devices[0].platform
+    assert r.device_count == len(devices)
+    assert r.jax_version == jax.__version__
+    assert r.compiled == (devices[0].platform == "tpu")
+    assert r.mode == ("compiled" if r.compiled else "interpret")
+    assert default_interpret() == (not r.compiled)
+
+
+@pytest.mark.skipif(not ON_CPU, reason="checks what a CPU-only machine reports")
+def test_runtime_on_cpu():
+    r = detect_runtime()
+    assert (r.platform, r.device_kind, r.compiled, r.mode) == ("cpu", "cpu", False, "interpret")
+    assert r.tpu_generation is None
+    assert default_interpret() is True
+    banner = r.banner()
+    assert "\n" not in banner
+    assert f"jax {jax.__version__}" in banner
+    assert "interpret" in banner and "cpu" in banner
+    assert f"({r.device_count} device" in banner
+
+
+def test_banner_on_a_tpu_says_compiled_and_generation():
+    r = Runtime(platform="tpu", device_kind="TPU v6 lite", device_count=8, jax_version="0.10.2", compiled=True)
+    assert r.mode == "compiled" and r.tpu_generation == "v6e"
+    banner = r.banner()
+    assert "compiled" in banner and "interpret" not in banner
+    assert "v6e" in banner and "8 devices" in banner and "TPU v6 lite" in banner
+
+
+def test_gpu_runs_kernels_in_interpret_mode():
+    r = Runtime(platform="gpu", device_kind="NVIDIA H100 80GB HBM3", device_count=1, jax_version="0.10.2",
+                compiled=False)
+    assert r.mode == "interpret" and r.tpu_generation is None
+    assert "interpret" in r.banner() and "(1 device)" in r.banner()
+
+
+def test_runtime_is_frozen():
+    r = detect_runtime()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.platform = "tpu"
+
+
+@pytest.mark.parametrize("kind, generation", [
+    ("TPU v6 lite", "v6e"),
+    ("TPU v5 lite", "v5e"),
+    ("TPU v5e", "v5e"),
+    ("TPU v5p", "v5p"),
+    ("TPU v5", "v5p"),
+    ("TPU v4", "v4"),
+    ("TPU v3", "v3"),
+    ("cpu", None),
+    ("NVIDIA H100 80GB HBM3", None),
+    ("", None),
+])
+def test_parse_tpu_generation(kind, generation):
+    assert parse_tpu_generation(kind) == generation
+
+
+# -- presets -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, shape, tokens", [
+    ("tiny", (3, 8, 16), 384),
+    ("small", (21, 16, 30), 10_080),
+    ("blog", (21, 45, 80), 75_600),
+])
+def test_preset_tokens(name, shape, tokens):
+    p = get_preset(name)
+    g = p.geometry
+    assert (g.frames, g.height, g.width, g.text_tokens) == (*shape, 0)
+    assert p.tokens == math.prod(shape) == tokens
+    assert p.shape == (p.heads, tokens, p.head_dim)
+
+
+def test_blog_preset_is_the_case_study():
+    p = get_preset("blog")
+    assert (p.tokens, p.heads, p.head_dim, p.block_q, p.block_kv) == (75_600, 10, 128, 3328, 1536)
+    assert p.density == 0.35 and p.dtype == "bfloat16"
+
+
+def test_small_preset_keeps_the_blog_frame_count():
+    assert get_preset("small").geometry.frames == get_preset("blog").geometry.frames
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_preset_fields_are_usable(name):
+    p = PRESETS[name]
+    assert p.name == name
+    assert p.block_q % 128 == 0 and p.block_kv % 128 == 0
+    assert jnp.dtype(p.dtype) in (jnp.float32, jnp.bfloat16)
+    mask = p.mask()
+    assert isinstance(mask, SVGMask)
+    assert mask.tokens == p.tokens and mask.density == p.density
+    assert mask.sink_tokens == p.geometry.frame_tokens
+    assert p.mask(first_frame_sink=False).sink_tokens == 0
+    assert name in str(p)
+
+
+def test_get_preset_rejects_unknown_names_and_lists_the_valid_ones():
+    with pytest.raises(ValueError) as info:
+        get_preset("huge")
+    message = str(info.value)
+    assert "huge" in message
+    assert all(name in message for name in ("tiny", "small", "blog"))
+
+
+def test_preset_rejects_block_sizes_off_the_lane_width():
+    with pytest.raises(ValueError, match="multiple of 128"):
+        Preset("bad", VideoGeometry(1, 8, 16), heads=1, head_dim=128, block_q=100, block_kv=128,
+               density=0.5, dtype="float32")
+
+
+def test_tiny_preset_holds_every_tile_class():
+    from svg_lib.planner import EMPTY, FULL, PARTIAL, plan_tiles
+
+    p = get_preset("tiny")
+    plan = plan_tiles(p.mask(), p.block_q, p.block_kv)
+    assert set(np.unique(plan.classes)) == {EMPTY, PARTIAL, FULL}
