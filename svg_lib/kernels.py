@@ -43,12 +43,17 @@ def _online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_
     likes); acc_ref `[block_q, head_dim]` f32 unnormalised output. `keep` is None (a
     mask-free tile: the MXU path with no per-element VPU work) or a predicate on global
     token indices. The tile is processed in `block_kv_compute` slices to bound VMEM.
+
+    Kernels call this only under `pl.when`. Together with the fori_loop below that keeps
+    the CPU interpreter from copying the whole q, k and v arrays at every grid step (it
+    writes each block back after the step, and XLA copies when that write is a plain
+    slice of the same array); on a TPU the loop is unrolled and costs nothing.
     """
     block_q = q_ref.shape[0]
-    block_kv = k_ref.shape[0]
     q = q_ref[...]
-    for c in range(block_kv // block_kv_compute):  # static unroll: slices are compile-time
-        ks = pl.ds(c * block_kv_compute, block_kv_compute)
+
+    def chunk(c, carry):
+        ks = pl.ds(pl.multiple_of(c * block_kv_compute, block_kv_compute), block_kv_compute)
         k = k_ref[ks, :]
         v = v_ref[ks, :]
         s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
@@ -66,6 +71,9 @@ def _online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_
         pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
                                  preferred_element_type=jnp.float32)
         acc_ref[...] = alpha[:, :1] * acc_ref[...] + pv
+        return carry
+
+    jax.lax.fori_loop(0, k_ref.shape[0] // block_kv_compute, chunk, None, unroll=True)
 
 
 def _init_state(m_ref, l_ref, acc_ref):
@@ -119,11 +127,9 @@ def dense_flash_attention(q, k, v, *, tokens, block_q, block_kv, block_kv_comput
         def _():
             _init_state(m_ref, l_ref, acc_ref)
 
-        if pad_kv:
-            pl.when(j < nk - 1)(lambda: tile(keep=None))
-            pl.when(j == nk - 1)(lambda: tile(keep=not_padding))
-        else:
-            tile(keep=None)
+        masked = jnp.logical_and(j == nk - 1, pad_kv)  # only the last tile can hold padding
+        pl.when(jnp.logical_not(masked))(lambda: tile(keep=None))
+        pl.when(masked)(lambda: tile(keep=not_padding))
 
         @pl.when(j == nk - 1)
         def _():
