@@ -50,9 +50,9 @@ def _online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_
     slice of the same array); on a TPU the loop is unrolled and costs nothing.
     """
     block_q = q_ref.shape[0]
-    q = q_ref[...]
 
     def chunk(c, carry):
+        q = q_ref[...]  # read inside the loop too, for the same interpreter reason
         ks = pl.ds(pl.multiple_of(c * block_kv_compute, block_kv_compute), block_kv_compute)
         k = k_ref[ks, :]
         v = v_ref[ks, :]
@@ -109,10 +109,11 @@ def dense_flash_attention(q, k, v, *, tokens, block_q, block_kv, block_kv_comput
     """Dense flash attention: every (query tile, key tile) pair, K/V tiles along the grid.
 
     Only the last key tile can reach into padding, so only it masks (`k < tokens`).
+    The test is made at run time even when there is no padding: a branch known at trace
+    time would be folded away, and the interpreter's copies with it (see the tile body).
     """
     heads, nq_pad, head_dim = q.shape
     nq, nk = nq_pad // block_q, k.shape[1] // block_kv
-    pad_kv = k.shape[1] != tokens
 
     def not_padding(q_ids, k_ids):
         return k_ids < tokens
@@ -127,7 +128,7 @@ def dense_flash_attention(q, k, v, *, tokens, block_q, block_kv, block_kv_comput
         def _():
             _init_state(m_ref, l_ref, acc_ref)
 
-        masked = jnp.logical_and(j == nk - 1, pad_kv)  # only the last tile can hold padding
+        masked = (j + 1) * block_kv > tokens  # the tile reaches into key padding
         pl.when(jnp.logical_not(masked))(lambda: tile(keep=None))
         pl.when(masked)(lambda: tile(keep=not_padding))
 
