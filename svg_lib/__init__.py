@@ -1,7 +1,7 @@
 """svg_lib: tile-aligned sparse attention for video diffusion on TPU, as taught by the notebook series."""
 from .geometry import (VideoGeometry, inverse_temporal_major_permutation, temporal_major_permutation,
                        to_frame_major, to_temporal_major)
-from .masks import Mask, PermutedMask, RoundingReport, SVGMask, TileAlignedMask, check_block_size
+from .masks import Mask, PermutedMask, RoundingReport, SVGMask, TemporalMask, TileAlignedMask, check_block_size
 from .planner import EMPTY, FULL, PARTIAL, TilePlan, plan_tiles
 from .reference import reference_attention
 
@@ -11,3 +11,4 @@ from .runtime import PRESETS, Preset, Runtime, default_interpret, detect_runtime
 from .plots import TILE_COLORS, ascii_tile_map, kept_fraction_grid, plot_mask, plot_tile_map, plot_tile_map_grid
 from .attention import METHODS, attention, b3_mask, build_attention
 from .vmem import VmemEstimate, estimate_vmem
+from .bench import BLOG_SWEEP_V6E_MS, BLOG_V6E_MS, BenchConfig, BenchResult, run_benchmark

@@ -16,6 +16,7 @@ import numpy as np
 from .masks import Mask, TileAlignedMask, check_block_size
 from .planner import plan_tiles
 from .reference import check_qkv, reference_attention
+from .runtime import default_interpret
 from .vmem import check_block_kv_compute, check_fits, estimate_vmem
 
 METHODS = ("reference", "dense", "splash_dense", "splash", "b1", "b2", "b3")
@@ -24,16 +25,8 @@ _CACHE: OrderedDict = OrderedDict()
 _CACHE_SIZE = 32
 
 
-def default_interpret() -> bool:
-    """Pallas TPU kernels run compiled on a TPU and in interpret mode everywhere else."""
-    import jax
-    return jax.devices()[0].platform != "tpu"
-
-
 def b3_mask(mask: Mask, block_q: int, block_kv: int) -> TileAlignedMask:
-    """The tile-aligned mask B3 computes: `mask` itself if it already is one at these blocks."""
-    if isinstance(mask, TileAlignedMask) and (mask.block_q, mask.block_kv) == (block_q, block_kv):
-        return mask
+    """The tile-aligned mask B3 computes (`mask` itself if it already is one at these blocks)."""
     return mask.tile_aligned(block_q, block_kv)
 
 

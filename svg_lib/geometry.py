@@ -30,9 +30,10 @@ class VideoGeometry:
     def __post_init__(self):
         for name in ("frames", "height", "width"):
             value = getattr(self, name)
-            if not isinstance(value, (int, np.integer)) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"VideoGeometry.{name} must be a positive integer, got {value!r}")
-        if not isinstance(self.text_tokens, (int, np.integer)) or self.text_tokens < 0:
+        if isinstance(self.text_tokens, bool) or not isinstance(self.text_tokens, (int, np.integer)) \
+                or self.text_tokens < 0:
             raise ValueError(f"VideoGeometry.text_tokens must be a non-negative integer, got {self.text_tokens!r}")
 
     @property
@@ -51,9 +52,10 @@ class VideoGeometry:
         return self.video_tokens + self.text_tokens
 
     def __str__(self) -> str:
-        text = f" + {self.text_tokens} text" if self.text_tokens else ""
-        return (f"{self.frames} frames x {self.height}x{self.width} "
-                f"= {self.tokens:,} tokens{text}")
+        video = f"{self.frames} frames x {self.height}x{self.width}"
+        if self.text_tokens:
+            return f"{video} = {self.video_tokens:,} video + {self.text_tokens} text = {self.tokens:,} tokens"
+        return f"{video} = {self.tokens:,} tokens"
 
 
 def temporal_major_permutation(geometry: VideoGeometry) -> np.ndarray:

@@ -241,16 +241,14 @@ class SVGMask(Mask):
         return cls(geometry, width, sink, float(density))
 
     @classmethod
-    def temporal(cls, geometry: VideoGeometry, density: float, first_frame_sink: bool = True) -> "PermutedMask":
+    def temporal(cls, geometry: VideoGeometry, density: float, first_frame_sink: bool = True) -> "TemporalMask":
         """A temporal head's mask seen in frame-major order (strided diagonals).
 
         Kernels do not use this form: they permute the tokens to temporal-major order and apply
         the spatial mask (`.permuted` on the returned object). It is here to be looked at and to
         check that both views agree.
         """
-        base = cls.spatial(geometry, density, first_frame_sink)
-        return PermutedMask(base, inverse_temporal_major_permutation(geometry),
-                            temporal_major_permutation(geometry))
+        return TemporalMask(cls.spatial(geometry, density, first_frame_sink))
 
     @property
     def video_tokens(self) -> int:
@@ -290,6 +288,10 @@ class PermutedMask(Mask):
         self.pos = np.asarray(pos, dtype=np.int64)
         self.order = np.asarray(order, dtype=np.int64)
 
+    @property
+    def pair_count(self) -> int:
+        return self.permuted.pair_count  # a permutation moves pairs, it does not add or drop any
+
     def keep(self, q, k):
         if _is_numpy(q, k):
             pos = np.concatenate([self.pos, [self.tokens]])  # padding maps to padding
@@ -297,6 +299,29 @@ class PermutedMask(Mask):
         import jax.numpy as jnp
         pos = jnp.asarray(np.concatenate([self.pos, [self.tokens]]), dtype=jnp.int32)
         return self.permuted.keep(pos[jnp.minimum(q, self.tokens)], pos[jnp.minimum(k, self.tokens)])
+
+
+class TemporalMask(PermutedMask):
+    """A temporal head's mask in frame-major order: the SVG band applied at temporal-major positions.
+
+    Token i < F*S sits at temporal-major position (i mod S) * F + i // S; text tokens stay.
+    The position is computed arithmetically, so `keep` needs no lookup table and can be
+    evaluated inside a kernel (the in-kernel alternative to permuting the tokens).
+    """
+
+    def __init__(self, base: SVGMask):
+        g = base.geometry
+        super().__init__(base, inverse_temporal_major_permutation(g), temporal_major_permutation(g))
+        self.geometry = g
+
+    def position(self, i):
+        """Temporal-major position of frame-major token index `i` (numpy or jax arrays)."""
+        F, S, V = self.geometry.frames, self.geometry.frame_tokens, self.geometry.video_tokens
+        video = (i % S) * F + i // S
+        return video * (i < V) + i * (i >= V)  # arithmetic select: works for numpy and jnp alike
+
+    def keep(self, q, k):
+        return self.permuted.keep(self.position(q), self.position(k)) & (q < self.tokens) & (k < self.tokens)
 
 
 class TileAlignedMask(Mask):
@@ -331,6 +356,11 @@ class TileAlignedMask(Mask):
         import jax.numpy as jnp
         qi, ki = jnp.minimum(q, n - 1) // self.block_q, jnp.minimum(k, n - 1) // self.block_kv
         return jnp.asarray(self.kept)[qi, ki] & (q < n) & (k < n)
+
+    def tile_aligned(self, block_q: int, block_kv: int, policy: str = "balanced") -> "TileAlignedMask":
+        if (block_q, block_kv) == (self.block_q, self.block_kv):
+            return self  # already whole tiles: rounding changes nothing
+        return super().tile_aligned(block_q, block_kv, policy)
 
     def pair_counts(self, q_edges, k_edges) -> np.ndarray:
         # count = overlap_q @ kept @ overlap_k.T, where overlap[c, t] is how many tokens

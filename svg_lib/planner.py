@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .masks import Mask, TileAlignedMask, check_block_size
+from .masks import Mask, check_block_size
 
 EMPTY, PARTIAL, FULL = 0, 1, 2  # the same codes as Splash attention's block classes
 CLASS_NAMES = {EMPTY: "empty", PARTIAL: "partial", FULL: "full"}
@@ -144,10 +144,7 @@ def _plan_stats(plan: TilePlan) -> dict:
         "grid_steps": nq * plan.steps,
         "computed_pairs": int(plan.areas[plan.visited].sum()),
     }
-    if isinstance(mask, TileAlignedMask) and mask.report is None:
-        b3 = mask  # already whole tiles: nothing to round
-    else:
-        b3 = mask.tile_aligned(plan.block_q, plan.block_kv, policy="balanced")
+    b3 = mask.tile_aligned(plan.block_q, plan.block_kv, policy="balanced")
     b3_plan = plan if b3 is mask else plan_tiles(b3, plan.block_q, plan.block_kv)
     b3_visited = int(b3_plan.visited.sum())
     stats.update({

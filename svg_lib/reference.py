@@ -33,7 +33,12 @@ def reference_attention(q, k, v, mask=None, *, block_rows: int = 2048):
     import jax.numpy as jnp
 
     heads, n, d = check_qkv(q, k, v)
+    if isinstance(block_rows, bool) or not isinstance(block_rows, (int, np.integer)) or block_rows < 1:
+        raise ValueError(f"block_rows must be a positive integer (query rows per chunk), got {block_rows!r}")
     if mask is not None and not isinstance(mask, Mask):
+        if np.asarray(mask).dtype != bool:
+            raise ValueError(f"a dense mask must be boolean (True = keep), got dtype {np.asarray(mask).dtype}; "
+                             "additive float masks are not supported")
         mask = np.asarray(mask, dtype=bool)
         if mask.shape != (n, n):
             raise ValueError(f"a dense mask must be shaped [tokens, tokens] = ({n}, {n}), got {mask.shape}")

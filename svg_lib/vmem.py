@@ -67,18 +67,9 @@ class VmemEstimate:
 
 def tpu_generation() -> str:
     """The attached TPU's generation ("v6e", ...), or the offline default when there is none."""
-    try:
-        import jax
-        dev = jax.devices()[0]
-    except Exception:  # no backend at all: plan offline
-        return OFFLINE_GENERATION
-    if dev.platform != "tpu":
-        return OFFLINE_GENERATION
-    kind = dev.device_kind.lower()
-    for key, gen in (("v6", "v6e"), ("v5 lite", "v5e"), ("v5e", "v5e"), ("v5", "v5p"), ("v4", "v4"), ("7", "v7")):
-        if key in kind:
-            return gen
-    return OFFLINE_GENERATION
+    from .runtime import detect_runtime
+    gen = detect_runtime().tpu_generation
+    return gen if gen in VMEM_BYTES else OFFLINE_GENERATION
 
 
 def default_block_kv_compute(block_q: int, block_kv: int) -> int:

@@ -1,0 +1,430 @@
+"""Tests of svg_lib.masks: the SVG masks, exact pair counting and B3's rounding to tiles.
+
+Every expected value is rebuilt here from first principles: the brief's formulas for the
+band and the permutation, and brute-force sums over dense masks for every count.
+"""
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from svg_lib.geometry import VideoGeometry
+from svg_lib.masks import Mask, PermutedMask, SVGMask, TileAlignedMask, check_block_size
+
+FAST = settings(max_examples=30, deadline=None, database=None)
+FEW = settings(max_examples=12, deadline=None, database=None)
+
+
+# -- independent helpers ---------------------------------------------------------------------
+
+def expected_band_width(g, density):
+    """The brief: W = N (1 - sqrt(1 - d')), d' = d - 2P/N, rounded up to a multiple of 128.
+
+    The 1e-9 only absorbs float noise when W lands exactly on a multiple of 128.
+    """
+    n = g.tokens
+    w = n * (1.0 - math.sqrt(1.0 - (density - 2.0 * g.text_tokens / n)))
+    return 128 * math.ceil(w / 128 - 1e-9), w
+
+
+def brief_spatial_dense(g, band, sink):
+    """keep(q, k) = |q - k| <= W or k < sink or q or k is a text token, as a dense array."""
+    idx = np.arange(g.tokens)
+    q, k = idx[:, None], idx[None, :]
+    v = g.video_tokens
+    return (np.abs(q - k) <= band) | (k < sink) | (q >= v) | (k >= v)
+
+
+def brief_position(g):
+    """Temporal-major position of each frame-major token: (i mod S) F + i // S; text unmoved."""
+    F, S = g.frames, g.frame_tokens
+    return np.array([(i % S) * F + i // S if i < g.video_tokens else i for i in range(g.tokens)])
+
+
+def brute_counts(dense, q_edges, k_edges):
+    """Kept pairs per grid cell by slicing a zero-padded copy of the dense mask."""
+    n = dense.shape[0]
+    size = max(n, int(q_edges[-1]), int(k_edges[-1]))
+    padded = np.zeros((size, size), dtype=bool)
+    padded[:n, :n] = dense
+    out = np.zeros((len(q_edges) - 1, len(k_edges) - 1), dtype=np.int64)
+    for i in range(len(q_edges) - 1):
+        for j in range(len(k_edges) - 1):
+            out[i, j] = padded[q_edges[i]:q_edges[i + 1], k_edges[j]:k_edges[j + 1]].sum()
+    return out
+
+
+def tile_view(dense, block_q, block_kv):
+    """(counts, areas) [nq, nk] of the tile grid, from a dense mask padded with False."""
+    n = dense.shape[0]
+    nq, nk = -(-n // block_q), -(-n // block_kv)
+    padded = np.zeros((nq * block_q, nk * block_kv), dtype=bool)
+    padded[:n, :n] = dense
+    counts = padded.reshape(nq, block_q, nk, block_kv).sum(axis=(1, 3))
+    real = np.zeros_like(padded)
+    real[:n, :n] = True
+    areas = real.reshape(nq, block_q, nk, block_kv).sum(axis=(1, 3))
+    return counts, areas
+
+
+class ArrayMask(Mask):
+    """Any dense pattern as a Mask; exercises the generic (brute-force) pair_counts."""
+
+    def __init__(self, dense):
+        self.dense = np.asarray(dense, dtype=bool)
+        self.tokens = self.dense.shape[0]
+
+    def keep(self, q, k):
+        n = self.tokens
+        inside = (q < n) & (k < n)
+        if isinstance(q, np.ndarray) or isinstance(k, np.ndarray):
+            return self.dense[np.minimum(q, n - 1), np.minimum(k, n - 1)] & inside
+        return jnp.asarray(self.dense)[jnp.minimum(q, n - 1), jnp.minimum(k, n - 1)] & inside
+
+
+def random_tiled_pattern(rng, n, unit=128):
+    """A pattern of unit x unit blocks that are empty, full or random: every tile class occurs."""
+    m = -(-n // unit)
+    state = rng.choice(3, size=(m, m), p=[0.35, 0.35, 0.3])
+    fill = rng.uniform(0.05, 0.95, size=(m, m))
+    big = np.repeat(np.repeat(state, unit, 0), unit, 1)[:n, :n]
+    p = np.repeat(np.repeat(fill, unit, 0), unit, 1)[:n, :n]
+    return (big == 1) | ((big == 2) & (rng.random((n, n)) < p))
+
+
+@st.composite
+def geometry_and_density(draw, max_frames=8, max_side=12, max_text=48):
+    # up to ~2,300 tokens: big enough for bands narrower than the sequence, small enough for to_dense
+    # hypothesis favours small integers, sampled_from draws uniformly: most cases span several tiles
+    g = VideoGeometry(draw(st.integers(1, max_frames)), draw(st.sampled_from(range(4, max_side + 1))),
+                      draw(st.sampled_from(range(8, 2 * max_side + 1))), draw(st.integers(0, max_text)))
+    text_share = 2.0 * g.text_tokens / g.tokens
+    assume(text_share < 0.9)
+    density = text_share + draw(st.floats(0.02, 0.95)) * (1.0 - text_share)
+    return g, density
+
+
+@st.composite
+def any_mask(draw, kinds=("spatial", "temporal", "tile_aligned", "array")):
+    """(mask, dense) for every kind of mask the library builds, plus an arbitrary pattern."""
+    kind = draw(st.sampled_from(kinds))
+    if kind == "array":
+        rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+        dense = random_tiled_pattern(rng, draw(st.sampled_from(range(1, 1000))))
+        return ArrayMask(dense), dense
+    g, density = draw(geometry_and_density())
+    sink = draw(st.booleans())
+    if kind == "spatial":
+        mask = SVGMask.spatial(g, density, first_frame_sink=sink)
+    elif kind == "temporal":
+        mask = SVGMask.temporal(g, density, first_frame_sink=sink)
+    else:
+        base = SVGMask.spatial(g, density, first_frame_sink=sink)
+        mask = base.tile_aligned(draw(st.sampled_from([128, 256, 384])), draw(st.sampled_from([128, 256])),
+                                 policy=draw(st.sampled_from(["balanced", "up", "down"])))
+    return mask, mask.to_dense()
+
+
+# -- the spatial mask ------------------------------------------------------------------------
+
+@given(geometry_and_density(), st.booleans())
+@FAST
+def test_band_width_follows_the_brief(gd, sink):
+    g, density = gd
+    mask = SVGMask.spatial(g, density, first_frame_sink=sink)
+    rounded, raw = expected_band_width(g, density)
+    if rounded < g.tokens:
+        assert mask.band_width == rounded
+    else:  # a band as wide as the sequence keeps everything; any cap at >= N - 1 is the same mask
+        assert mask.band_width >= g.tokens - 1
+    assert mask.band_width >= raw - 1e-6  # rounded up, never down
+    assert mask.sink_tokens == (g.frame_tokens if sink else 0)
+    assert mask.density == pytest.approx(density)
+
+
+@given(geometry_and_density(), st.booleans())
+@FAST
+def test_spatial_dense_matches_the_brief(gd, sink):
+    g, density = gd
+    mask = SVGMask.spatial(g, density, first_frame_sink=sink)
+    dense = mask.to_dense()
+    assert dense.dtype == bool and dense.shape == (g.tokens, g.tokens)
+    np.testing.assert_array_equal(dense, brief_spatial_dense(g, mask.band_width, mask.sink_tokens))
+    # text rows and columns are always kept
+    assert dense[g.video_tokens:].all() and dense[:, g.video_tokens:].all()
+    # the first frame's keys are seen by every query exactly when the sink is on
+    if sink:
+        assert dense[:, :g.frame_tokens].all()
+
+
+def test_sink_is_what_makes_far_first_frame_keys_visible():
+    g = VideoGeometry(12, 8, 16)  # S = 128, N = 1536
+    with_sink = SVGMask.spatial(g, 0.1, first_frame_sink=True)
+    without = SVGMask.spatial(g, 0.1, first_frame_sink=False)
+    far_query = g.tokens - 1
+    assert far_query - 0 > with_sink.band_width  # outside the band
+    assert with_sink.keep(far_query, 0) and not without.keep(far_query, 0)
+    assert with_sink.pair_count > without.pair_count
+
+
+@given(st.integers(4, 30), st.integers(10, 50), st.integers(10, 80), st.floats(0.05, 0.95))
+@FAST
+def test_pair_density_close_to_requested_without_sink(frames, height, width, density):
+    g = VideoGeometry(frames, height, width)
+    n = g.tokens
+    assume(n >= 4096)
+    mask = SVGMask.spatial(g, density, first_frame_sink=False)
+    # the band is only ever widened, by < 128 tokens on each side: d <= density <= d + 2*129/N
+    assert density - 1e-12 <= mask.pair_density <= density + 2 * 129 / n
+
+
+@given(geometry_and_density(), st.booleans())
+@FEW  # each new geometry recompiles the jax side: keep the count low
+def test_keep_agrees_between_numpy_and_jax(gd, sink):
+    g, density = gd
+    rng = np.random.default_rng(g.tokens)
+    q = rng.integers(0, g.tokens + 200, size=(300, 1))
+    k = rng.integers(0, g.tokens + 200, size=(1, 40))
+    spatial = SVGMask.spatial(g, density, first_frame_sink=sink)
+    for mask in (spatial, SVGMask.temporal(g, density, first_frame_sink=sink),
+                 spatial.tile_aligned(256, 128)):
+        expect = np.asarray(mask.keep(q, k))
+        got = np.asarray(mask.keep(jnp.asarray(q, dtype=jnp.int32), jnp.asarray(k, dtype=jnp.int32)))
+        assert expect.dtype == bool and got.dtype == bool
+        np.testing.assert_array_equal(got, expect)
+        # indices at or past `tokens` are padding and never kept
+        assert not expect[(q >= g.tokens)[:, 0]].any()
+        assert not expect[:, (k >= g.tokens)[0]].any()
+
+
+# -- exact pair counts -----------------------------------------------------------------------
+
+@given(any_mask(), st.data())
+@FAST
+def test_pair_counts_match_brute_force(mask_dense, data):
+    mask, dense = mask_dense
+    n = mask.tokens
+    edges = st.lists(st.integers(0, n + 300), min_size=2, max_size=7).map(sorted)
+    q_edges, k_edges = data.draw(edges), data.draw(edges)
+    got = mask.pair_counts(q_edges, k_edges)
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got, brute_counts(dense, q_edges, k_edges))
+    assert mask.pair_count == dense.sum()
+    assert mask.pair_density == pytest.approx(dense.sum() / n**2)
+
+
+@given(geometry_and_density(), st.booleans())
+@FEW
+def test_band_pair_count_on_the_whole_grid(gd, sink):
+    # one cell per tile row/column, as the planner uses it, at a non-lane block size
+    g, density = gd
+    mask = SVGMask.spatial(g, density, first_frame_sink=sink)
+    edges = np.arange(0, g.tokens + 97, 97)
+    np.testing.assert_array_equal(mask.pair_counts(edges, edges), brute_counts(mask.to_dense(), edges, edges))
+
+
+@pytest.mark.parametrize("edges", [[5, 3], [-1, 10], [7], [[0, 4], [4, 8]]])
+def test_bad_grid_edges_raise(edges):
+    mask = SVGMask.spatial(VideoGeometry(2, 4, 4), 0.5)
+    with pytest.raises(ValueError, match="edges"):
+        mask.pair_counts(edges, [0, 32])
+
+
+# -- the temporal mask -----------------------------------------------------------------------
+
+@given(geometry_and_density(), st.booleans())
+@FAST
+def test_temporal_dense_is_the_spatial_band_in_temporal_major_coordinates(gd, sink):
+    g, density = gd
+    spatial = SVGMask.spatial(g, density, first_frame_sink=sink)
+    temporal = SVGMask.temporal(g, density, first_frame_sink=sink)
+    assert isinstance(temporal, PermutedMask)
+    assert temporal.permuted.band_width == spatial.band_width
+    pos = brief_position(g)  # frame-major token i sits at temporal-major position pos[i]
+    band = spatial.to_dense()
+    dense = temporal.to_dense()
+    # frame-major (i, j) is kept iff the band keeps their temporal-major positions
+    np.testing.assert_array_equal(dense, band[pos][:, pos])
+    # and gathering the temporal-major order back out of it gives the band again
+    order = np.argsort(pos)
+    np.testing.assert_array_equal(dense[order][:, order], band)
+    assert temporal.pair_count == spatial.pair_count
+
+
+def test_temporal_mask_direction_on_a_long_thin_video():
+    # 200 frames of 2 tokens, band of 128: neighbours in time must be kept, neighbours in
+    # space (200 temporal-major positions apart) must not. A transposed permutation fails this.
+    g = VideoGeometry(200, 1, 2)
+    temporal = SVGMask.temporal(g, 0.05, first_frame_sink=False)
+    assert temporal.permuted.band_width == 128
+    f, S = 5, g.frame_tokens
+    assert temporal.keep(f * S + 0, (f + 1) * S + 0)      # same slot, next frame
+    assert temporal.keep(f * S + 1, (f + 100) * S + 1)    # same slot, 100 frames on
+    assert not temporal.keep(f * S + 0, f * S + 1)        # other slot, same frame
+    spatial = SVGMask.spatial(g, 0.05, first_frame_sink=False)
+    assert spatial.keep(f * S + 0, f * S + 1)
+    assert not spatial.keep(f * S + 1, (f + 100) * S + 1)
+
+
+# -- the dense limit -------------------------------------------------------------------------
+
+def test_to_dense_refuses_large_masks():
+    g = VideoGeometry(1, 1, 16_385)
+    spatial = SVGMask.spatial(g, 0.3)
+    for mask in (spatial, SVGMask.temporal(g, 0.3), spatial.tile_aligned(128, 128)):
+        with pytest.raises(ValueError) as err:
+            mask.to_dense()
+        message = str(err.value)
+        assert "16,385" in message and "plan_tiles" in message
+
+
+# -- B3: rounding to whole tiles ---------------------------------------------------------------
+
+@st.composite
+def rounding_case(draw):
+    mask, dense = draw(any_mask(kinds=("spatial", "temporal", "array")))
+    return mask, dense, draw(st.sampled_from([128, 256, 384])), draw(st.sampled_from([128, 256, 512]))
+
+
+def check_whole_tiles(rounded_dense, kept, block_q, block_kv):
+    n = rounded_dense.shape[0]
+    for i in range(kept.shape[0]):
+        for j in range(kept.shape[1]):
+            tile = rounded_dense[i * block_q:min((i + 1) * block_q, n), j * block_kv:min((j + 1) * block_kv, n)]
+            assert tile.size > 0
+            assert tile.all() if kept[i, j] else not tile.any()
+
+
+@given(rounding_case(), st.sampled_from(["balanced", "up", "down"]))
+@FAST
+def test_tile_aligned_structure_and_report(case, policy):
+    mask, dense, bq, bk = case
+    tam = mask.tile_aligned(bq, bk, policy=policy)
+    assert isinstance(tam, TileAlignedMask) and tam.source is mask
+    counts, areas = tile_view(dense, bq, bk)
+    full, empty = counts == areas, counts == 0
+    boundary = ~full & ~empty
+    assert tam.kept.shape == counts.shape and tam.kept.dtype == bool
+
+    rounded = tam.to_dense()
+    check_whole_tiles(rounded, tam.kept, bq, bk)
+    assert tam.kept[full].all() and not tam.kept[empty].any()
+    if policy == "up":
+        assert (rounded | ~dense).all()  # superset
+        np.testing.assert_array_equal(tam.kept, ~empty)
+    elif policy == "down":
+        assert (dense | ~rounded).all()  # subset
+        np.testing.assert_array_equal(tam.kept, full)
+
+    r = tam.report
+    assert (r.policy, r.block_q, r.block_kv) == (policy, bq, bk)
+    assert r.exact_pairs == dense.sum()
+    assert r.rounded_pairs == rounded.sum() == tam.pair_count
+    assert r.pairs_added == (rounded & ~dense).sum()
+    assert r.pairs_dropped == (dense & ~rounded).sum()
+    assert r.rounded_pairs - r.exact_pairs == r.pairs_added - r.pairs_dropped
+    assert r.boundary_tiles == boundary.sum()
+    assert r.boundary_kept == (tam.kept & boundary).sum()
+    assert r.boundary_budget == counts[boundary].sum()
+    assert r.budget_error == pytest.approx((rounded.sum() - dense.sum()) / max(dense.sum(), 1))
+    assert policy in str(r)
+
+
+@given(rounding_case())
+@FAST
+def test_balanced_rounding_is_the_best_prefix(case):
+    mask, dense, bq, bk = case
+    tam = mask.tile_aligned(bq, bk)  # "balanced" is the default
+    assert tam.report.policy == "balanced"
+    counts, areas = tile_view(dense, bq, bk)
+    full, empty = counts == areas, counts == 0
+    boundary = np.flatnonzero(~full & ~empty)
+    fraction = counts.flat[boundary] / areas.flat[boundary]
+
+    # kept boundary tiles are a prefix of the ranking: none is worse covered than a dropped one
+    kept_b = tam.kept.flat[boundary]
+    if kept_b.any() and (~kept_b).any():
+        assert fraction[kept_b].min() >= fraction[~kept_b].max()
+
+    # no prefix of the ranking lands closer to the exact pair count
+    ranking = boundary[sorted(range(boundary.size), key=lambda t: (-fraction[t], boundary[t]))]
+    exact = int(dense.sum())
+    base = int(areas[full].sum())
+    prefix_pairs = base + np.concatenate([[0], np.cumsum(areas.flat[ranking])])
+    best = int(np.abs(prefix_pairs - exact).min())
+    assert abs(int(tam.to_dense().sum()) - exact) == best
+
+
+def test_balanced_keeps_budget_on_a_large_band():
+    g = VideoGeometry(21, 45, 80)
+    mask = SVGMask.spatial(g, 0.35)
+    r = mask.tile_aligned(3328, 1536).report
+    assert r.boundary_tiles > 0 and 0 < r.boundary_kept < r.boundary_tiles
+    assert abs(r.budget_error) < 1e-3
+    assert r.exact_pairs == mask.pair_count
+
+
+def test_up_and_down_bracket_balanced():
+    mask = SVGMask.spatial(VideoGeometry(8, 16, 24), 0.3)
+    pairs = {p: mask.tile_aligned(512, 256, policy=p).pair_count for p in ("down", "balanced", "up")}
+    assert pairs["down"] <= mask.pair_count <= pairs["up"]
+    assert pairs["down"] <= pairs["balanced"] <= pairs["up"]
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+BAD_BLOCKS = [0, 100, 129, -128, 128.0, True]
+
+
+@pytest.mark.parametrize("bad", BAD_BLOCKS)
+def test_bad_block_sizes_raise(bad):
+    mask = SVGMask.spatial(VideoGeometry(2, 8, 8), 0.5)
+    with pytest.raises(ValueError, match=r"block_q.*multiple of 128"):
+        mask.tile_aligned(bad, 128)
+    with pytest.raises(ValueError, match=r"block_kv.*multiple of 128"):
+        mask.tile_aligned(128, bad)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        check_block_size("block_q", bad)
+
+
+def test_block_size_hint_names_valid_neighbours():
+    with pytest.raises(ValueError, match=r"128 and 256"):
+        check_block_size("block_q", 129)
+    with pytest.raises(ValueError, match=r"try 128"):
+        check_block_size("block_q", 100)
+    assert check_block_size("block_q", np.int64(384)) == 384
+    assert type(check_block_size("block_q", np.int64(384))) is int
+
+
+@pytest.mark.parametrize("density", [0, -0.1, 1.5, float("nan"), float("inf"), True, "0.3"])
+def test_bad_density_raises(density):
+    with pytest.raises(ValueError, match="density"):
+        SVGMask.spatial(VideoGeometry(2, 8, 8), density)
+
+
+def test_density_too_low_for_the_text_tokens():
+    g = VideoGeometry(2, 8, 8, text_tokens=64)  # text rows and columns alone keep 2P/N = 2/3
+    with pytest.raises(ValueError, match="text") as err:
+        SVGMask.spatial(g, 0.5)
+    assert "0.667" in str(err.value)
+    SVGMask.spatial(g, 0.7)  # just above is fine
+
+
+def test_spatial_needs_a_geometry():
+    with pytest.raises(TypeError, match="VideoGeometry"):
+        SVGMask.spatial(1024, 0.3)
+
+
+def test_unknown_policy_raises():
+    mask = SVGMask.spatial(VideoGeometry(2, 8, 8), 0.5)
+    with pytest.raises(ValueError, match="policy") as err:
+        mask.tile_aligned(128, 128, policy="nearest")
+    assert "balanced" in str(err.value) and "'nearest'" in str(err.value)
+
+
+def test_tile_aligned_mask_checks_its_tile_table():
+    with pytest.raises(ValueError, match=r"\(3, 2\)"):
+        TileAlignedMask(300, 128, 256, np.ones((2, 2), bool))

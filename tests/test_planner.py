@@ -1,0 +1,294 @@
+"""Tests of svg_lib.planner: tile classes and the scalar-prefetch schedule.
+
+Expected classes come from the dense mask, zero-padded to the tile grid and summed per tile;
+the schedule is checked row by row against the tiles that brute force says are visited.
+"""
+import time
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from svg_lib.geometry import VideoGeometry
+from svg_lib.masks import Mask, SVGMask, TileAlignedMask
+from svg_lib.planner import CLASS_NAMES, EMPTY, FULL, PARTIAL, TilePlan, plan_tiles
+
+FAST = settings(max_examples=30, deadline=None, database=None)
+
+
+# -- independent helpers ---------------------------------------------------------------------
+
+class ArrayMask(Mask):
+    """Any dense pattern as a Mask (generic brute-force pair counts)."""
+
+    def __init__(self, dense):
+        self.dense = np.asarray(dense, dtype=bool)
+        self.tokens = self.dense.shape[0]
+
+    def keep(self, q, k):
+        n = self.tokens
+        inside = (q < n) & (k < n)
+        if isinstance(q, np.ndarray) or isinstance(k, np.ndarray):
+            return self.dense[np.minimum(q, n - 1), np.minimum(k, n - 1)] & inside
+        return jnp.asarray(self.dense)[jnp.minimum(q, n - 1), jnp.minimum(k, n - 1)] & inside
+
+
+def brute_plan(dense, block_q, block_kv):
+    """(counts, areas, classes, touches_padding) [nq, nk] straight from the dense mask."""
+    n = dense.shape[0]
+    nq, nk = -(-n // block_q), -(-n // block_kv)
+    padded = np.zeros((nq * block_q, nk * block_kv), dtype=bool)
+    padded[:n, :n] = dense
+    counts = padded.reshape(nq, block_q, nk, block_kv).sum(axis=(1, 3))
+    real = np.zeros_like(padded)
+    real[:n, :n] = True
+    areas = real.reshape(nq, block_q, nk, block_kv).sum(axis=(1, 3))
+    q_pad = np.array([(i + 1) * block_q > n for i in range(nq)])
+    k_pad = np.array([(j + 1) * block_kv > n for j in range(nk)])
+    classes = np.empty((nq, nk), dtype=int)
+    for i in range(nq):
+        for j in range(nk):
+            if counts[i, j] == 0:
+                classes[i, j] = EMPTY
+            elif counts[i, j] == areas[i, j] and not k_pad[j]:
+                classes[i, j] = FULL
+            else:
+                classes[i, j] = PARTIAL
+    return counts, areas, classes, q_pad[:, None] | k_pad[None, :]
+
+
+def random_tiled_pattern(rng, n, unit=128):
+    """unit x unit blocks that are empty, full or random, with whole empty query stripes."""
+    m = -(-n // unit)
+    state = rng.choice(3, size=(m, m), p=[0.4, 0.35, 0.25])
+    state[rng.random(m) < 0.2] = 0  # some query tiles with nothing to visit
+    fill = rng.uniform(0.05, 0.95, size=(m, m))
+    big = np.repeat(np.repeat(state, unit, 0), unit, 1)[:n, :n]
+    p = np.repeat(np.repeat(fill, unit, 0), unit, 1)[:n, :n]
+    return (big == 1) | ((big == 2) & (rng.random((n, n)) < p))
+
+
+@st.composite
+def masks(draw):
+    """(mask, dense) across the mask kinds the planner sees."""
+    kind = draw(st.sampled_from(["spatial", "temporal", "tile_aligned", "array"]))
+    if kind == "array":
+        rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+        dense = random_tiled_pattern(rng, draw(st.sampled_from(range(1, 1200))))
+        return ArrayMask(dense), dense
+    # sampled_from draws uniformly, where st.integers favours tiny values (and tiny masks are one tile)
+    g = VideoGeometry(draw(st.integers(1, 8)), draw(st.sampled_from(range(4, 13))),
+                      draw(st.sampled_from(range(8, 25))), draw(st.integers(0, 40)))
+    text_share = 2.0 * g.text_tokens / g.tokens
+    assume(text_share < 0.9)
+    density = text_share + draw(st.floats(0.02, 0.9)) * (1.0 - text_share)
+    sink = draw(st.booleans())
+    if kind == "temporal":
+        mask = SVGMask.temporal(g, density, first_frame_sink=sink)
+    else:
+        mask = SVGMask.spatial(g, density, first_frame_sink=sink)
+        if kind == "tile_aligned":
+            mask = mask.tile_aligned(draw(st.sampled_from([128, 256])), draw(st.sampled_from([128, 384])),
+                                     policy=draw(st.sampled_from(["balanced", "up", "down"])))
+    return mask, mask.to_dense()
+
+
+blocks = st.sampled_from([128, 128, 256, 384, 512])  # 128 twice: more tiles per mask
+
+
+# -- tile classes ----------------------------------------------------------------------------
+
+def check_classes(mask, dense, bq, bk):
+    plan = plan_tiles(mask, bq, bk)
+    counts, areas, classes, touches = brute_plan(dense, bq, bk)
+    assert isinstance(plan, TilePlan) and plan.mask is mask and plan.tokens == mask.tokens
+    assert plan.grid == counts.shape == (-(-mask.tokens // bq), -(-mask.tokens // bk))
+    assert plan.classes.dtype == np.int8
+    np.testing.assert_array_equal(plan.counts, counts)
+    np.testing.assert_array_equal(plan.areas, areas)
+    np.testing.assert_array_equal(plan.classes, classes)
+    np.testing.assert_array_equal(plan.touches_padding, touches)
+    np.testing.assert_array_equal(plan.visited, classes != EMPTY)
+    np.testing.assert_array_equal(plan.needs_mask, classes == PARTIAL)
+    return classes
+
+
+@given(masks(), blocks, blocks)
+@FAST
+def test_classes_match_brute_force(mask_dense, bq, bk):
+    check_classes(*mask_dense, bq, bk)
+
+
+# mid-sized masks where every class occurs, checked whatever hypothesis happens to draw
+MID = VideoGeometry(8, 12, 24, text_tokens=16)  # 2,320 tokens
+
+
+@pytest.mark.parametrize("mask", [SVGMask.spatial(MID, 0.15), SVGMask.spatial(MID, 0.3, first_frame_sink=False),
+                                  SVGMask.temporal(MID, 0.15)], ids=["spatial", "spatial-nosink", "temporal"])
+@pytest.mark.parametrize("bq, bk", [(128, 128), (256, 384), (512, 128)])
+def test_classes_match_brute_force_mid_size(mask, bq, bk):
+    classes = check_classes(mask, mask.to_dense(), bq, bk)
+    if (bq, bk) == (128, 128):
+        assert {EMPTY, PARTIAL, FULL} <= set(classes.ravel().tolist())
+
+
+@given(masks(), blocks, blocks)
+@FAST
+def test_schedule_tables(mask_dense, bq, bk):
+    mask, dense = mask_dense
+    plan = plan_tiles(mask, bq, bk)
+    _, _, classes, _ = brute_plan(dense, bq, bk)
+    nq, nk = classes.shape
+    assert plan.kv_index.dtype == np.int32 and plan.num_steps.dtype == np.int32
+    assert plan.step_class.dtype == np.int8
+    assert plan.table("kv_index").dtype == np.int32 and plan.table("step_class").dtype == np.int32
+    visits = [np.flatnonzero(classes[i] != EMPTY) for i in range(nq)]
+    steps = max(1, max(v.size for v in visits))
+    assert plan.steps == steps
+    assert plan.kv_index.shape == plan.step_class.shape == (nq, steps)
+    assert plan.num_steps.shape == (nq,)
+    assert ((plan.kv_index >= 0) & (plan.kv_index < nk)).all()
+    for i, tiles in enumerate(visits):
+        m = tiles.size
+        assert plan.num_steps[i] == m
+        np.testing.assert_array_equal(plan.kv_index[i, :m], tiles)  # visited tiles, ascending
+        np.testing.assert_array_equal(plan.step_class[i, :m], classes[i, tiles])
+        # idle steps re-point at the block already resident (no DMA) and compute nothing
+        if m:
+            assert (plan.kv_index[i, m:] == tiles[-1]).all()
+        assert (plan.step_class[i, m:] == EMPTY).all()
+
+
+def test_query_tile_with_nothing_to_visit():
+    dense = np.zeros((300, 300), bool)
+    dense[:128, 140:200] = True           # query tile 0: one partial tile (kv tile 1)
+    dense[256:, :256] = True              # query tile 2: kv tiles 0 and 1 full
+    plan = plan_tiles(ArrayMask(dense), 128, 128)
+    assert plan.num_steps.tolist() == [1, 0, 2]
+    assert plan.steps == 2
+    assert plan.kv_index[0].tolist() == [1, 1]
+    assert plan.step_class[0].tolist() == [PARTIAL, EMPTY]
+    assert plan.step_class[1].tolist() == [EMPTY, EMPTY]
+    assert plan.kv_index[2].tolist() == [0, 1]
+    assert plan.step_class[2].tolist() == [FULL, FULL]
+
+
+def test_an_all_empty_mask_still_has_one_step():
+    plan = plan_tiles(ArrayMask(np.zeros((200, 200), bool)), 128, 128)
+    assert plan.steps == 1 and plan.num_steps.tolist() == [0, 0]
+    assert (plan.step_class == EMPTY).all()
+    assert plan.stats["tiles_visited"] == 0 and plan.stats["pair_density"] == 0.0
+
+
+def test_full_tile_reaching_into_key_padding_is_partial():
+    # every real pair kept, but the last key tile runs past the sequence: its padded
+    # columns must be masked out of the softmax, so it is not a mask-free tile
+    plan = plan_tiles(ArrayMask(np.ones((200, 200), bool)), 128, 128)
+    assert plan.classes.tolist() == [[FULL, PARTIAL], [FULL, PARTIAL]]
+    assert CLASS_NAMES[FULL] == "full" and CLASS_NAMES[PARTIAL] == "partial" and CLASS_NAMES[EMPTY] == "empty"
+
+
+# -- statistics ------------------------------------------------------------------------------
+
+@given(masks(), blocks, blocks)
+@FAST
+def test_stats_are_consistent(mask_dense, bq, bk):
+    mask, dense = mask_dense
+    plan = plan_tiles(mask, bq, bk)
+    _, areas, classes, touches = brute_plan(dense, bq, bk)
+    n = mask.tokens
+    nq, nk = classes.shape
+    s = plan.stats
+    visited = int((classes != EMPTY).sum())
+    masked = int((classes == PARTIAL).sum())
+    assert s["tokens"] == n
+    assert (s["block_q"], s["block_kv"], s["q_tiles"], s["kv_tiles"]) == (bq, bk, nq, nk)
+    assert s["tiles_total"] == nq * nk
+    assert s["tiles_visited"] == visited
+    assert s["tiles_full"] == (classes == FULL).sum()
+    assert s["tiles_masked"] == masked
+    assert s["tiles_touching_padding"] == touches.sum()
+    assert s["pair_density"] == pytest.approx(dense.sum() / n**2, rel=1e-12)
+    assert s["visited_fraction"] == pytest.approx(visited / (nq * nk))
+    assert s["masked_fraction"] == pytest.approx(masked / max(visited, 1))
+    assert s["grid_steps"] == nq * plan.steps
+    assert s["computed_pairs"] == areas[classes != EMPTY].sum()
+    band = getattr(mask, "band_width", None)
+    assert s["band_width"] == (None if band is None else int(band))
+
+    # B3 numbers: the same as planning the rounded mask separately
+    b3 = plan_tiles(mask.tile_aligned(bq, bk, policy="balanced"), bq, bk)
+    assert s["b3_tiles_visited"] == b3.visited.sum()
+    assert s["b3_tiles_masked"] == b3.needs_mask.sum()
+    assert s["b3_visited_fraction"] == pytest.approx(b3.visited.sum() / (nq * nk))
+    assert s["b3_pairs"] == b3.counts.sum()
+    assert s["b3_budget_error"] == pytest.approx((b3.counts.sum() - dense.sum()) / max(dense.sum(), 1))
+
+
+@given(masks(), blocks, blocks)
+@settings(max_examples=15, deadline=None, database=None)
+def test_tile_aligned_plans_mask_only_key_padding(mask_dense, bq, bk):
+    mask, dense = mask_dense
+    tam = mask.tile_aligned(bq, bk)
+    plan = plan_tiles(tam, bq, bk)
+    kv_padded = np.array([(j + 1) * bk > mask.tokens for j in range(plan.grid[1])])
+    np.testing.assert_array_equal(plan.visited, tam.kept)
+    np.testing.assert_array_equal(plan.needs_mask, tam.kept & kv_padded[None, :])
+    # rounding an already-aligned mask changes nothing
+    s = plan.stats
+    assert s["b3_tiles_visited"] == s["tiles_visited"]
+    assert s["b3_tiles_masked"] == s["tiles_masked"]
+    assert s["b3_budget_error"] == 0
+
+
+def test_hand_built_tile_mask_is_its_own_b3():
+    kept = np.array([[True, False, True], [False, True, True]])
+    tam = TileAlignedMask(700, 384, 256, kept)  # no report: built by hand, nothing to round
+    s = plan_tiles(tam, 384, 256).stats
+    assert s["tiles_visited"] == s["b3_tiles_visited"] == 4
+    assert s["tiles_masked"] == s["b3_tiles_masked"] == 2  # the kept tiles of the padded last key tile
+    assert s["b3_budget_error"] == 0 and s["band_width"] is None
+
+
+def test_str_mentions_the_tiles():
+    plan = plan_tiles(SVGMask.spatial(VideoGeometry(4, 8, 16), 0.3), 256, 128)
+    text = str(plan)
+    assert "256x128" in text and "visited" in text and "B3" in text
+
+
+# -- the blog's configuration ----------------------------------------------------------------
+
+def test_blog_geometry_plans_quickly_and_b3_removes_masking():
+    mask = SVGMask.spatial(VideoGeometry(21, 45, 80), 0.35)
+    start = time.perf_counter()
+    plan = plan_tiles(mask, 3328, 1536)
+    s = plan.stats
+    elapsed = time.perf_counter() - start
+    assert elapsed < 10.0, f"planning 75,600 tokens took {elapsed:.1f} s; it should need no N x N work"
+    assert (s["tokens"], s["q_tiles"], s["kv_tiles"]) == (75_600, 23, 50)
+    assert s["band_width"] % 128 == 0
+    assert s["tiles_visited"] < s["tiles_total"]
+    assert s["b3_tiles_masked"] < s["tiles_masked"]
+    assert abs(s["b3_budget_error"]) < 1e-3
+    assert abs(s["pair_density"] - 0.35) < 0.05  # the sink adds a little on top of the band
+    # counts agree with the closed form on whole rows of tiles
+    assert plan.counts.sum() == mask.pair_count
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("not_a_mask", [np.ones((256, 256), bool), None, "band"])
+def test_plan_needs_a_mask(not_a_mask):
+    with pytest.raises(TypeError, match="Mask"):
+        plan_tiles(not_a_mask, 128, 128)
+
+
+@pytest.mark.parametrize("bad", [0, 100, 129, -128, 128.0, True])
+def test_plan_rejects_bad_block_sizes(bad):
+    mask = SVGMask.spatial(VideoGeometry(2, 8, 8), 0.5)
+    with pytest.raises(ValueError, match=r"block_q.*multiple of 128"):
+        plan_tiles(mask, bad, 128)
+    with pytest.raises(ValueError, match=r"block_kv.*multiple of 128"):
+        plan_tiles(mask, 128, bad)

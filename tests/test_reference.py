@@ -1,0 +1,196 @@
+"""Tests of svg_lib.reference: the ground-truth attention every kernel is compared with.
+
+It is checked against the textbook formula written here in float64 numpy.
+"""
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from svg_lib.geometry import VideoGeometry
+from svg_lib.masks import SVGMask, TileAlignedMask
+from svg_lib.reference import reference_attention
+
+
+def naive_attention(q, k, v, keep=None):
+    """softmax(q k^T / sqrt(D)) v in float64, one row at a time; rows that keep nothing give 0."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    heads, n, d = q.shape
+    out = np.zeros((heads, n, d))
+    for h in range(heads):
+        scores = q[h] @ k[h].T / np.sqrt(d)
+        for i in range(n):
+            cols = np.arange(n) if keep is None else np.flatnonzero(keep[i])
+            if cols.size == 0:
+                continue
+            s = scores[i, cols]
+            w = np.exp(s - s.max())
+            out[h, i] = (w / w.sum()) @ v[h, cols]
+    return out
+
+
+def random_qkv(seed, heads, n, d, dtype=np.float32, sharpness=2.0):
+    """Random q, k, v; `sharpness` scales q so the softmax is far from uniform."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((heads, n, d)) * sharpness
+    k = rng.standard_normal((heads, n, d))
+    v = rng.standard_normal((heads, n, d))
+    return tuple(jnp.asarray(x, dtype=dtype) for x in (q, k, v))
+
+
+F32 = dict(rtol=1e-5, atol=1e-5)
+# bf16 keeps 8 significant bits: the rounding of the output alone is up to 2^-9 relative
+BF16 = dict(rtol=1.6e-2, atol=1.6e-2)
+
+GEOMETRY = VideoGeometry(4, 6, 12, text_tokens=10)  # 298 tokens: several bands' worth
+SPATIAL = SVGMask.spatial(GEOMETRY, 0.25)
+MASKS = {
+    "none": None,
+    "spatial": SPATIAL,
+    "temporal": SVGMask.temporal(GEOMETRY, 0.25),
+    "tile_aligned": SPATIAL.tile_aligned(128, 128),
+    "dense_bool": np.random.default_rng(7).random((GEOMETRY.tokens, GEOMETRY.tokens)) < 0.3,
+}
+
+
+def dense_of(mask):
+    if mask is None:
+        return None
+    return mask if isinstance(mask, np.ndarray) else mask.to_dense()
+
+
+@pytest.mark.parametrize("name", list(MASKS))
+@pytest.mark.parametrize("d", [16, 64])
+def test_float32_matches_naive(name, d):
+    mask = MASKS[name]
+    q, k, v = random_qkv(d, 2, GEOMETRY.tokens, d)
+    got = reference_attention(q, k, v, mask)
+    assert got.shape == q.shape and got.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(got), naive_attention(q, k, v, dense_of(mask)), **F32)
+
+
+@pytest.mark.parametrize("name", ["none", "spatial", "dense_bool"])
+def test_bfloat16_matches_naive_on_the_same_inputs(name):
+    mask = MASKS[name]
+    q, k, v = random_qkv(3, 2, GEOMETRY.tokens, 32, dtype=jnp.bfloat16)
+    got = reference_attention(q, k, v, mask)
+    assert got.dtype == jnp.bfloat16 and got.shape == q.shape
+    # the naive version sees exactly the bf16 values (upcast), so only accumulation and the
+    # final rounding to bf16 separate the two
+    expect = naive_attention(np.asarray(q, np.float32), np.asarray(k, np.float32), np.asarray(v, np.float32),
+                             dense_of(mask))
+    np.testing.assert_allclose(np.asarray(got, np.float32), expect, **BF16)
+
+
+def test_mask_object_and_its_dense_array_agree():
+    q, k, v = random_qkv(11, 3, GEOMETRY.tokens, 16)
+    for name in ("spatial", "temporal", "tile_aligned"):
+        mask = MASKS[name]
+        np.testing.assert_array_equal(np.asarray(reference_attention(q, k, v, mask)),
+                                      np.asarray(reference_attention(q, k, v, mask.to_dense())))
+
+
+def test_all_true_mask_equals_no_mask():
+    q, k, v = random_qkv(5, 2, 130, 8)
+    ones = np.ones((130, 130), bool)
+    np.testing.assert_allclose(np.asarray(reference_attention(q, k, v, ones)),
+                               np.asarray(reference_attention(q, k, v)), rtol=1e-6, atol=1e-6)
+
+
+def test_numpy_inputs_are_accepted():
+    q, k, v = (np.asarray(x) for x in random_qkv(2, 1, 40, 8))
+    got = reference_attention(q, k, v, np.tril(np.ones((40, 40), bool)))
+    np.testing.assert_allclose(np.asarray(got), naive_attention(q, k, v, np.tril(np.ones((40, 40), bool))), **F32)
+
+
+def test_large_logits_stay_finite():
+    q, k, v = random_qkv(9, 2, 64, 16, sharpness=300.0)  # logits in the hundreds: exp overflows unshifted
+    got = np.asarray(reference_attention(q, k, v))
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, naive_attention(q, k, v), rtol=1e-4, atol=1e-4)
+
+
+def test_rows_with_nothing_kept_give_zeros():
+    n = 96
+    q, k, v = random_qkv(4, 2, n, 8)
+    keep = np.random.default_rng(0).random((n, n)) < 0.2
+    empty_rows = [0, 5, 50, n - 1]
+    keep[empty_rows] = False
+    got = np.asarray(reference_attention(q, k, v, keep))
+    assert np.isfinite(got).all()
+    assert (got[:, empty_rows] == 0).all()
+    np.testing.assert_allclose(got, naive_attention(q, k, v, keep), **F32)
+
+
+def test_mask_object_with_empty_query_tiles_gives_zeros():
+    # a tile mask whose middle query tile keeps nothing: every row of it must come out 0
+    kept = np.array([[True, False, True], [False, False, False], [True, True, False]])
+    tam = TileAlignedMask(300, 128, 128, kept)
+    dense = tam.to_dense()
+    empty = ~dense.any(axis=1)
+    assert empty.sum() == 128
+    q, k, v = random_qkv(6, 2, 300, 8)
+    got = np.asarray(reference_attention(q, k, v, tam))
+    assert np.isfinite(got).all() and (got[:, empty] == 0).all()
+    np.testing.assert_allclose(got, naive_attention(q, k, v, dense), **F32)
+
+
+@pytest.mark.parametrize("block_rows", [1, 100, 298, 5000])
+def test_block_rows_chunking_changes_nothing(block_rows):
+    q, k, v = random_qkv(8, 2, GEOMETRY.tokens, 16)
+    whole = np.asarray(reference_attention(q, k, v, SPATIAL))
+    chunked = np.asarray(reference_attention(q, k, v, SPATIAL, block_rows=block_rows))
+    # each query row is computed on its own, so chunking may only move float32 rounding (a
+    # one-row chunk takes XLA's matrix-vector path, which sums in another order: ~1 ulp)
+    np.testing.assert_allclose(chunked, whole, rtol=1e-5, atol=2e-6)
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+def test_two_dimensional_input_raises():
+    q = jnp.zeros((16, 8))
+    with pytest.raises(ValueError, match=r"q must be shaped \[heads, tokens, head_dim\].*\(16, 8\)"):
+        reference_attention(q, q, q)
+
+
+def test_shape_mismatch_raises():
+    q, k, v = random_qkv(0, 2, 32, 8)
+    with pytest.raises(ValueError, match="same shape") as err:
+        reference_attention(q, k[:, :16], v)
+    assert "(2, 32, 8)" in str(err.value) and "(2, 16, 8)" in str(err.value)
+
+
+def test_dtype_mismatch_raises():
+    q, k, v = random_qkv(0, 2, 32, 8)
+    with pytest.raises(ValueError, match="dtype") as err:
+        reference_attention(q, k.astype(jnp.bfloat16), v)
+    assert "bfloat16" in str(err.value)
+
+
+def test_dense_mask_of_the_wrong_shape_raises():
+    q, k, v = random_qkv(0, 1, 32, 8)
+    with pytest.raises(ValueError, match=r"\(32, 32\)") as err:
+        reference_attention(q, k, v, np.ones((32, 31), bool))
+    assert "(32, 31)" in str(err.value)
+
+
+def test_mask_for_another_sequence_raises():
+    q, k, v = random_qkv(0, 1, 32, 8)
+    with pytest.raises(ValueError, match="298") as err:
+        reference_attention(q, k, v, SPATIAL)
+    assert "32" in str(err.value)
+
+
+@pytest.mark.parametrize("block_rows", [0, -4])
+def test_bad_block_rows_raises_naming_it(block_rows):
+    q, k, v = random_qkv(0, 1, 32, 8)
+    with pytest.raises(ValueError, match="block_rows"):
+        reference_attention(q, k, v, block_rows=block_rows)
+
+
+def test_additive_float_mask_is_refused():
+    # A 0 / -inf additive mask is a common convention elsewhere; read as bool it would keep
+    # exactly the pairs it meant to drop. It must be refused, not silently inverted.
+    q, k, v = random_qkv(0, 1, 32, 8)
+    additive = np.where(np.tril(np.ones((32, 32), bool)), 0.0, -np.inf)
+    with pytest.raises(ValueError, match="bool"):
+        reference_attention(q, k, v, additive)
