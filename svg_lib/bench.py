@@ -1,0 +1,585 @@
+"""The benchmark harness: time every attention method on one problem, next to the blog's figures.
+
+    from svg_lib.bench import BenchConfig, run_benchmark
+    result = run_benchmark(BenchConfig.from_preset("small"))
+    print(result.table())
+    result.plot()
+
+For each method the kernel is built once (`build_attention`: planning, Splash's mask
+info), compiled once, warmed up, then timed `repeats` times; building and compiling are
+reported but never timed. Next to the times go the tiles that method visits and masks,
+its error against the reference under the mask it really computes, and the blog's
+measurement on a TPU v6e.
+
+Where the numbers come from matters. On a TPU the kernels run compiled (Mosaic). Anywhere
+else they run in interpret mode: an XLA loop on the host, in which skipped tiles really are
+skipped, so times follow the tiles visited, but masking costs nothing like it does on a
+TPU's vector unit. Every table and plot names the device, the mode and the jax version.
+
+Command line: `python -m svg_lib bench --preset small` (see `add_config_arguments`).
+jax is imported inside functions, so importing this module (and `--help`) stays cheap.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import statistics
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+
+from .geometry import VideoGeometry
+from .masks import DENSE_LIMIT_TOKENS, SVGMask, check_block_size
+
+# The Google Developers blog case study "Accelerating Spatio-Temporal Attention for Video
+# Diffusion on TPUs" (BRIEF section 1): synthetic bf16 inputs, 75,600 tokens, 10 heads,
+# head dim 128, BQ 3328, BKV 1536, one TPU v6e chip. Milliseconds per attention call.
+BLOG_V6E_MS = {"splash_dense": 78.70, "b1": 96.37, "b2": 54.12, "b3": 32.76}
+# The same study's block-size sweep of B2 with BKV = 1536: BQ -> ms.
+BLOG_SWEEP_V6E_MS = {1024: 66.88, 3328: 54.12, 4864: 58.62}
+# The problem those figures were measured on.
+BLOG_PROBLEM = {"frames": 21, "height": 45, "width": 80, "text_tokens": 0, "heads": 10, "head_dim": 128,
+                "block_q": 3328, "block_kv": 1536, "dtype": "bfloat16"}
+
+DEFAULT_METHODS = ("splash_dense", "dense", "splash", "b1", "b2", "b3")
+PALLAS_METHODS = ("dense", "splash_dense", "splash", "b1", "b2", "b3")
+_DTYPES = ("float32", "bfloat16")
+# Above this many heads x tokens^2 score elements, interpret mode runs for hours (the small
+# preset is 2 x 10,080^2 = 2e8 and takes about a minute per dense call on a laptop core).
+INTERPRET_WORK_LIMIT = 2e9
+
+
+def _dtype_name(dtype) -> str:
+    if isinstance(dtype, str):
+        return dtype
+    import numpy as np  # jax's ml_dtypes registers bfloat16 with numpy
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        return str(dtype)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One benchmark problem: q, k, v are `[heads, geometry.tokens, head_dim]` arrays of `dtype`.
+
+    The mask is the spatial SVG mask at `density` (`.mask()`); `block_q` x `block_kv` tiles,
+    with each key tile processed `block_kv_compute` keys at a time (None: the default).
+    """
+
+    geometry: VideoGeometry
+    heads: int
+    head_dim: int
+    density: float
+    block_q: int
+    block_kv: int
+    block_kv_compute: int | None = None
+    dtype: str = "bfloat16"
+    first_frame_sink: bool = True
+
+    def __post_init__(self):
+        if not isinstance(self.geometry, VideoGeometry):
+            raise TypeError(f"geometry must be a VideoGeometry, got {type(self.geometry).__name__}")
+        for name in ("heads", "head_dim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        d = self.density
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d) or not 0.0 < d <= 1.0:
+            raise ValueError(f"density must be in (0, 1] (the fraction of pairs kept, e.g. 0.35), got {d!r}")
+        check_block_size("block_q", self.block_q)
+        check_block_size("block_kv", self.block_kv)
+        if self.block_kv_compute is not None:
+            from .vmem import check_block_kv_compute
+            check_block_kv_compute(self.block_kv, self.block_kv_compute, self.block_q)
+        dtype = _dtype_name(self.dtype)
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
+        object.__setattr__(self, "dtype", dtype)  # always the name, so the config is JSON-ready
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> "BenchConfig":
+        """The config of preset `name` ("tiny", "small", "blog") with some fields replaced.
+
+        `overrides` are field names (geometry, heads, head_dim, density, block_q, block_kv,
+        block_kv_compute, dtype, first_frame_sink) or geometry parts (frames, height, width,
+        text_tokens).
+        """
+        from .runtime import get_preset
+
+        p = get_preset(name)
+        geo_parts = {key: overrides.pop(key) for key in ("frames", "height", "width", "text_tokens")
+                     if key in overrides}
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(overrides) - fields)
+        if unknown:
+            raise ValueError(f"unknown BenchConfig field(s) {', '.join(unknown)}; valid: "
+                             f"{', '.join(sorted(fields | {'frames', 'height', 'width', 'text_tokens'}))}")
+        geometry = overrides.pop("geometry", p.geometry)
+        if geo_parts:
+            geometry = dataclasses.replace(geometry, **geo_parts)
+        values = dict(geometry=geometry, heads=p.heads, head_dim=p.head_dim, density=p.density,
+                      block_q=p.block_q, block_kv=p.block_kv, dtype=p.dtype)
+        values.update(overrides)
+        return cls(**values)
+
+    @property
+    def tokens(self) -> int:
+        return self.geometry.tokens
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """`(heads, tokens, head_dim)`: the shape of q, k and v."""
+        return (self.heads, self.tokens, self.head_dim)
+
+    @property
+    def is_blog_problem(self) -> bool:
+        """True when the geometry, heads, head dim and dtype are the case study's."""
+        g = self.geometry
+        mine = {"frames": g.frames, "height": g.height, "width": g.width, "text_tokens": g.text_tokens,
+                "heads": self.heads, "head_dim": self.head_dim, "dtype": self.dtype}
+        return all(BLOG_PROBLEM[k] == v for k, v in mine.items())
+
+    def mask(self) -> SVGMask:
+        """The spatial-head SVG mask of this problem."""
+        return SVGMask.spatial(self.geometry, self.density, first_frame_sink=self.first_frame_sink)
+
+    def describe(self) -> str:
+        """One line: problem size, dtype, density, blocks."""
+        compute = f" (compute {self.block_kv_compute})" if self.block_kv_compute else ""
+        sink = "" if self.first_frame_sink else ", no sink"
+        return (f"{self.geometry}, {self.heads} heads x {self.head_dim}, {self.dtype}, density {self.density}"
+                f"{sink}, blocks {self.block_q} x {self.block_kv}{compute}")
+
+    def to_json(self) -> dict:
+        g = self.geometry
+        return {"frames": g.frames, "height": g.height, "width": g.width, "text_tokens": g.text_tokens,
+                "heads": self.heads, "head_dim": self.head_dim, "density": self.density,
+                "block_q": self.block_q, "block_kv": self.block_kv, "block_kv_compute": self.block_kv_compute,
+                "dtype": self.dtype, "first_frame_sink": self.first_frame_sink, "tokens": self.tokens}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "BenchConfig":
+        geometry = VideoGeometry(data["frames"], data["height"], data["width"], data.get("text_tokens", 0))
+        return cls(geometry, data["heads"], data["head_dim"], data["density"], data["block_q"], data["block_kv"],
+                   data.get("block_kv_compute"), data.get("dtype", "bfloat16"), data.get("first_frame_sink", True))
+
+
+def blog_figure(config: BenchConfig, method: str) -> float | None:
+    """The blog's v6e milliseconds for `method`, or None where it reports none.
+
+    The figures are for the blog's own configuration (BQ 3328, BKV 1536); for B2 on the
+    blog's problem with BKV 1536 and a BQ from its sweep, the sweep's figure is used.
+    """
+    if method == "b2" and config.is_blog_problem and config.block_kv == 1536:
+        if config.block_q in BLOG_SWEEP_V6E_MS:
+            return BLOG_SWEEP_V6E_MS[config.block_q]
+    return BLOG_V6E_MS.get(method)
+
+
+def method_tiles(config: BenchConfig, method: str, plan=None, b3_plan=None) -> dict:
+    """Tiles one call of `method` visits and masks, and its grid steps per head.
+
+    dense, splash_dense: every tile, masking the key tiles that reach into padding;
+    splash, b1, b2: the plan of the exact mask (b1 masks every visited tile); b3: the plan
+    of the tile-aligned mask. `plan` / `b3_plan` may be passed in to avoid replanning.
+    """
+    from .attention import b3_mask
+    from .planner import plan_tiles
+
+    n, bq, bkv = config.tokens, config.block_q, config.block_kv
+    nq, nk = -(-n // bq), -(-n // bkv)
+    if method == "reference":
+        return {"tiles_total": nq * nk, "tiles_visited": None, "tiles_masked": None, "grid_steps": None}
+    if method in ("dense", "splash_dense"):
+        padded = nk * bkv != n
+        return {"tiles_total": nq * nk, "tiles_visited": nq * nk, "tiles_masked": nq if padded else 0,
+                "grid_steps": nq * nk}
+    if method == "b3":
+        p = b3_plan or plan_tiles(b3_mask(config.mask(), bq, bkv), bq, bkv)
+    else:
+        p = plan or plan_tiles(config.mask(), bq, bkv)
+    visited = int(p.visited.sum())
+    masked = visited if method == "b1" else int(p.needs_mask.sum())
+    return {"tiles_total": nq * nk, "tiles_visited": visited, "tiles_masked": masked,
+            "grid_steps": nq * p.steps}
+
+
+def _check_methods(methods) -> tuple[str, ...]:
+    from .attention import METHODS
+
+    if isinstance(methods, str):
+        methods = (methods,)
+    methods = tuple(methods)
+    if not methods:
+        raise ValueError(f"give at least one method; choose from {', '.join(METHODS)}")
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise ValueError(f"unknown method(s) {', '.join(map(repr, bad))}; choose from {', '.join(METHODS)}")
+    if len(set(methods)) != len(methods):
+        raise ValueError(f"methods repeat: {', '.join(methods)}; list each once")
+    return methods
+
+
+def _is_interpret(interpret) -> bool:
+    # interpret may be True/False or a pltpu.InterpretParams (which means interpret mode)
+    return interpret is not False and interpret is not None
+
+
+def run_benchmark(config: BenchConfig, methods=DEFAULT_METHODS, *, repeats: int = 3, warmup: int = 1,
+                  check_error: bool = True, seed: int = 0, interpret=None, progress=None) -> "BenchResult":
+    """Time each of `methods` on `config`'s problem; see the module docstring.
+
+    q, k, v: `[heads, tokens, head_dim]` standard normal in `config.dtype` from
+    `jax.random.key(seed)`. Per method: build (timed as `build_s`), compile (`compile_s`),
+    `warmup` untimed calls, `repeats` timed calls (each until the result is ready). The
+    error is the max |out - reference| with the reference in float32 under the mask the
+    method computes (none for the dense methods, the rounded mask for b3); it is None when
+    `check_error` is False or tokens > 16,384 (the reference would be too slow).
+    `progress(line)` is called once per method as it finishes (e.g. `progress=print`).
+    `interpret=None` runs compiled on a TPU, interpret mode elsewhere.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from .attention import b3_mask, build_attention, default_interpret
+    from .planner import plan_tiles
+    from .reference import reference_attention
+    from .runtime import detect_runtime
+
+    if not isinstance(config, BenchConfig):
+        raise TypeError(f"config must be a BenchConfig (e.g. BenchConfig.from_preset('tiny')), "
+                        f"got {type(config).__name__}")
+    methods = _check_methods(methods)
+    for name, value, low in (("repeats", repeats, 1), ("warmup", warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    if interpret is None:
+        interpret = default_interpret()
+
+    runtime = detect_runtime()
+    mask = config.mask()
+    bq, bkv = config.block_q, config.block_kv
+    plan = plan_tiles(mask, bq, bkv)
+    aligned = b3_mask(mask, bq, bkv)
+    b3_plan = plan_tiles(aligned, bq, bkv)
+    dtype = jnp.dtype(config.dtype)
+    keys = jax.random.split(jax.random.key(seed), 3)
+    q, k, v = (jax.random.normal(key, config.shape, dtype) for key in keys)
+
+    errors_possible = check_error and config.tokens <= DENSE_LIMIT_TOKENS
+    references = {}  # one float32 reference per mask: "none", "exact", "b3"
+
+    def reference_for(method):
+        which = "none" if method in ("dense", "splash_dense") else ("b3" if method == "b3" else "exact")
+        if which not in references:
+            ref_mask = {"none": None, "exact": mask, "b3": aligned}[which]
+            f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+            references[which] = jax.jit(lambda a, b, c: reference_attention(a, b, c, ref_mask))(*f32)
+        return references[which]
+
+    rows = []
+    for method in methods:
+        start = time.perf_counter()
+        fn = build_attention(mask, method=method, heads=config.heads, tokens=config.tokens,
+                             head_dim=config.head_dim, dtype=dtype, block_q=bq, block_kv=bkv,
+                             block_kv_compute=config.block_kv_compute, interpret=interpret)
+        build_s = time.perf_counter() - start
+        start = time.perf_counter()
+        compiled = fn.lower(q, k, v).compile()  # compile ahead, so no timed call pays for it
+        compile_s = time.perf_counter() - start
+        out = None
+        for _ in range(warmup):
+            out = compiled(q, k, v).block_until_ready()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            out = compiled(q, k, v).block_until_ready()
+            times.append((time.perf_counter() - start) * 1e3)
+        max_error = None
+        if errors_possible:
+            diff = jnp.abs(out.astype(jnp.float32) - reference_for(method))
+            max_error = float(jnp.max(diff))
+        del compiled, fn, out
+        row = {"method": method, **method_tiles(config, method, plan, b3_plan),
+               "build_s": build_s, "compile_s": compile_s, "median_ms": statistics.median(times),
+               "min_ms": min(times), "times_ms": times, "speedup": None, "max_error": max_error,
+               "blog_v6e_ms": blog_figure(config, method)}
+        rows.append(row)
+        if progress is not None:
+            err = "" if max_error is None else f", max error {max_error:.2e}"
+            progress(f"{method}: median {row['median_ms']:.1f} ms (min {row['min_ms']:.1f}) over {repeats} "
+                     f"call{'s' if repeats != 1 else ''}; build {build_s:.2f} s, compile {compile_s:.2f} s{err}")
+
+    base = next((r["median_ms"] for r in rows if r["method"] == "splash_dense"), None)
+    if base is not None:
+        for r in rows:
+            r["speedup"] = base / r["median_ms"]
+    mode = "interpret" if _is_interpret(interpret) else "compiled"
+    return BenchResult(config=config, runtime=runtime, rows=rows, mode=mode, repeats=repeats, warmup=warmup,
+                       seed=seed, plan_stats=plan.stats)
+
+
+@dataclass
+class BenchResult:
+    """What `run_benchmark` measured: one row (a dict) per method; see `ROW_KEYS`."""
+
+    config: BenchConfig
+    runtime: object  # svg_lib.runtime.Runtime
+    rows: list
+    mode: str        # "compiled" or "interpret": how the kernels really ran
+    repeats: int = 3
+    warmup: int = 1
+    seed: int = 0
+    plan_stats: dict | None = None
+
+    ROW_KEYS = ("method", "tiles_visited", "tiles_masked", "grid_steps", "build_s", "median_ms", "min_ms",
+                "speedup", "max_error", "blog_v6e_ms")
+
+    @property
+    def on_v6e(self) -> bool:
+        """Whether these times come from compiled kernels on a TPU v6e (the blog's chip)."""
+        return self.mode == "compiled" and getattr(self.runtime, "tpu_generation", None) == "v6e"
+
+    @property
+    def blog_label(self) -> str:
+        return "blog v6e ms" if self.on_v6e else "blog v6e (for reference, not this device)"
+
+    def header(self) -> str:
+        r = self.runtime
+        return (f"bench on {r.platform} ({r.device_kind}) | {self.mode} mode | jax {r.jax_version} | "
+                f"{self.config.describe()}")
+
+    def table(self) -> str:
+        """A fixed-width text table: header line, one line per method, then notes."""
+        def num(fmt, suffix=""):
+            return lambda value: "-" if value is None else format(value, fmt) + suffix
+
+        # (title, row key, width, formatter); the first column is left-aligned, the rest right
+        cols = [("method", "method", 12, str), ("visited", "tiles_visited", 8, num(",d")),
+                ("masked", "tiles_masked", 7, num(",d")), ("steps", "grid_steps", 7, num(",d")),
+                ("build s", "build_s", 8, num(".2f")), ("median ms", "median_ms", 10, num(".1f")),
+                ("min ms", "min_ms", 9, num(".1f")), ("vs B0", "speedup", 6, num(".2f", "x")),
+                ("max error", "max_error", 9, num(".1e")),
+                (self.blog_label, "blog_v6e_ms", len(self.blog_label), num(".2f"))]
+
+        def line(cells):
+            return "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                             for i, (c, (_, _, w, _)) in enumerate(zip(cells, cols))).rstrip()
+
+        rule = "  ".join("-" * w for *_, w, _ in cols)
+        lines = [self.header(), line([title for title, *_ in cols]), rule]
+        for row in self.rows:
+            lines.append(line([fmt(row.get(key)) for _, key, _, fmt in cols]))
+        lines.append(rule)
+        c = self.config
+        nq, nk = -(-c.tokens // c.block_q), -(-c.tokens // c.block_kv)
+        notes = [f"tiles: {nq} x {nk} = {nq * nk:,} per head; visited, masked and steps (grid steps) are per "
+                 f"head. vs B0 = splash_dense median / this median. build s = planning, not compiling, not "
+                 f"timed. {self.repeats} timed call(s) after {self.warmup} warm-up."]
+        if any(r["max_error"] is not None for r in self.rows):
+            notes.append("max error: max |out - reference|, reference in float32 under the mask each method "
+                         "computes (dense ones: no mask; b3: the tile-rounded mask).")
+        else:
+            notes.append(f"max error: not checked (check_error off, or more than {DENSE_LIMIT_TOKENS:,} tokens).")
+        if c.is_blog_problem and (c.block_q, c.block_kv) == (3328, 1536):
+            same = "this problem and blocks"
+        elif c.is_blog_problem:
+            same = "this problem; B2 from the BQ sweep where it has this BQ"
+        else:
+            same = "a different problem from this one"
+        where = "a TPU v6e like this one" if self.on_v6e else "one TPU v6e chip, not this device"
+        notes.append(f"blog figures: the case study on {where}: 75,600 tokens x 10 heads x 128, bf16, "
+                     f"BQ 3328, BKV 1536 ({same}).")
+        if self.mode == "interpret":
+            notes.append("interpret mode: the kernels run as an XLA loop on the host. Skipped tiles are really "
+                         "skipped, but masking costs differ from a TPU's: these are not TPU times.")
+        for note in notes:
+            lines.extend(textwrap.wrap(note, width=max(len(rule), 80), subsequent_indent="  "))
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def to_json(self) -> dict:
+        """Everything needed to redraw the table and plot, as JSON-ready values."""
+        return {"config": self.config.to_json(), "runtime": dataclasses.asdict(self.runtime), "mode": self.mode,
+                "repeats": self.repeats, "warmup": self.warmup, "seed": self.seed, "plan_stats": self.plan_stats,
+                "rows": [dict(r) for r in self.rows],
+                "blog": {"v6e_ms": BLOG_V6E_MS, "sweep_b2_v6e_ms": {str(k): v for k, v in BLOG_SWEEP_V6E_MS.items()},
+                         "problem": BLOG_PROBLEM}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "BenchResult":
+        """Rebuild a result written by `to_json` (e.g. read back from `bench --json PATH`)."""
+        from .runtime import Runtime
+
+        return cls(config=BenchConfig.from_json(data["config"]), runtime=Runtime(**data["runtime"]),
+                   rows=[dict(r) for r in data["rows"]], mode=data["mode"], repeats=data.get("repeats", 3),
+                   warmup=data.get("warmup", 1), seed=data.get("seed", 0), plan_stats=data.get("plan_stats"))
+
+    def plot(self, ax=None):
+        """Bar chart of the median ms per method; the blog's v6e figures beside, where it has them.
+
+        Off a v6e the blog's bars get their own y axis (right): they are another device and
+        another problem size, so only their shape compares, not their height. Returns the Figure.
+        """
+        import matplotlib.pyplot as plt
+        import numpy as np
+
+        if ax is None:
+            fig, ax = plt.subplots(figsize=(8, 4.2), layout="constrained")
+        else:
+            fig = ax.figure
+        methods = [r["method"] for r in self.rows]
+        x = np.arange(len(methods))
+        ours = [r["median_ms"] for r in self.rows]
+        blog = [r["blog_v6e_ms"] for r in self.rows]
+        has_blog = any(b is not None for b in blog)
+        width = 0.4 if has_blog else 0.6
+        shift = width / 2 if has_blog else 0.0
+        r = self.runtime
+        mine_label = f"{r.device_kind} ({self.mode})"
+        bars = ax.bar(x - shift, ours, width, color="#0072b2", label=mine_label)
+        ax.bar_label(bars, fmt="%.1f", fontsize=8)
+        ax.set_xticks(x, methods)
+        ax.set_ylabel(f"median ms per call, {mine_label}")
+        handles = [bars]
+        if has_blog:
+            bx = [xi + shift for xi, b in zip(x, blog) if b is not None]
+            bv = [b for b in blog if b is not None]
+            blog_ax = ax if self.on_v6e else ax.twinx()
+            blog_bars = blog_ax.bar(bx, bv, width, color="#e69f00", label="blog, TPU v6e (75,600 tokens)")
+            blog_ax.bar_label(blog_bars, fmt="%.1f", fontsize=8)
+            if blog_ax is not ax:
+                blog_ax.set_ylabel("blog v6e ms (for reference, not this device)")
+                blog_ax.set_ylim(0, max(bv) * 1.15)
+            handles.append(blog_bars)
+        ax.set_ylim(0, max(ours) * 1.15)
+        ax.legend(handles=handles, loc="upper right", fontsize=8)
+        ax.set_title(f"attention per call: {r.platform} {r.device_kind}, {self.mode} mode, jax {r.jax_version}\n"
+                     f"{self.config.geometry.tokens:,} tokens x {self.config.heads} heads, blocks "
+                     f"{self.config.block_q} x {self.config.block_kv}, {self.config.dtype}", fontsize=9)
+        return fig
+
+
+# -- command line: shared problem flags ------------------------------------------------------
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """The problem flags shared by `bench` and `lower`: a preset, then explicit overrides."""
+    parser.add_argument("--preset", choices=("tiny", "small", "blog"),
+                        help="start from a preset (flags given override it)")
+    parser.add_argument("--frames", type=int, metavar="F", help="latent frames")
+    parser.add_argument("--height", type=int, metavar="H", help="tokens per frame, vertically")
+    parser.add_argument("--width", type=int, metavar="W", help="tokens per frame, horizontally")
+    parser.add_argument("--text-tokens", type=int, metavar="P", help="text tokens after the video (default 0)")
+    parser.add_argument("--heads", type=int, metavar="H", help="attention heads (default 2 without a preset)")
+    parser.add_argument("--head-dim", type=int, metavar="D", help="head dimension (default 128 without a preset)")
+    parser.add_argument("--density", type=float, metavar="D", help="fraction of pairs the band keeps, in (0, 1]")
+    parser.add_argument("--block-q", type=int, metavar="BQ", help="query tile size, a multiple of 128")
+    parser.add_argument("--block-kv", type=int, metavar="BKV", help="key/value tile size, a multiple of 128")
+    parser.add_argument("--block-kv-compute", type=int, metavar="C",
+                        help="keys per inner step of a key tile: a multiple of 128 dividing --block-kv")
+    parser.add_argument("--dtype", choices=_DTYPES, help="dtype of q, k, v (default bfloat16 without a preset)")
+    parser.add_argument("--no-sink", action="store_true", help="leave out the first-frame sink")
+    parser.add_argument("--methods", metavar="M1,M2,...",
+                        help=f"comma-separated methods (default {','.join(DEFAULT_METHODS)})")
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    """The BenchConfig the flags describe; bad values raise UsageError naming the flag."""
+    from .cli import UsageError
+    from .runtime import get_preset
+
+    values = {"frames": None, "height": None, "width": None, "text_tokens": 0, "heads": 2, "head_dim": 128,
+              "density": None, "block_q": None, "block_kv": None, "block_kv_compute": None, "dtype": "bfloat16"}
+    if args.preset is not None:
+        p = get_preset(args.preset)
+        g = p.geometry
+        values.update(frames=g.frames, height=g.height, width=g.width, text_tokens=g.text_tokens, heads=p.heads,
+                      head_dim=p.head_dim, density=p.density, block_q=p.block_q, block_kv=p.block_kv,
+                      dtype=p.dtype)
+    for key in values:
+        if getattr(args, key) is not None:
+            values[key] = getattr(args, key)
+    missing = ["--" + k.replace("_", "-") for k, v in values.items() if v is None and k != "block_kv_compute"]
+    if missing:
+        raise UsageError(f"missing {', '.join(missing)}; give them, or start from --preset tiny|small|blog")
+    try:
+        geometry = VideoGeometry(values.pop("frames"), values.pop("height"), values.pop("width"),
+                                 values.pop("text_tokens"))
+        config = BenchConfig(geometry=geometry, first_frame_sink=not args.no_sink, **values)
+        config.mask()  # e.g. a density too low for the text tokens
+    except (TypeError, ValueError) as err:
+        raise UsageError(f"{err} (check the flags)") from None
+    return config
+
+
+def methods_from_args(args: argparse.Namespace, default=DEFAULT_METHODS) -> tuple[str, ...]:
+    from .cli import UsageError
+
+    if args.methods is None:
+        return tuple(default)
+    try:
+        return _check_methods([m.strip() for m in args.methods.split(",") if m.strip()])
+    except ValueError as err:
+        raise UsageError(f"--methods: {err}") from None
+
+
+def write_json(path: str, data: dict) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1)
+        fh.write("\n")
+
+
+def _bench_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
+    parser.add_argument("--repeats", type=int, default=3, metavar="N", help="timed calls per method (default 3)")
+    parser.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed calls first (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random q, k, v (default 0)")
+    parser.add_argument("--no-check", action="store_true", help="skip the error check against the reference")
+    parser.add_argument("--json", metavar="PATH", help="also write the result as JSON to PATH")
+    parser.add_argument("--force", action="store_true",
+                        help="run even when interpret mode would take hours (e.g. --preset blog on a CPU)")
+
+
+def _bench_run(args: argparse.Namespace) -> int:
+    from .cli import PROG, UsageError
+    from .runtime import detect_runtime
+
+    config = config_from_args(args)
+    methods = methods_from_args(args)
+    if args.repeats < 1 or args.warmup < 0:
+        raise UsageError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and {args.warmup}")
+    runtime = detect_runtime()
+    work = config.heads * float(config.tokens) ** 2
+    if not runtime.compiled and work > INTERPRET_WORK_LIMIT and not args.force:
+        small = 2 * 10_080.0 ** 2
+        raise UsageError(
+            f"{config.tokens:,} tokens x {config.heads} heads in interpret mode on {runtime.platform} would take "
+            f"hours ({work / small:.0f}x the work of --preset small). Try `{PROG} bench --preset small`, or check "
+            f"that the kernels lower for TPU with `{PROG} lower --preset blog`; --force runs it anyway")
+
+    def progress(line):
+        print(line, file=sys.stderr, flush=True)
+
+    progress(f"bench: {config.describe()}; methods {', '.join(methods)}")
+    result = run_benchmark(config, methods, repeats=args.repeats, warmup=args.warmup, seed=args.seed,
+                           check_error=not args.no_check, progress=progress)
+    print(result.table())
+    if args.json:
+        write_json(args.json, result.to_json())
+        progress(f"wrote {args.json}")
+    return 0
+
+
+def _command():
+    from .cli import Command
+    return Command("bench", "time the attention methods on one problem, beside the blog's v6e figures",
+                   _bench_arguments, _bench_run)
+
+
+COMMAND = _command()
