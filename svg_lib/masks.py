@@ -70,6 +70,11 @@ def _grid_cells(edges, tokens):
     return np.minimum(edges[:-1], tokens), np.minimum(edges[1:], tokens)
 
 
+def _check_policy(policy):
+    if policy not in ("balanced", "up", "down"):
+        raise ValueError(f"policy must be 'balanced', 'up' or 'down', got {policy!r}")
+
+
 @dataclass(frozen=True)
 class RoundingReport:
     """What B3's rounding to whole tiles changed, in (query, key) pairs."""
@@ -167,8 +172,7 @@ class Mask:
         """
         block_q = check_block_size("block_q", block_q)
         block_kv = check_block_size("block_kv", block_kv)
-        if policy not in ("balanced", "up", "down"):
-            raise ValueError(f"policy must be 'balanced', 'up' or 'down', got {policy!r}")
+        _check_policy(policy)
         n = self.tokens
         q_edges = np.arange(0, -(-n // block_q) * block_q + 1, block_q)
         k_edges = np.arange(0, -(-n // block_kv) * block_kv + 1, block_kv)
@@ -358,8 +362,11 @@ class TileAlignedMask(Mask):
         return jnp.asarray(self.kept)[qi, ki] & (q < n) & (k < n)
 
     def tile_aligned(self, block_q: int, block_kv: int, policy: str = "balanced") -> "TileAlignedMask":
+        block_q = check_block_size("block_q", block_q)
+        block_kv = check_block_size("block_kv", block_kv)
+        _check_policy(policy)
         if (block_q, block_kv) == (self.block_q, self.block_kv):
-            return self  # already whole tiles: rounding changes nothing
+            return self  # already whole tiles: rounding changes nothing, under any policy
         return super().tile_aligned(block_q, block_kv, policy)
 
     def pair_counts(self, q_edges, k_edges) -> np.ndarray:

@@ -12,7 +12,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from svg_lib.geometry import VideoGeometry
-from svg_lib.masks import Mask, PermutedMask, SVGMask, TileAlignedMask, check_block_size
+from svg_lib.masks import Mask, PermutedMask, SVGMask, TemporalMask, TileAlignedMask, check_block_size
 
 FAST = settings(max_examples=30, deadline=None, database=None)
 FEW = settings(max_examples=12, deadline=None, database=None)
@@ -95,6 +95,12 @@ def random_tiled_pattern(rng, n, unit=128):
     return (big == 1) | ((big == 2) & (rng.random((n, n)) < p))
 
 
+def random_permuted(base, seed):
+    """`base` seen through a random token permutation (`pos[i]`: where token i lands in `base`)."""
+    pos = np.random.default_rng(seed).permutation(base.tokens)
+    return PermutedMask(base, pos, np.argsort(pos))
+
+
 @st.composite
 def geometry_and_density(draw, max_frames=8, max_side=12, max_text=48):
     # up to ~2,300 tokens: big enough for bands narrower than the sequence, small enough for to_dense
@@ -108,8 +114,12 @@ def geometry_and_density(draw, max_frames=8, max_side=12, max_text=48):
 
 
 @st.composite
-def any_mask(draw, kinds=("spatial", "temporal", "tile_aligned", "array")):
-    """(mask, dense) for every kind of mask the library builds, plus an arbitrary pattern."""
+def any_mask(draw, kinds=("spatial", "temporal", "permuted", "tile_aligned", "array")):
+    """(mask, dense) for every kind of mask the library builds, plus an arbitrary pattern.
+
+    "permuted" is a table-driven PermutedMask under a random token permutation (the generic
+    class that TemporalMask specialises with arithmetic positions).
+    """
     kind = draw(st.sampled_from(kinds))
     if kind == "array":
         rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
@@ -121,6 +131,8 @@ def any_mask(draw, kinds=("spatial", "temporal", "tile_aligned", "array")):
         mask = SVGMask.spatial(g, density, first_frame_sink=sink)
     elif kind == "temporal":
         mask = SVGMask.temporal(g, density, first_frame_sink=sink)
+    elif kind == "permuted":
+        mask = random_permuted(SVGMask.spatial(g, density, first_frame_sink=sink), draw(st.integers(0, 2**32 - 1)))
     else:
         base = SVGMask.spatial(g, density, first_frame_sink=sink)
         mask = base.tile_aligned(draw(st.sampled_from([128, 256, 384])), draw(st.sampled_from([128, 256])),
@@ -189,7 +201,7 @@ def test_keep_agrees_between_numpy_and_jax(gd, sink):
     q = rng.integers(0, g.tokens + 200, size=(300, 1))
     k = rng.integers(0, g.tokens + 200, size=(1, 40))
     spatial = SVGMask.spatial(g, density, first_frame_sink=sink)
-    for mask in (spatial, SVGMask.temporal(g, density, first_frame_sink=sink),
+    for mask in (spatial, SVGMask.temporal(g, density, first_frame_sink=sink), random_permuted(spatial, 1),
                  spatial.tile_aligned(256, 128)):
         expect = np.asarray(mask.keep(q, k))
         got = np.asarray(mask.keep(jnp.asarray(q, dtype=jnp.int32), jnp.asarray(k, dtype=jnp.int32)))
@@ -241,7 +253,7 @@ def test_temporal_dense_is_the_spatial_band_in_temporal_major_coordinates(gd, si
     g, density = gd
     spatial = SVGMask.spatial(g, density, first_frame_sink=sink)
     temporal = SVGMask.temporal(g, density, first_frame_sink=sink)
-    assert isinstance(temporal, PermutedMask)
+    assert isinstance(temporal, TemporalMask) and isinstance(temporal, PermutedMask)
     assert temporal.permuted.band_width == spatial.band_width
     pos = brief_position(g)  # frame-major token i sits at temporal-major position pos[i]
     band = spatial.to_dense()
@@ -252,6 +264,27 @@ def test_temporal_dense_is_the_spatial_band_in_temporal_major_coordinates(gd, si
     order = np.argsort(pos)
     np.testing.assert_array_equal(dense[order][:, order], band)
     assert temporal.pair_count == spatial.pair_count
+
+
+@given(geometry_and_density())
+@FEW
+def test_temporal_position_is_the_brief_formula(gd):
+    g, density = gd
+    temporal = SVGMask.temporal(g, density)
+    idx = np.arange(g.tokens + 50)  # past the end: padding keeps its index (and is never kept)
+    expect = np.concatenate([brief_position(g), np.arange(g.tokens, g.tokens + 50)])
+    np.testing.assert_array_equal(temporal.position(idx), expect)
+    np.testing.assert_array_equal(np.asarray(temporal.position(jnp.asarray(idx, dtype=jnp.int32))), expect)
+    # the lookup table the generic PermutedMask carries says the same
+    np.testing.assert_array_equal(temporal.pos, brief_position(g))
+
+
+def test_random_permuted_mask_moves_pairs_without_changing_their_number():
+    g = VideoGeometry(3, 8, 16, text_tokens=5)
+    base = SVGMask.spatial(g, 0.2)
+    mask = random_permuted(base, 3)
+    np.testing.assert_array_equal(mask.to_dense(), base.to_dense()[mask.pos][:, mask.pos])
+    assert mask.pair_count == base.pair_count == mask.to_dense().sum()
 
 
 def test_temporal_mask_direction_on_a_long_thin_video():
@@ -367,6 +400,29 @@ def test_balanced_keeps_budget_on_a_large_band():
     assert r.exact_pairs == mask.pair_count
 
 
+@given(any_mask(kinds=("spatial", "temporal", "array")), st.sampled_from([128, 256]), st.sampled_from([128, 384]),
+       st.sampled_from(["balanced", "up", "down"]), st.sampled_from(["balanced", "up", "down"]))
+@FEW
+def test_rounding_twice_changes_nothing(mask_dense, bq, bk, first, second):
+    mask, _ = mask_dense
+    once = mask.tile_aligned(bq, bk, policy=first)
+    twice = once.tile_aligned(bq, bk, policy=second)
+    np.testing.assert_array_equal(twice.kept, once.kept)
+    np.testing.assert_array_equal(twice.to_dense(), once.to_dense())
+
+
+def test_rounding_a_tile_mask_to_other_tiles():
+    # 256-row tiles seen through 128-row tiles are whole as well; the reverse is not
+    mask = SVGMask.spatial(VideoGeometry(4, 8, 24), 0.2)
+    coarse = mask.tile_aligned(256, 256, policy="up")
+    fine = coarse.tile_aligned(128, 128, policy="down")
+    np.testing.assert_array_equal(fine.to_dense(), coarse.to_dense())
+    assert fine.report.boundary_tiles == 0
+    fine_first = mask.tile_aligned(128, 128, policy="up")
+    regrouped = fine_first.tile_aligned(256, 256, policy="up")
+    assert (regrouped.to_dense() | ~fine_first.to_dense()).all()
+
+
 def test_up_and_down_bracket_balanced():
     mask = SVGMask.spatial(VideoGeometry(8, 16, 24), 0.3)
     pairs = {p: mask.tile_aligned(512, 256, policy=p).pair_count for p in ("down", "balanced", "up")}
@@ -377,6 +433,16 @@ def test_up_and_down_bracket_balanced():
 # -- bad input -------------------------------------------------------------------------------
 
 BAD_BLOCKS = [0, 100, 129, -128, 128.0, True]
+
+
+@pytest.mark.parametrize("bad", BAD_BLOCKS)
+def test_bad_block_sizes_raise_on_a_tile_mask_too(bad):
+    # a TileAlignedMask re-rounded to its own tiles may skip the work, not the input checks
+    tam = SVGMask.spatial(VideoGeometry(2, 8, 16), 0.5).tile_aligned(128, 128)
+    with pytest.raises(ValueError, match=r"block_q.*multiple of 128"):
+        tam.tile_aligned(bad, 128)
+    with pytest.raises(ValueError, match=r"block_kv.*multiple of 128"):
+        tam.tile_aligned(128, bad)
 
 
 @pytest.mark.parametrize("bad", BAD_BLOCKS)
@@ -420,9 +486,11 @@ def test_spatial_needs_a_geometry():
 
 def test_unknown_policy_raises():
     mask = SVGMask.spatial(VideoGeometry(2, 8, 8), 0.5)
-    with pytest.raises(ValueError, match="policy") as err:
-        mask.tile_aligned(128, 128, policy="nearest")
-    assert "balanced" in str(err.value) and "'nearest'" in str(err.value)
+    # the tile mask is re-rounded to its own tiles: the policy must still be checked
+    for m in (mask, mask.tile_aligned(128, 128)):
+        with pytest.raises(ValueError, match="policy") as err:
+            m.tile_aligned(128, 128, policy="nearest")
+        assert "balanced" in str(err.value) and "'nearest'" in str(err.value)
 
 
 def test_tile_aligned_mask_checks_its_tile_table():

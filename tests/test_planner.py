@@ -12,7 +12,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from svg_lib.geometry import VideoGeometry
-from svg_lib.masks import Mask, SVGMask, TileAlignedMask
+from svg_lib.masks import Mask, PermutedMask, SVGMask, TileAlignedMask
 from svg_lib.planner import CLASS_NAMES, EMPTY, FULL, PARTIAL, TilePlan, plan_tiles
 
 FAST = settings(max_examples=30, deadline=None, database=None)
@@ -73,7 +73,7 @@ def random_tiled_pattern(rng, n, unit=128):
 @st.composite
 def masks(draw):
     """(mask, dense) across the mask kinds the planner sees."""
-    kind = draw(st.sampled_from(["spatial", "temporal", "tile_aligned", "array"]))
+    kind = draw(st.sampled_from(["spatial", "temporal", "permuted", "tile_aligned", "array"]))
     if kind == "array":
         rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
         dense = random_tiled_pattern(rng, draw(st.sampled_from(range(1, 1200))))
@@ -87,6 +87,9 @@ def masks(draw):
     sink = draw(st.booleans())
     if kind == "temporal":
         mask = SVGMask.temporal(g, density, first_frame_sink=sink)
+    elif kind == "permuted":  # the generic, table-driven permuted mask under a random order
+        pos = np.random.default_rng(draw(st.integers(0, 2**32 - 1))).permutation(g.tokens)
+        mask = PermutedMask(SVGMask.spatial(g, density, first_frame_sink=sink), pos, np.argsort(pos))
     else:
         mask = SVGMask.spatial(g, density, first_frame_sink=sink)
         if kind == "tile_aligned":
