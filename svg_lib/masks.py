@@ -296,6 +296,10 @@ class PermutedMask(Mask):
     def pair_count(self) -> int:
         return self.permuted.pair_count  # a permutation moves pairs, it does not add or drop any
 
+    @property
+    def band_width(self):
+        return getattr(self.permuted, "band_width", None)
+
     def keep(self, q, k):
         if _is_numpy(q, k):
             pos = np.concatenate([self.pos, [self.tokens]])  # padding maps to padding
