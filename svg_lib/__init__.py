@@ -12,3 +12,7 @@ from .plots import TILE_COLORS, ascii_tile_map, kept_fraction_grid, plot_mask, p
 from .attention import METHODS, attention, b3_mask, build_attention
 from .vmem import VmemEstimate, estimate_vmem
 from .bench import BLOG_SWEEP_V6E_MS, BLOG_V6E_MS, BenchConfig, BenchResult, run_benchmark
+# block-size tuner, interactive explorers, grid traversal view
+from .tuner import TuneResult, tune
+from .explorer import mask_explorer
+from .traversal import grid_trace, plot_traversal, recorded_grid_trace

@@ -1,0 +1,601 @@
+"""Block-size tuning: time one attention method over a grid of tile sizes and keep the fastest.
+
+    from svg_lib import SVGMask, VideoGeometry, tune
+    result = tune(SVGMask.spatial(VideoGeometry(21, 16, 30), 0.35), heads=2, head_dim=128)
+    print(result.table()); result.heatmap(); result.scatter()
+
+A candidate is `(block_q, block_kv)` or `(block_q, block_kv, block_kv_compute)`. Candidates
+that cannot run here are dropped with the reason recorded (`result.rejected`): not a multiple
+of 128, larger than the token count padded to whole lanes, a `block_kv_compute` that does not
+divide `block_kv`, or more VMEM than the TPU this runs on (a v6e when there is none) can give.
+
+Each valid candidate is built with `build_attention` (planning, not timed), compiled, warmed
+up and timed `repeats` times; the median counts. Next to the time go what the blog's lesson
+is about: the fraction of visited tiles that need a mask, the fraction of tiles visited, the
+grid steps and the VMEM estimate. Results are cached as JSON (see `cache_dir`), keyed by
+device kind, jax version and the problem, so rerunning a notebook is instant.
+
+jax and matplotlib are imported inside functions, so importing this module stays cheap.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .masks import LANES, Mask, PermutedMask, TileAlignedMask
+
+TUNE_METHODS = ("dense", "splash_dense", "splash", "b1", "b2", "b3")
+CACHE_ENV = "SVG_LIB_CACHE_DIR"
+CACHE_FORMAT = 1  # bump when the stored rows change meaning
+DEFAULT_AXIS_VALUES = 4  # block sizes per axis in the default grid
+
+
+def cache_dir() -> Path:
+    """Where tuning results live: `$SVG_LIB_CACHE_DIR/tune`, else `$XDG_CACHE_HOME/svg_lib/tune`
+    (`~/.cache/svg_lib/tune` when XDG_CACHE_HOME is unset)."""
+    root = os.environ.get(CACHE_ENV)
+    if root:
+        return Path(root).expanduser() / "tune"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "svg_lib" / "tune"
+
+
+# -- candidates ---------------------------------------------------------------------------
+
+def padded_tokens(tokens: int) -> int:
+    """`tokens` rounded up to whole lanes: the largest block size worth trying."""
+    return -(-int(tokens) // LANES) * LANES
+
+
+def default_candidates(tokens: int, per_axis: int = DEFAULT_AXIS_VALUES) -> list[tuple[int, int]]:
+    """A modest grid scaled to the problem: up to `per_axis` sizes per axis, log-spaced.
+
+    The sizes are 128 x powers of two from about tokens / 64 up to the padded token count
+    (tiles much smaller than that make a huge grid of tiny steps; larger ones are all padding).
+    """
+    top = padded_tokens(tokens)
+    low = max(LANES, top // 64)
+    sizes = [LANES * 2 ** k for k in range(0, 32) if low <= LANES * 2 ** k <= top]
+    if not sizes:
+        sizes = [LANES]
+    if len(sizes) > per_axis:
+        picks = np.unique(np.rint(np.linspace(0, len(sizes) - 1, per_axis)).astype(int))
+        sizes = [sizes[p] for p in picks]
+    return [(bq, bkv) for bq in sizes for bkv in sizes]
+
+
+def _normalise(candidate) -> tuple:
+    try:
+        values = tuple(candidate)
+    except TypeError:
+        raise ValueError(f"a candidate is (block_q, block_kv) or (block_q, block_kv, block_kv_compute), "
+                         f"got {candidate!r}") from None
+    if len(values) not in (2, 3):
+        raise ValueError(f"a candidate is (block_q, block_kv) or (block_q, block_kv, block_kv_compute), "
+                         f"got {candidate!r}")
+    if len(values) == 2:
+        values = values + (None,)
+    return tuple(v if v is None or isinstance(v, bool) or not isinstance(v, (int, np.integer)) else int(v)
+                 for v in values)
+
+
+def check_candidates(candidates, *, tokens: int, head_dim: int, method: str = "b2", dtype="bfloat16",
+                     generation: str | None = None) -> tuple[list[tuple], list[dict]]:
+    """Split candidates into those that can run here and those that cannot (with the reason).
+
+    Returns `(valid, rejected)`: valid `(block_q, block_kv, block_kv_compute or None)` triples in
+    the order given (duplicates dropped), and one dict per rejected candidate with
+    "block_q", "block_kv", "block_kv_compute" and "reason".
+    """
+    from .masks import check_block_size
+    from .vmem import MiB, check_block_kv_compute, estimate_vmem
+
+    valid, rejected, seen = [], [], set()
+    top = padded_tokens(tokens)
+    for candidate in candidates:
+        bq, bkv, bkvc = _normalise(candidate)
+        if (bq, bkv, bkvc) in seen:
+            continue
+        seen.add((bq, bkv, bkvc))
+
+        def reject(reason):
+            rejected.append({"block_q": bq, "block_kv": bkv, "block_kv_compute": bkvc, "reason": reason})
+
+        try:
+            check_block_size("block_q", bq)
+            check_block_size("block_kv", bkv)
+        except ValueError as err:
+            reject(str(err))
+            continue
+        too_big = [f"{name}={value}" for name, value in (("block_q", bq), ("block_kv", bkv)) if value > top]
+        if too_big:
+            reject(f"{' and '.join(too_big)} exceeds the {tokens:,} tokens padded to whole lanes ({top:,}): "
+                   "the tile would be mostly padding")
+            continue
+        try:
+            compute = check_block_kv_compute(bkv, bkvc, bq)
+        except ValueError as err:
+            reject(str(err))
+            continue
+        estimate = estimate_vmem(method, bq, bkv, head_dim, dtype, compute, generation)
+        if not estimate.fits:
+            reject(f"VMEM overflow: needs {estimate.total / MiB:.1f} MiB, the {estimate.generation} budget is "
+                   f"{estimate.budget / MiB:.0f} MiB")
+            continue
+        valid.append((bq, bkv, bkvc))
+    return valid, rejected
+
+
+# -- the problem, for the cache key --------------------------------------------------------
+
+def describe_mask(mask: Mask) -> dict:
+    """A JSON-ready description that tells masks apart: geometry, band, sink, density, pairs."""
+    out = {"type": type(mask).__name__, "tokens": int(mask.tokens)}
+    geometry = getattr(mask, "geometry", None)
+    if geometry is not None:
+        out["geometry"] = [geometry.frames, geometry.height, geometry.width, geometry.text_tokens]
+    for name in ("band_width", "sink_tokens", "density"):
+        value = getattr(mask, name, None)
+        if value is not None:
+            out[name] = value if isinstance(value, float) else int(value)
+    if isinstance(mask, TileAlignedMask):
+        out["tiles"] = [mask.block_q, mask.block_kv]
+        out["kept_sha1"] = hashlib.sha1(np.packbits(mask.kept).tobytes()).hexdigest()
+        if mask.source is not None:
+            out["source"] = describe_mask(mask.source)
+    elif isinstance(mask, PermutedMask):
+        out["permuted"] = describe_mask(mask.permuted)
+        out["pos_sha1"] = hashlib.sha1(np.ascontiguousarray(mask.pos).tobytes()).hexdigest()
+    else:
+        out["pairs"] = int(mask.pair_count)
+    return out
+
+
+def _runtime_key(interpret) -> dict:
+    from .runtime import detect_runtime
+
+    r = detect_runtime()
+    mode = "compiled" if interpret is False else "interpret"
+    key = {"platform": r.platform, "device_kind": r.device_kind, "jax": r.jax_version, "mode": mode}
+    if interpret not in (None, True, False):
+        key["interpret"] = repr(interpret)  # InterpretParams: a different simulation, a different time
+    return key
+
+
+def _cache_file(key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    return cache_dir() / f"{digest}.json"
+
+
+# -- the result ---------------------------------------------------------------------------
+
+@dataclass
+class TuneResult:
+    """What `tune` measured: one row (a dict) per candidate; `best` is the row with the lowest median."""
+
+    method: str
+    problem: dict        # mask description, heads, head_dim, dtype
+    runtime: dict        # platform, device kind, jax version, mode
+    rows: list           # see ROW_KEYS
+    rejected: list = field(default_factory=list)  # candidates that could not run here, with reasons
+    repeats: int = 3
+    warmup: int = 1
+    from_cache: bool = False
+    cache_path: str | None = None
+
+    ROW_KEYS = ("block_q", "block_kv", "block_kv_compute", "median_ms", "min_ms", "times_ms", "masked_fraction",
+                "visited_fraction", "tiles_visited", "tiles_masked", "grid_steps", "vmem_bytes", "build_s",
+                "compile_s")
+
+    @property
+    def best(self) -> dict | None:
+        return min(self.rows, key=lambda r: r["median_ms"]) if self.rows else None
+
+    @property
+    def least_masking(self) -> dict | None:
+        """The row that masks the smallest fraction of its visited tiles (ties: the faster)."""
+        return min(self.rows, key=lambda r: (r["masked_fraction"], r["median_ms"])) if self.rows else None
+
+    def header(self) -> str:
+        r, p = self.runtime, self.problem
+        source = " (from cache)" if self.from_cache else ""
+        return (f"tune {self.method} on {r['platform']} ({r['device_kind']}) | {r['mode']} mode | jax {r['jax']} | "
+                f"{p['mask']['tokens']:,} tokens x {p['heads']} heads x {p['head_dim']}, {p['dtype']}{source}")
+
+    def table(self) -> str:
+        """Fixed-width text: one line per candidate (fastest first), then the best and the rejected."""
+        cols = [("block_q", 7), ("block_kv", 8), ("compute", 7), ("median ms", 10), ("min ms", 9),
+                ("masked", 7), ("visited", 8), ("steps", 7), ("VMEM MiB", 8)]
+        lines = [self.header(), "  ".join(t.rjust(w) for t, w in cols), "  ".join("-" * w for _, w in cols)]
+        best = self.best
+        for row in sorted(self.rows, key=lambda r: r["median_ms"]):
+            cells = [f"{row['block_q']}", f"{row['block_kv']}",
+                     "-" if row["block_kv_compute"] is None else f"{row['block_kv_compute']}",
+                     f"{row['median_ms']:.2f}", f"{row['min_ms']:.2f}", f"{row['masked_fraction']:.2f}",
+                     f"{row['visited_fraction']:.2f}", f"{row['grid_steps']:,}", f"{row['vmem_bytes'] / 2**20:.1f}"]
+            mark = "  <- best" if row is best else ""
+            lines.append("  ".join(c.rjust(w) for c, (_, w) in zip(cells, cols)) + mark)
+        if best is not None:
+            least = self.least_masking
+            lines.append(f"best: block_q={best['block_q']}, block_kv={best['block_kv']}"
+                         + (f", block_kv_compute={best['block_kv_compute']}" if best["block_kv_compute"] else "")
+                         + f": {best['median_ms']:.2f} ms (median of {self.repeats})")
+            if least is not best:
+                lines.append(f"least masking ({least['masked_fraction']:.2f} of visited tiles): "
+                             f"{least['block_q']} x {least['block_kv']} at {least['median_ms']:.2f} ms - "
+                             "not the fastest")
+        else:
+            lines.append("no candidate could run here")
+        lines.append("masked = masked tiles / visited tiles; visited = visited tiles / all tiles; steps = grid "
+                     "steps per head.")
+        if self.runtime.get("mode") == "interpret":
+            lines.append("interpret mode: an XLA loop on the host, not TPU times; grid steps and tile counts "
+                         "carry over to a TPU, the masking cost does not.")
+        for r in self.rejected:
+            compute = "" if r["block_kv_compute"] is None else f" (compute {r['block_kv_compute']})"
+            lines.append(f"rejected {r['block_q']} x {r['block_kv']}{compute}: {r['reason']}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def to_json(self) -> dict:
+        return {"method": self.method, "problem": self.problem, "runtime": self.runtime,
+                "rows": [dict(r) for r in self.rows], "rejected": [dict(r) for r in self.rejected],
+                "repeats": self.repeats, "warmup": self.warmup}
+
+    @classmethod
+    def from_json(cls, data: dict, **extra) -> "TuneResult":
+        return cls(method=data["method"], problem=data["problem"], runtime=data["runtime"],
+                   rows=[dict(r) for r in data["rows"]], rejected=[dict(r) for r in data.get("rejected", [])],
+                   repeats=data.get("repeats", 3), warmup=data.get("warmup", 1), **extra)
+
+    def _where(self) -> str:
+        r = self.runtime
+        return f"{r['platform']} {r['device_kind']}, {r['mode']} mode, jax {r['jax']}"
+
+    def heatmap(self, ax=None):
+        """Median ms over (block_q on y, block_kv on x); the best cell is outlined. Returns the Figure.
+
+        With several block_kv_compute values for one (block_q, block_kv), the fastest is shown.
+        """
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Rectangle
+
+        if not self.rows:
+            raise ValueError("no measured candidates to draw (every candidate was rejected; see .rejected)")
+        bqs = sorted({r["block_q"] for r in self.rows})
+        bkvs = sorted({r["block_kv"] for r in self.rows})
+        grid = np.full((len(bqs), len(bkvs)), np.nan)
+        for r in self.rows:
+            i, j = bqs.index(r["block_q"]), bkvs.index(r["block_kv"])
+            grid[i, j] = r["median_ms"] if np.isnan(grid[i, j]) else min(grid[i, j], r["median_ms"])
+        if ax is None:
+            fig, ax = plt.subplots(figsize=(1.4 * len(bkvs) + 3.2, 1.0 * len(bqs) + 2.0), layout="constrained")
+        else:
+            fig = ax.figure
+        image = ax.imshow(np.ma.masked_invalid(grid), cmap="viridis_r", aspect="auto")
+        fig.colorbar(image, ax=ax, label="median ms per call (lower is better)")
+        top = np.nanmax(grid)
+        for i in range(len(bqs)):
+            for j in range(len(bkvs)):
+                if not np.isnan(grid[i, j]):
+                    ax.text(j, i, f"{grid[i, j]:.1f}", ha="center", va="center", fontsize=8,
+                            color="white" if grid[i, j] > 0.6 * top else "black")
+        best = self.best
+        bi, bj = bqs.index(best["block_q"]), bkvs.index(best["block_kv"])
+        ax.add_patch(Rectangle((bj - 0.5, bi - 0.5), 1, 1, fill=False, edgecolor="#d55e00", linewidth=2.5))
+        ax.set_xticks(range(len(bkvs)), [str(b) for b in bkvs])
+        ax.set_yticks(range(len(bqs)), [str(b) for b in bqs])
+        ax.set_xlabel("block_kv")
+        ax.set_ylabel("block_q")
+        ax.set_title(f"{self.method}: median ms by tile size (best outlined)\n{self._where()}", fontsize=9)
+        return fig
+
+    def scatter(self, ax=None):
+        """Median ms against the masked fraction of visited tiles, one point per candidate. Returns the Figure."""
+        import matplotlib.pyplot as plt
+
+        if not self.rows:
+            raise ValueError("no measured candidates to draw (every candidate was rejected; see .rejected)")
+        if ax is None:
+            fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
+        else:
+            fig = ax.figure
+        x = [r["masked_fraction"] for r in self.rows]
+        y = [r["median_ms"] for r in self.rows]
+        ax.scatter(x, y, color="#0072b2", zorder=3)
+        for r in self.rows:
+            ax.annotate(f"{r['block_q']}x{r['block_kv']}", (r["masked_fraction"], r["median_ms"]),
+                        xytext=(4, 3), textcoords="offset points", fontsize=7)
+        best = self.best
+        ax.scatter([best["masked_fraction"]], [best["median_ms"]], s=160, facecolors="none",
+                   edgecolors="#d55e00", linewidths=2, zorder=4, label="fastest")
+        ax.set_xlabel("masked fraction (masked tiles / visited tiles)")
+        ax.set_ylabel("median ms per call")
+        ax.legend(fontsize=8)
+        ax.set_title(f"{self.method}: time against masking work\n{self._where()}", fontsize=9)
+        return fig
+
+
+# -- progress --------------------------------------------------------------------------------
+
+def _in_notebook() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
+
+
+class _Progress:
+    """An ipywidgets bar in a notebook kernel, else one rewritten stderr line; silent when off."""
+
+    def __init__(self, total: int, enabled):
+        self.total, self.bar, self.enabled = total, None, bool(enabled)
+        self.callback = enabled if callable(enabled) else None
+        if self.enabled and self.callback is None and _in_notebook():
+            try:
+                import ipywidgets
+                from IPython.display import display
+            except ImportError:
+                pass
+            else:
+                self.bar = ipywidgets.IntProgress(value=0, min=0, max=max(total, 1), description="tune")
+                self.bar.add_class("svg-tune-progress")
+                display(self.bar)
+
+    def update(self, done: int, text: str) -> None:
+        if not self.enabled:
+            return
+        if self.callback is not None:
+            self.callback(done, self.total, text)
+        elif self.bar is not None:
+            self.bar.value = done
+            self.bar.description = f"{done}/{self.total}"
+        else:
+            print(f"\rtune {done}/{self.total}: {text}".ljust(60), end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.enabled and self.callback is None and self.bar is None:
+            print(file=sys.stderr, flush=True)
+
+
+# -- tune ----------------------------------------------------------------------------------
+
+def _method_plan(mask: Mask, method: str, bq: int, bkv: int) -> dict:
+    """Tiles visited and masked, and grid steps per head, of one call of `method` at bq x bkv."""
+    from .attention import b3_mask
+    from .planner import plan_tiles
+
+    n = mask.tokens
+    nq, nk = -(-n // bq), -(-n // bkv)
+    if method in ("dense", "splash_dense"):
+        masked = nq if nk * bkv != n else 0  # only the last key tile, when it reaches into padding
+        return {"tiles_visited": nq * nk, "tiles_masked": masked, "grid_steps": nq * nk, "tiles_total": nq * nk}
+    plan = plan_tiles(b3_mask(mask, bq, bkv) if method == "b3" else mask, bq, bkv)
+    visited = int(plan.visited.sum())
+    masked = visited if method == "b1" else int(plan.needs_mask.sum())
+    return {"tiles_visited": visited, "tiles_masked": masked, "grid_steps": nq * plan.steps, "tiles_total": nq * nk}
+
+
+def _check_positive(name, value, low=1):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def tune(mask: Mask, *, heads: int, head_dim: int, method: str = "b2", candidates=None, dtype="bfloat16",
+         repeats: int = 3, warmup: int = 1, interpret=None, cache: bool = True, progress=True,
+         seed: int = 0) -> TuneResult:
+    """Time `method` at each candidate tile size on this device; see the module docstring.
+
+    q, k, v: `[heads, mask.tokens, head_dim]` standard normal in `dtype`. `candidates`: a list of
+    `(block_q, block_kv[, block_kv_compute])`; None uses `default_candidates(mask.tokens)`.
+    `progress`: True (a bar in a notebook, a line on stderr elsewhere), False, or a callable
+    `(done, total, text)`. With `cache`, a result stored for the same device kind, jax version,
+    problem, candidates, repeats and warm-up is returned at once (`from_cache=True`).
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from .attention import build_attention
+    from .runtime import default_interpret
+    from .vmem import check_block_kv_compute, estimate_vmem
+
+    if not isinstance(mask, Mask):
+        raise TypeError(f"mask must be an svg_lib Mask (e.g. SVGMask.spatial(geometry, 0.35)), "
+                        f"got {type(mask).__name__}")
+    if method not in TUNE_METHODS:
+        raise ValueError(f"method must be one of {', '.join(TUNE_METHODS)}, got {method!r}")
+    heads = _check_positive("heads", heads)
+    head_dim = _check_positive("head_dim", head_dim)
+    repeats = _check_positive("repeats", repeats)
+    warmup = _check_positive("warmup", warmup, 0)
+    dtype = jnp.dtype(dtype)
+    if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+        raise ValueError(f"dtype must be float32 or bfloat16, got {dtype}")
+    if candidates is None:
+        candidates = default_candidates(mask.tokens)
+    candidates = [_normalise(c) for c in candidates]
+    if not candidates:
+        raise ValueError("candidates is empty; give (block_q, block_kv) pairs or None for the default grid")
+    if interpret is None:
+        interpret = default_interpret()
+
+    problem = {"mask": describe_mask(mask), "heads": heads, "head_dim": head_dim, "dtype": dtype.name}
+    runtime = _runtime_key(interpret)
+    key = {"format": CACHE_FORMAT, "runtime": runtime, "problem": problem, "method": method,
+           "candidates": [list(c) for c in candidates], "repeats": repeats, "warmup": warmup, "seed": seed}
+    path = _cache_file(key)
+    if cache and path.is_file():
+        try:
+            stored = json.loads(path.read_text(encoding="utf-8"))
+            if stored.get("key") == key:  # guards against a hash collision or a hand-edited file
+                return TuneResult.from_json(stored["result"], from_cache=True, cache_path=str(path))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # unreadable or stale: measure again and overwrite
+
+    valid, rejected = check_candidates(candidates, tokens=mask.tokens, head_dim=head_dim, method=method,
+                                       dtype=dtype)
+    keys = jax.random.split(jax.random.key(seed), 3)
+    shape = (heads, mask.tokens, head_dim)
+    q, k, v = (jax.random.normal(kk, shape, dtype) for kk in keys)
+    bar = _Progress(len(valid), progress)
+    rows = []
+    try:
+        for done, (bq, bkv, bkvc) in enumerate(valid):
+            bar.update(done, f"{bq} x {bkv}")
+            start = time.perf_counter()
+            fn = build_attention(mask, method=method, heads=heads, tokens=mask.tokens, head_dim=head_dim,
+                                 dtype=dtype, block_q=bq, block_kv=bkv, block_kv_compute=bkvc, interpret=interpret)
+            build_s = time.perf_counter() - start
+            start = time.perf_counter()
+            compiled = fn.lower(q, k, v).compile()  # compile ahead, so that no timed call pays for it
+            compile_s = time.perf_counter() - start
+            for _ in range(warmup):
+                compiled(q, k, v).block_until_ready()
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                compiled(q, k, v).block_until_ready()
+                times.append((time.perf_counter() - start) * 1e3)
+            del compiled, fn
+            tiles = _method_plan(mask, method, bq, bkv)
+            compute = check_block_kv_compute(bkv, bkvc, bq)
+            vmem = estimate_vmem(method, bq, bkv, head_dim, dtype, compute)
+            rows.append({"block_q": bq, "block_kv": bkv, "block_kv_compute": bkvc,
+                         "median_ms": statistics.median(times), "min_ms": min(times), "times_ms": times,
+                         "masked_fraction": tiles["tiles_masked"] / max(tiles["tiles_visited"], 1),
+                         "visited_fraction": tiles["tiles_visited"] / tiles["tiles_total"],
+                         "tiles_visited": tiles["tiles_visited"], "tiles_masked": tiles["tiles_masked"],
+                         "grid_steps": tiles["grid_steps"], "vmem_bytes": vmem.total, "build_s": build_s,
+                         "compile_s": compile_s})
+        bar.update(len(valid), "done")
+    finally:
+        bar.close()
+
+    result = TuneResult(method=method, problem=problem, runtime=runtime, rows=rows, rejected=rejected,
+                        repeats=repeats, warmup=warmup, from_cache=False)
+    if cache:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"key": key, "result": result.to_json()}, indent=1), encoding="utf-8")
+            tmp.replace(path)  # atomic: a reader never sees half a file
+            result.cache_path = str(path)
+        except OSError as err:  # a read-only home must not lose the measurement
+            print(f"tune: could not write the cache ({err}); results not cached", file=sys.stderr)
+    return result
+
+
+# -- command line ----------------------------------------------------------------------------
+
+def _int_list(flag):
+    def parse(text):
+        try:
+            values = [int(t) for t in text.split(",") if t.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} takes comma-separated integers like 128,256, got {text!r}")
+        if not values:
+            raise argparse.ArgumentTypeError(f"{flag} needs at least one value, e.g. 128,256")
+        return values
+    return parse
+
+
+def _tune_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", choices=("tiny", "small", "blog"),
+                        help="start from a preset (flags given override it)")
+    parser.add_argument("--frames", type=int, metavar="F", help="latent frames")
+    parser.add_argument("--height", type=int, metavar="H", help="tokens per frame, vertically")
+    parser.add_argument("--width", type=int, metavar="W", help="tokens per frame, horizontally")
+    parser.add_argument("--text-tokens", type=int, metavar="P", help="text tokens after the video (default 0)")
+    parser.add_argument("--heads", type=int, metavar="H", help="attention heads (default 2 without a preset)")
+    parser.add_argument("--head-dim", type=int, metavar="D", help="head dimension (default 128 without a preset)")
+    parser.add_argument("--density", type=float, metavar="D", help="fraction of pairs the band keeps, in (0, 1]")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="dtype of q, k, v")
+    parser.add_argument("--no-sink", action="store_true", help="leave out the first-frame sink")
+    parser.add_argument("--method", default="b2", choices=TUNE_METHODS, help="the method to tune (default b2)")
+    parser.add_argument("--block-q", type=_int_list("--block-q"), metavar="BQ,...",
+                        help="query tile sizes to try (default: a grid scaled to the problem)")
+    parser.add_argument("--block-kv", type=_int_list("--block-kv"), metavar="BKV,...",
+                        help="key/value tile sizes to try (every pair with --block-q is tried)")
+    parser.add_argument("--repeats", type=int, default=3, metavar="N", help="timed calls per candidate (default 3)")
+    parser.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed calls first (default 1)")
+    parser.add_argument("--no-cache", action="store_true", help="measure again even when a cached result exists")
+    parser.add_argument("--json", metavar="PATH", help="also write the result as JSON to PATH")
+    parser.add_argument("--force", action="store_true",
+                        help="run even when interpret mode would take hours (e.g. --preset blog on a CPU)")
+
+
+def _tune_run(args: argparse.Namespace) -> int:
+    from .bench import INTERPRET_WORK_LIMIT, BenchConfig, write_json
+    from .cli import PROG, UsageError
+    from .geometry import VideoGeometry
+    from .runtime import detect_runtime, get_preset
+
+    values = {"frames": None, "height": None, "width": None, "text_tokens": 0, "heads": 2, "head_dim": 128,
+              "density": None, "dtype": "bfloat16"}
+    if args.preset is not None:
+        p = get_preset(args.preset)
+        g = p.geometry
+        values.update(frames=g.frames, height=g.height, width=g.width, text_tokens=g.text_tokens, heads=p.heads,
+                      head_dim=p.head_dim, density=p.density, dtype=p.dtype)
+    for name in values:
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
+    missing = ["--" + k.replace("_", "-") for k, v in values.items() if v is None]
+    if missing:
+        raise UsageError(f"missing {', '.join(missing)}; give them, or start from --preset tiny|small|blog")
+    if args.repeats < 1 or args.warmup < 0:
+        raise UsageError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and {args.warmup}")
+    try:
+        geometry = VideoGeometry(values["frames"], values["height"], values["width"], values["text_tokens"])
+        config = BenchConfig(geometry, values["heads"], values["head_dim"], values["density"], LANES, LANES,
+                             dtype=values["dtype"], first_frame_sink=not args.no_sink)
+        mask = config.mask()
+    except (TypeError, ValueError) as err:
+        raise UsageError(f"{err} (check the flags)") from None
+
+    candidates = None
+    if args.block_q or args.block_kv:
+        default = default_candidates(mask.tokens)
+        bqs = args.block_q or sorted({c[0] for c in default})
+        bkvs = args.block_kv or sorted({c[1] for c in default})
+        candidates = [(bq, bkv) for bq in bqs for bkv in bkvs]
+    runtime = detect_runtime()
+    work = config.heads * float(config.tokens) ** 2
+    if not runtime.compiled and work > INTERPRET_WORK_LIMIT and not args.force:
+        raise UsageError(f"{config.tokens:,} tokens x {config.heads} heads in interpret mode on {runtime.platform} "
+                         f"would take hours per candidate. Try `{PROG} tune --preset small`; --force runs it anyway")
+    print(f"tune: {config.geometry}, {config.heads} heads x {config.head_dim}, {config.dtype}, density "
+          f"{config.density}; method {args.method}", file=sys.stderr, flush=True)
+    result = tune(mask, heads=config.heads, head_dim=config.head_dim, method=args.method, candidates=candidates,
+                  dtype=config.dtype, repeats=args.repeats, warmup=args.warmup, cache=not args.no_cache,
+                  progress=True)
+    print(result.table())
+    if result.from_cache:
+        print(f"(from cache: {result.cache_path}; --no-cache measures again)", file=sys.stderr)
+    if args.json:
+        write_json(args.json, result.to_json())
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0 if result.rows else 1
+
+
+def _command():
+    from .cli import Command
+    return Command("tune", "time one method over tile sizes (block_q x block_kv) and report the fastest",
+                   _tune_arguments, _tune_run)
+
+
+COMMAND = _command()

@@ -1,0 +1,161 @@
+"""The block-size tuner: candidates, measurements, the cache and the `tune` command (tiny sizes only)."""
+import json
+import time
+
+import pytest
+
+from svg_lib import SVGMask, b3_mask, get_preset, plan_tiles
+from svg_lib.cli import main
+from svg_lib.tuner import TuneResult, cache_dir, check_candidates, default_candidates, tune
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SVG_LIB_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "tune"
+
+
+@pytest.fixture(scope="module")
+def tiny_mask():
+    return get_preset("tiny").mask()
+
+
+def quiet(**kw):
+    return dict(heads=1, head_dim=128, dtype="float32", repeats=1, warmup=1, progress=False, **kw)
+
+
+def test_tune_measures_valid_candidates_and_caches(tiny_mask, private_cache):
+    assert cache_dir() == private_cache
+    cands = [(128, 128), (256, 128), (200, 128), (512, 128)]
+    result = tune(tiny_mask, candidates=cands, **quiet())
+    assert not result.from_cache
+    assert [(r["block_q"], r["block_kv"]) for r in result.rows] == [(128, 128), (256, 128)]
+    reasons = {(r["block_q"], r["block_kv"]): r["reason"] for r in result.rejected}
+    assert "multiple of 128" in reasons[(200, 128)]
+    assert "exceeds the 384 tokens" in reasons[(512, 128)]
+    for row in result.rows:
+        stats = plan_tiles(tiny_mask, row["block_q"], row["block_kv"]).stats
+        assert row["masked_fraction"] == pytest.approx(stats["masked_fraction"])
+        assert row["visited_fraction"] == pytest.approx(stats["visited_fraction"])
+        assert row["grid_steps"] == stats["grid_steps"]
+        assert row["median_ms"] > 0 and len(row["times_ms"]) == 1 and row["vmem_bytes"] > 0
+    assert result.best["median_ms"] == min(r["median_ms"] for r in result.rows)
+    text = result.table()
+    assert "best: block_q=" in text and "rejected 200 x 128" in text and "interpret mode" in text
+    files = list(private_cache.glob("*.json"))
+    assert len(files) == 1
+
+    start = time.perf_counter()
+    again = tune(tiny_mask, candidates=cands, **quiet())
+    assert time.perf_counter() - start < 1.0
+    assert again.from_cache and again.rows == result.rows and again.rejected == result.rejected
+    assert "(from cache)" in again.table()
+
+
+def test_cache_key_tells_problems_apart(tiny_mask, private_cache):
+    # candidates that are all rejected: nothing is timed, but the result is still cached by key
+    bad = [(200, 128)]
+    first = tune(tiny_mask, candidates=bad, **quiet())
+    assert first.rows == [] and first.best is None and "no candidate could run here" in first.table()
+    assert tune(tiny_mask, candidates=bad, **quiet()).from_cache
+    other_density = SVGMask.spatial(get_preset("tiny").geometry, 0.5)
+    assert not tune(other_density, candidates=bad, **quiet()).from_cache
+    no_sink = SVGMask.spatial(get_preset("tiny").geometry, 0.35, first_frame_sink=False)
+    assert not tune(no_sink, candidates=bad, **quiet()).from_cache
+    assert not tune(tiny_mask, candidates=bad, **quiet(method="b3")).from_cache
+    assert not tune(tiny_mask, candidates=bad, heads=2, head_dim=128, dtype="float32", repeats=1,
+                    progress=False).from_cache
+    assert not tune(tiny_mask, candidates=bad, cache=False, **quiet()).from_cache
+    assert len(list(private_cache.glob("*.json"))) == 5  # cache=False wrote nothing
+
+
+def test_masked_fraction_follows_the_method(tiny_mask):
+    b1 = tune(tiny_mask, candidates=[(128, 128)], cache=False, **quiet(method="b1")).rows[0]
+    assert b1["masked_fraction"] == 1.0  # B1 masks every tile it visits
+    b3 = tune(tiny_mask, candidates=[(128, 128)], cache=False, **quiet(method="b3")).rows[0]
+    aligned = plan_tiles(b3_mask(tiny_mask, 128, 128), 128, 128)
+    assert b3["tiles_masked"] == int(aligned.needs_mask.sum()) == 0  # 384 tokens: no padding, whole tiles
+    assert b3["visited_fraction"] == pytest.approx(aligned.visited.sum() / aligned.classes.size)
+
+
+def test_check_candidates_reasons():
+    valid, rejected = check_candidates([(128, 128), (256, 256), (256, 256, 384), (128, 128, 128), (128, 128)],
+                                       tokens=384, head_dim=16384, method="b2", dtype="float32")
+    assert valid == [(128, 128, None), (128, 128, 128)]  # the repeated (128, 128) is dropped
+    reasons = [r["reason"] for r in rejected]
+    assert "VMEM overflow" in reasons[0] and "MiB" in reasons[0]
+    assert "must divide block_kv=256" in reasons[1]
+    with pytest.raises(ValueError, match="block_q, block_kv"):
+        check_candidates([(128,)], tokens=384, head_dim=128)
+
+
+def test_default_candidates_scale_with_the_problem():
+    assert default_candidates(384) == [(128, 128), (128, 256), (256, 128), (256, 256)]
+    small = default_candidates(get_preset("small").tokens)  # 10,080 tokens
+    sizes = sorted({bq for bq, _ in small})
+    assert 2 <= len(sizes) <= 4 and all(s % 128 == 0 and s <= 10_112 for s in sizes)
+    assert sizes[0] >= 10_112 // 64 and len(small) == len(sizes) ** 2
+
+
+def test_bad_input(tiny_mask):
+    with pytest.raises(ValueError, match="heads"):
+        tune(tiny_mask, heads=0, head_dim=128)
+    with pytest.raises(ValueError, match="method must be one of"):
+        tune(tiny_mask, heads=1, head_dim=128, method="reference")
+    with pytest.raises(TypeError, match="svg_lib Mask"):
+        tune(None, heads=1, head_dim=128)
+    with pytest.raises(ValueError, match="candidates is empty"):
+        tune(tiny_mask, heads=1, head_dim=128, candidates=[])
+
+
+def fake_result():
+    rows = [{"block_q": bq, "block_kv": bkv, "block_kv_compute": None, "median_ms": ms, "min_ms": ms,
+             "times_ms": [ms], "masked_fraction": mf, "visited_fraction": 0.5, "tiles_visited": 4, "tiles_masked": 1,
+             "grid_steps": 6, "vmem_bytes": 2**20, "build_s": 0.0, "compile_s": 0.0}
+            for bq, bkv, ms, mf in [(128, 128, 3.0, 0.1), (128, 256, 2.0, 0.4), (256, 128, 5.0, 0.3)]]
+    runtime = {"platform": "cpu", "device_kind": "cpu", "jax": "x", "mode": "interpret"}
+    problem = {"mask": {"tokens": 384}, "heads": 1, "head_dim": 128, "dtype": "float32"}
+    return TuneResult("b2", problem, runtime, rows)
+
+
+def test_plots_and_json_round_trip():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    result = fake_result()
+    assert result.best["block_kv"] == 256 and result.least_masking["median_ms"] == 3.0
+    assert "least masking (0.10 of visited tiles): 128 x 128" in result.table()
+    fig = result.heatmap()
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "block_kv" and ax.get_ylabel() == "block_q"
+    cells = sorted(t.get_text() for t in ax.texts)
+    assert cells == ["2.0", "3.0", "5.0"]  # one label per measured cell; (256, 256) was not measured
+    plt.close(fig)
+    fig = result.scatter()
+    ax = fig.axes[0]
+    assert "masked fraction" in ax.get_xlabel()
+    assert sorted(tuple(p) for p in ax.collections[0].get_offsets()) == [(0.1, 3.0), (0.3, 5.0), (0.4, 2.0)]
+    plt.close(fig)
+    back = TuneResult.from_json(json.loads(json.dumps(result.to_json())))
+    assert back.rows == result.rows and back.best == result.best
+
+
+def test_cli_tune_in_process(tmp_path, capsys):
+    out_json = tmp_path / "tune.json"
+    argv = ["tune", "--preset", "tiny", "--heads", "1", "--dtype", "float32", "--block-q", "128",
+            "--block-kv", "128,256", "--repeats", "1", "--json", str(out_json)]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "best: block_q=128" in out and "block_kv" in out
+    data = json.loads(out_json.read_text())
+    assert sorted((r["block_q"], r["block_kv"]) for r in data["rows"]) == [(128, 128), (128, 256)]
+    assert main(argv) == 0
+    out2, err2 = capsys.readouterr()
+    assert "from cache" in err2 and "(from cache)" in out2
+    assert main(["tune", "--preset", "tiny", "--block-q", "12x"]) == 2
+    assert "--block-q takes comma-separated integers" in capsys.readouterr().err
+    from svg_lib import detect_runtime
+    if not detect_runtime().compiled:  # on a TPU the blog size is a real (long) sweep: not for a unit test
+        assert main(["tune", "--preset", "blog"]) == 2  # hours in interpret mode: refused with a hint
+        assert "--force" in capsys.readouterr().err
