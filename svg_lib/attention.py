@@ -72,7 +72,14 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
         from .splash import make_splash
         kernel = make_splash(mask, tokens=tokens, heads=heads, q_len=q_len, kv_len=kv_len, block_q=block_q,
                              block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=interpret)
-        run = kernel
+        empty_rows = _rows_without_keys(mask, tokens, q_len)
+        if empty_rows is None:
+            run = kernel
+        else:
+            # Splash leaves a row that keeps no key as an average of v (or unwritten, for a
+            # query block with no kept block); the series' contract is zeros, as the reference.
+            def run(q, k, v):
+                return jnp.where(empty_rows[None, :, None], 0, kernel(q, k, v)).astype(q.dtype)
     elif method == "dense":
         from .kernels import dense_flash_attention
         run = functools.partial(dense_flash_attention, tokens=tokens, block_q=block_q, block_kv=block_kv,
@@ -80,12 +87,10 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
                                 vmem_limit_bytes=vmem.vmem_limit_bytes)
     else:
         from .kernels import block_sparse_attention
-        if method == "b3":
-            plan = plan_tiles(b3_mask(mask, block_q, block_kv), block_q, block_kv)
-            keep = functools.partial(_not_padding, tokens=tokens)  # whole tiles: only padding masks
-        else:
-            plan = plan_tiles(mask, block_q, block_kv)
-            keep = mask.keep
+        # B3 runs the tile-aligned mask, whose predicate masks padding only
+        kernel_mask = b3_mask(mask, block_q, block_kv) if method == "b3" else mask
+        keep = kernel_mask.kernel_predicate(block_q, block_kv)
+        plan = plan_tiles(kernel_mask, block_q, block_kv)
         kv_index, step_class = jnp.asarray(plan.table("kv_index")), jnp.asarray(plan.table("step_class"))
 
         def run(q, k, v):
@@ -103,8 +108,16 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
     return jax.jit(f)
 
 
-def _not_padding(q_ids, k_ids, *, tokens):
-    return k_ids < tokens
+def _rows_without_keys(mask, tokens, q_len):
+    """bool [q_len]: query rows that keep no key (padding rows included), or None if there are none."""
+    import jax.numpy as jnp
+
+    if mask is None:
+        return None
+    has_key = mask.pair_counts(np.arange(tokens + 1), [0, tokens])[:, 0] > 0
+    if has_key.all():
+        return None
+    return jnp.asarray(np.concatenate([~has_key, np.ones(q_len - tokens, bool)]))
 
 
 def attention(q, k, v, mask: Mask | None = None, *, method: str, block_q: int = 512, block_kv: int = 512,

@@ -348,9 +348,15 @@ class BenchResult:
     def blog_label(self) -> str:
         return "blog v6e ms" if self.on_v6e else "blog v6e (for reference, not this device)"
 
+    @property
+    def device(self) -> str:
+        """e.g. "tpu TPU v6 lite", or just "cpu" when the kind says no more than the platform."""
+        r = self.runtime
+        return r.platform if r.device_kind.lower() == r.platform else f"{r.platform} {r.device_kind}"
+
     def header(self) -> str:
         r = self.runtime
-        return (f"bench on {r.platform} ({r.device_kind}) | {self.mode} mode | jax {r.jax_version} | "
+        return (f"bench on {self.device} | {self.mode} mode | jax {r.jax_version} | "
                 f"{self.config.describe()}")
 
     def table(self) -> str:
@@ -442,7 +448,7 @@ class BenchResult:
         width = 0.4 if has_blog else 0.6
         shift = width / 2 if has_blog else 0.0
         r = self.runtime
-        mine_label = f"{r.device_kind} ({self.mode})"
+        mine_label = f"{self.device} ({self.mode})"
         bars = ax.bar(x - shift, ours, width, color="#0072b2", label=mine_label)
         ax.bar_label(bars, fmt="%.1f", fontsize=8)
         ax.set_xticks(x, methods)
@@ -456,11 +462,11 @@ class BenchResult:
             blog_ax.bar_label(blog_bars, fmt="%.1f", fontsize=8)
             if blog_ax is not ax:
                 blog_ax.set_ylabel("blog v6e ms (for reference, not this device)")
-                blog_ax.set_ylim(0, max(bv) * 1.15)
+                blog_ax.set_ylim(0, max(bv) * 1.3)
             handles.append(blog_bars)
-        ax.set_ylim(0, max(ours) * 1.15)
-        ax.legend(handles=handles, loc="upper right", fontsize=8)
-        ax.set_title(f"attention per call: {r.platform} {r.device_kind}, {self.mode} mode, jax {r.jax_version}\n"
+        ax.set_ylim(0, max(ours) * 1.3)  # room for the legend above the bars
+        ax.legend(handles=handles, loc="upper center", ncol=2, fontsize=8)
+        ax.set_title(f"attention per call: {self.device}, {self.mode} mode, jax {r.jax_version}\n"
                      f"{self.config.geometry.tokens:,} tokens x {self.config.heads} heads, blocks "
                      f"{self.config.block_q} x {self.config.block_kv}, {self.config.dtype}", fontsize=9)
         return fig

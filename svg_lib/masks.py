@@ -137,6 +137,15 @@ class Mask:
                 out[i] += (csum[:, k_hi] - csum[:, k_lo]).sum(axis=0)
         return out
 
+    def kernel_predicate(self, block_q: int, block_kv: int):
+        """The `keep` a kernel evaluates on its masked tiles of `block_q` x `block_kv`.
+
+        Kernels can only evaluate predicates made of arithmetic on index arrays (no lookup
+        tables: a kernel cannot capture a numpy array). By default that is `keep` itself;
+        masks whose `keep` reads a table override this.
+        """
+        return self.keep
+
     # -- everything else follows from them -----------------------------------------------
     @property
     def pair_count(self) -> int:
@@ -300,6 +309,11 @@ class PermutedMask(Mask):
     def band_width(self):
         return getattr(self.permuted, "band_width", None)
 
+    def kernel_predicate(self, block_q: int, block_kv: int):
+        raise ValueError(f"{type(self).__name__}.keep() reads a permutation table, which a kernel cannot "
+                         "evaluate; permute the tokens instead (to_temporal_major) or use SVGMask.temporal, "
+                         "whose positions are arithmetic")
+
     def keep(self, q, k):
         if _is_numpy(q, k):
             pos = np.concatenate([self.pos, [self.tokens]])  # padding maps to padding
@@ -330,6 +344,9 @@ class TemporalMask(PermutedMask):
 
     def keep(self, q, k):
         return self.permuted.keep(self.position(q), self.position(k)) & (q < self.tokens) & (k < self.tokens)
+
+    def kernel_predicate(self, block_q: int, block_kv: int):
+        return self.keep  # positions are arithmetic, so the kernel can evaluate this
 
 
 class TileAlignedMask(Mask):
@@ -364,6 +381,17 @@ class TileAlignedMask(Mask):
         import jax.numpy as jnp
         qi, ki = jnp.minimum(q, n - 1) // self.block_q, jnp.minimum(k, n - 1) // self.block_kv
         return jnp.asarray(self.kept)[qi, ki] & (q < n) & (k < n)
+
+    def kernel_predicate(self, block_q: int, block_kv: int):
+        if (block_q, block_kv) != (self.block_q, self.block_kv):
+            raise ValueError(f"this TileAlignedMask is made of {self.block_q}x{self.block_kv} tiles; a kernel with "
+                             f"{block_q}x{block_kv} blocks would need a table lookup per element. Use the same "
+                             "block sizes (or method='b3', which rounds to its own blocks)")
+        tokens = self.tokens
+
+        def not_padding(q, k):  # the schedule visits only kept tiles: inside them only padding is masked
+            return k < tokens
+        return not_padding
 
     def tile_aligned(self, block_q: int, block_kv: int, policy: str = "balanced") -> "TileAlignedMask":
         block_q = check_block_size("block_q", block_q)

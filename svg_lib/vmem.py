@@ -54,9 +54,9 @@ class VmemEstimate:
     def vmem_limit_bytes(self) -> int | None:
         """What to pass as CompilerParams(vmem_limit_bytes=...); None when the default suffices."""
         want = int(self.total * 1.25) + 2 * MiB
-        if want <= self.default_scoped:
-            return None
-        return int(min(-(-want // MiB) * MiB, self.budget))
+        limit = int(min(-(-want // MiB) * MiB, self.budget))
+        # asking for no more than the default would only ever lower it (v4's budget is below it)
+        return limit if limit > self.default_scoped else None
 
     def __str__(self) -> str:
         return (f"{self.method} {self.block_q}x{self.block_kv} (compute {self.block_kv_compute}), head_dim "

@@ -1,0 +1,448 @@
+"""Tests of the attention kernels behind `svg_lib.attention` (interpret mode on CPU).
+
+Every method is compared with a float64 numpy attention written here, under the mask that
+method computes: none for the dense baselines, the exact SVG mask for splash / b1 / b2, and
+the tile-aligned (rounded) mask for b3. Sizes are small, tokens never fill whole tiles (so
+q and kv padding is always exercised), and each kernel is built once per configuration and
+its output reused by every test that needs it.
+"""
+import functools
+import importlib
+import math
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from svg_lib import METHODS, Mask, SVGMask, TileAlignedMask, VideoGeometry, attention, b3_mask, build_attention
+from svg_lib.planner import EMPTY, plan_tiles
+
+# -- tolerances ----------------------------------------------------------------------------
+# float32: the kernels accumulate in float32 like the reference, but in a different order
+# (online softmax over tiles, rescaled as the running max grows). With a few hundred keys per
+# row that reorders sums of O(1) terms: errors of a few float32 ulps of the output (measured
+# worst element ~2.4e-6); 1e-5 leaves room and is ~1e5 times smaller than what a wrong mask
+# changes here.
+F32 = dict(rtol=1e-5, atol=1e-5)
+# bfloat16: q, k, v are bf16 for the kernel and the float64 reference alike (the reference
+# upcasts the very same values), and the kernels accumulate in float32. What is left is bf16
+# rounding inside the kernel (unit roundoff 2^-8): q * 1/sqrt(D) is rounded to bf16 (~0.4 %
+# of each logit; logits reach ~10 here), the probabilities are rounded to bf16 before the
+# p @ v matmul, and the output is rounded to bf16 (up to 0.4 % of |out| <= ~3, i.e. 0.012).
+# Measured worst element: ~1.2e-2 (the svg_lib reference alone, which only rounds its output:
+# ~7.5e-3). atol 2e-2 plus 1 % of |out| keeps a margin and stays far below the O(1) changes a
+# wrong mask causes (checked in test_masks_are_told_apart).
+BF16 = dict(rtol=1e-2, atol=2e-2)
+TOL = {"float32": F32, "bfloat16": BF16}
+# Two kernels that compute the same masked attention from the same float32 data differ only
+# in float32 summation order.
+SAME_MATH = dict(rtol=2e-6, atol=2e-6)
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+# -- an independent float64 attention ------------------------------------------------------
+
+def attention64(q, k, v, keep=None):
+    """softmax(q k^T / sqrt(D), over kept keys) v in float64; rows keeping nothing give 0.
+
+    q, k, v `[heads, tokens, head_dim]` (any float dtype, upcast exactly); keep `[tokens, tokens]` bool.
+    """
+    q, k, v = (np.asarray(jnp.asarray(x, jnp.float32), dtype=np.float64) for x in (q, k, v))
+    s = np.einsum("hqd,hkd->hqk", q, k) / math.sqrt(q.shape[-1])
+    if keep is not None:
+        s = np.where(keep[None], s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    p = np.exp(s - m)
+    l = p.sum(axis=-1, keepdims=True)
+    out = np.einsum("hqk,hkd->hqd", p, v)
+    return np.where(l > 0, out / np.where(l > 0, l, 1.0), 0.0)
+
+
+def random_qkv(seed, heads, tokens, head_dim, dtype, sharpness=2.0):
+    """Gaussian q, k, v; q scaled by `sharpness` so each row's softmax is far from uniform
+    (scores have a standard deviation of about `sharpness`), which makes masks matter."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((heads, tokens, head_dim)) * sharpness
+    k = rng.standard_normal((heads, tokens, head_dim))
+    v = rng.standard_normal((heads, tokens, head_dim))
+    return tuple(jnp.asarray(x, dtype=DTYPES[dtype]) for x in (q, k, v))
+
+
+# -- the configurations --------------------------------------------------------------------
+# G1: 8 frames of 8x12 plus 20 text tokens = 788 tokens (not a multiple of 128 or 256), with
+#     the first-frame sink: at 128x128 its 7x7 tiles mix empty, partial and full ones.
+# G2: 5 frames of 10x13 = 650 tokens, no text, no sink.
+# G3: 2 frames of 5x10 plus 12 text = 112 tokens: less than one tile in q and in kv.
+G1 = VideoGeometry(8, 8, 12, text_tokens=20)
+G2 = VideoGeometry(5, 10, 13)
+G3 = VideoGeometry(2, 5, 10, text_tokens=12)
+
+
+@dataclass(frozen=True)
+class Case:
+    geometry: VideoGeometry
+    density: float
+    sink: bool
+    heads: int
+    head_dim: int
+    dtype: str
+    block_q: int
+    block_kv: int
+    block_kv_compute: int | None = None
+    seed: int = 0
+
+    @functools.cached_property
+    def mask(self) -> SVGMask:
+        return SVGMask.spatial(self.geometry, self.density, first_frame_sink=self.sink)
+
+    @property
+    def tokens(self) -> int:
+        return self.geometry.tokens
+
+
+# A, B and C share their data (same geometry, heads, dtype and seed): only the tiles differ,
+# so the padding differs (q pads 108 / 236 / 108 tokens, kv 108 / 108 / 236).
+CASES = {
+    "f32-h3-128x128": Case(G1, 0.3, True, 3, 64, "float32", 128, 128),
+    "f32-h3-256x128": Case(G1, 0.3, True, 3, 64, "float32", 256, 128),
+    "f32-h3-128x256-c128": Case(G1, 0.3, True, 3, 64, "float32", 128, 256, 128),
+    "bf16-h3-nosink-256x256-c128": Case(G2, 0.35, False, 3, 128, "bfloat16", 256, 256, 128, seed=1),
+    "bf16-h1-tiny-256x128": Case(G3, 0.5, True, 1, 128, "bfloat16", 256, 128, seed=2),
+}
+SAME_DATA = ["f32-h3-128x128", "f32-h3-256x128", "f32-h3-128x256-c128"]
+
+
+@functools.lru_cache(maxsize=None)
+def case_qkv(name):
+    c = CASES[name]
+    return random_qkv(c.seed, c.heads, c.tokens, c.head_dim, c.dtype)
+
+
+def method_mask(name, method):
+    """The mask `method` computes attention under, for case `name` (None = dense)."""
+    c = CASES[name]
+    if method in ("dense", "splash_dense"):
+        return None
+    if method == "b3":
+        return b3_mask(c.mask, c.block_q, c.block_kv)
+    return c.mask
+
+
+@functools.lru_cache(maxsize=None)
+def expected(name, which):
+    """float64 attention of case `name` under no mask ("none"), the exact mask or B3's."""
+    c = CASES[name]
+    mask = {"none": None, "exact": c.mask, "b3": b3_mask(c.mask, c.block_q, c.block_kv)}[which]
+    return attention64(*case_qkv(name), None if mask is None else mask.to_dense())
+
+
+def expected_for(name, method):
+    return expected(name, {"dense": "none", "splash_dense": "none", "b3": "b3"}.get(method, "exact"))
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_output(name, method):
+    """Build `method` for case `name` once and run it; float64 numpy `[heads, tokens, head_dim]`.
+
+    Every method is handed the case's mask: the dense baselines must ignore it.
+    """
+    c = CASES[name]
+    f = build_attention(c.mask, method=method, heads=c.heads, tokens=c.tokens, head_dim=c.head_dim,
+                        dtype=DTYPES[c.dtype], block_q=c.block_q, block_kv=c.block_kv,
+                        block_kv_compute=c.block_kv_compute)
+    out = f(*case_qkv(name))
+    assert out.shape == (c.heads, c.tokens, c.head_dim) and out.dtype == DTYPES[c.dtype]
+    return np.asarray(jnp.asarray(out, jnp.float32), dtype=np.float64)
+
+
+# -- every method against float64, under its own mask --------------------------------------
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("name", list(CASES))
+def test_method_matches_float64_reference(name, method):
+    got = kernel_output(name, method)
+    np.testing.assert_allclose(got, expected_for(name, method), **TOL[CASES[name].dtype],
+                               err_msg=f"{method} on {name}")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_masks_are_told_apart(name):
+    """The tolerances above are far tighter than the effect of a wrong mask, so the test above
+    really checks that each method uses ITS mask (B3's rounded one is not the exact one)."""
+    c = CASES[name]
+    atol = TOL[c.dtype]["atol"]
+    none, exact, b3 = (expected(name, w) for w in ("none", "exact", "b3"))
+    if c.mask.pair_density < 1.0:
+        assert np.abs(exact - none).max() > 10 * atol
+    report = b3_mask(c.mask, c.block_q, c.block_kv).report
+    if report.pairs_added or report.pairs_dropped:
+        assert np.abs(b3 - exact).max() > 10 * atol
+        # and B3's kernel output really is the rounded attention, not the exact one
+        assert np.abs(kernel_output(name, "b3") - exact).max() > 10 * atol
+    else:  # only the tiny case, whose single tile is not rounded at all
+        assert name == "bf16-h1-tiny-256x128"
+        np.testing.assert_array_equal(b3, exact)
+
+
+def test_cases_cover_what_they_claim():
+    # padding in q and kv everywhere; one case smaller than a tile; a block_kv_compute < block_kv
+    for c in CASES.values():
+        assert c.tokens % c.block_q and c.tokens % c.block_kv
+    assert any(c.tokens < min(c.block_q, c.block_kv) for c in CASES.values())
+    assert any(c.block_kv_compute and c.block_kv_compute < c.block_kv for c in CASES.values())
+    assert {c.heads for c in CASES.values()} >= {1, 3}
+    assert {c.dtype for c in CASES.values()} == {"float32", "bfloat16"}
+    assert {c.sink for c in CASES.values()} == {True, False}
+    assert any(c.geometry.text_tokens for c in CASES.values())
+    # the 128x128 case has all three tile classes, so every kernel path runs
+    classes = plan_tiles(CASES["f32-h3-128x128"].mask, 128, 128).classes
+    assert set(np.unique(classes)) == {0, 1, 2}
+
+
+def test_attention_entry_point_builds_once_and_matches(monkeypatch):
+    """attention() is build_attention + a cache: the second call with the same mask and
+    shapes must not build (plan, trace) again, and both give the built kernel's output."""
+    attention_module = importlib.import_module("svg_lib.attention")
+    builds = []
+    real_build = attention_module.build_attention
+
+    def counting_build(*args, **kwargs):
+        builds.append(kwargs["method"])
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(attention_module, "build_attention", counting_build)
+    monkeypatch.setattr(attention_module, "_CACHE", type(attention_module._CACHE)())  # start empty
+    name = "f32-h3-128x128"
+    c = CASES[name]
+    for _ in range(2):
+        out = attention(*case_qkv(name), c.mask, method="b2", block_q=c.block_q, block_kv=c.block_kv)
+        np.testing.assert_array_equal(np.asarray(out, np.float64), kernel_output(name, "b2"))
+    assert builds == ["b2"]
+
+
+# -- padding never leaks -------------------------------------------------------------------
+
+@pytest.mark.parametrize("method", ["dense", "splash_dense", "splash", "b1", "b2"])
+def test_output_does_not_depend_on_the_tiling(method):
+    """Same data, three tilings with different q and kv padding: the same result up to
+    float32 summation order (B3 is left out: its rounded mask depends on the tiling)."""
+    first, *others = (kernel_output(name, method) for name in SAME_DATA)
+    for name, out in zip(SAME_DATA[1:], others):
+        np.testing.assert_allclose(out, first, **SAME_MATH, err_msg=f"{method}: {name} vs {SAME_DATA[0]}")
+
+
+# Small problem for the direct kernel calls below and the race checks: 320 tokens (3x3
+# tiles of 128, the last 64 rows / columns padding), band 128, no sink, no text, so tile
+# (0, 2) and (2, 0) are empty and B1/B2 schedules have idle steps.
+SMALL = SVGMask.spatial(VideoGeometry(4, 8, 10), 0.5, first_frame_sink=False)
+
+
+def test_small_problem_has_empty_tiles_and_idle_steps():
+    plan = plan_tiles(SMALL, 128, 128)
+    assert SMALL.tokens == 320 and SMALL.band_width == 128
+    assert (plan.classes == EMPTY).sum() == 2
+    assert (plan.step_class == EMPTY).any()
+
+
+def _padded(x, length, fill):
+    pad = jnp.full((x.shape[0], length - x.shape[1], x.shape[2]), fill, x.dtype)
+    return jnp.concatenate([x, pad], axis=1)
+
+
+@pytest.mark.parametrize("method", ["dense", "b2", "b3", "splash"])
+def test_garbage_in_padding_does_not_leak(method):
+    """Call the kernel itself with huge values in the padded rows of q, k and v: a padded key
+    that slipped into a softmax would dominate it (scores ~1e3), a padded value would show."""
+    from svg_lib.kernels import block_sparse_attention, dense_flash_attention
+    from svg_lib.splash import make_splash
+    n, bq, bkv, d = SMALL.tokens, 128, 128, 64
+    q, k, v = random_qkv(5, 2, n, d, "float32")
+    qs = q / math.sqrt(d)
+    q_len, kv_len = -(-n // bq) * bq, -(-n // bkv) * bkv
+    qp, kp, vp = _padded(qs, q_len, 7.0), _padded(k, kv_len, 40.0), _padded(v, kv_len, 1e4)
+    common = dict(block_q=bq, block_kv=bkv, block_kv_compute=bkv, interpret=True)
+    if method == "dense":
+        out = dense_flash_attention(qp, kp, vp, tokens=n, **common)
+        keep = None
+    elif method == "splash":
+        out = make_splash(SMALL, tokens=n, heads=2, q_len=q_len, kv_len=kv_len, **common)(qp, kp, vp)
+        keep = SMALL.to_dense()
+    else:
+        mask = SMALL if method == "b2" else b3_mask(SMALL, bq, bkv)
+        plan = plan_tiles(mask, bq, bkv)
+        pred = SMALL.keep if method == "b2" else (lambda qi, ki: ki < n)
+        out = block_sparse_attention(qp, kp, vp, jnp.asarray(plan.table("kv_index")),
+                                     jnp.asarray(plan.table("step_class")), stage=method, keep=pred, **common)
+        keep = mask.to_dense()
+    assert out.shape == qp.shape
+    np.testing.assert_allclose(np.asarray(out[:, :n], np.float64), attention64(q, k, v, keep), **F32)
+
+
+# -- rows and tiles with nothing kept ------------------------------------------------------
+
+class HoleyBand(Mask):
+    """A band of half-width `width` in which every query row q with q % 7 == 3 keeps nothing:
+    empty rows inside visited, partially kept tiles. Pure arithmetic, so kernels can evaluate it."""
+
+    def __init__(self, tokens, width):
+        self.tokens, self.width = tokens, width
+
+    def keep(self, q, k):
+        n, w = self.tokens, self.width
+        return (q - k <= w) & (k - q <= w) & (q % 7 != 3) & (q < n) & (k < n)
+
+
+HOLEY = HoleyBand(400, 150)
+# 600 tokens in 5x5 tiles of 128: query tile 1 keeps no tile at all, tile (3, 0) is dropped.
+_KEPT = np.ones((5, 5), bool)
+_KEPT[1, :] = False
+_KEPT[3, 0] = False
+EMPTY_TILE_ROW = TileAlignedMask(600, 128, 128, _KEPT)
+
+
+
+def _run_small(mask, method, heads=2, head_dim=64, seed=9, interpret=None):
+    q, k, v = random_qkv(seed, heads, mask.tokens, head_dim, "float32")
+    f = build_attention(mask, method=method, heads=heads, tokens=mask.tokens, head_dim=head_dim,
+                        dtype=jnp.float32, block_q=128, block_kv=128, interpret=interpret)
+    return np.asarray(f(q, k, v), np.float64), (q, k, v)
+
+
+@pytest.mark.parametrize("method", [
+    "reference", "b1", "b2", "splash"])
+def test_rows_with_no_kept_key_give_zeros(method):
+    dense = HOLEY.to_dense()
+    empty = ~dense.any(axis=1)
+    assert empty.sum() == 57  # rows 3, 10, ..., 395
+    # every query tile holds empty rows and visits tiles with kept pairs, so the kernels
+    # compute those rows (they are not skipped)
+    assert all(empty[i:i + 128].any() for i in range(0, 400, 128))
+    assert (plan_tiles(HOLEY, 128, 128).num_steps > 0).all()
+    got, qkv = _run_small(HOLEY, method)
+    assert (got[:, empty] == 0).all()
+    np.testing.assert_allclose(got, attention64(*qkv, dense), **F32)
+
+
+@pytest.mark.parametrize("method", [
+    "reference", "b3", "b1", "b2", "splash"])
+def test_query_tile_with_no_kept_tile_gives_zeros(method):
+    plan = plan_tiles(EMPTY_TILE_ROW, 128, 128)
+    assert plan.num_steps[1] == 0 and (plan.step_class[1] == EMPTY).all()
+    got, qkv = _run_small(EMPTY_TILE_ROW, method)
+    assert np.isfinite(got).all()
+    assert (got[:, 128:256] == 0).all()
+    np.testing.assert_allclose(got, attention64(*qkv, EMPTY_TILE_ROW.to_dense()), **F32)
+
+
+# -- race detection ------------------------------------------------------------------------
+# jax 0.10.2's TPU interpreter (jax/_src/pallas/mosaic/interpret/interpret_pallas_call.py)
+# keeps a module-level `races` (a RaceDetectionState) that each kernel run under
+# InterpretParams(detect_races=True) recreates; its `races_found` turns True (and a
+# "RACE DETECTED" report is printed) when two accesses to one buffer are not ordered.
+_interp = importlib.import_module("jax._src.pallas.mosaic.interpret.interpret_pallas_call")
+
+
+def _races_found_in(run):
+    """Run `run()` with a fresh interpreter state; (its result, whether a race was found)."""
+    pltpu.reset_tpu_interpret_mode_state()
+    out = run()  # its outputs are numpy arrays (or blocked on): the kernel has finished
+    assert _interp.races is not None and _interp.races.reads, "the race detector recorded nothing"
+    return out, bool(_interp.races.races_found)
+
+
+def test_race_detector_can_fail():
+    """Positive control: reading a VMEM buffer while a DMA into it is in flight is a race."""
+    def racy(x_ref, o_ref, buf, sem):
+        copy = pltpu.make_async_copy(x_ref, buf, sem.at[0])
+        copy.start()
+        o_ref[...] = buf[...]  # read before the wait
+        copy.wait()
+
+    x = jnp.ones((8, 128), jnp.float32)
+    call = pl.pallas_call(racy, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                          in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                          scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA((1,))],
+                          interpret=pltpu.InterpretParams(detect_races=True))
+    _, found = _races_found_in(lambda: np.asarray(call(x)))
+    assert found
+
+
+@pytest.mark.parametrize("method", ["dense", "b1", "b2", "b3", "splash_dense", "splash"])
+def test_no_races_under_the_tpu_interpreter(method):
+    params = pltpu.InterpretParams(detect_races=True)
+    (got, qkv), found = _races_found_in(lambda: _run_small(SMALL, method, heads=1, interpret=params))
+    assert not found, f"{method}: the interpreter reported a race"
+    mask = None if method in ("dense", "splash_dense") else (b3_mask(SMALL, 128, 128) if method == "b3" else SMALL)
+    np.testing.assert_allclose(got, attention64(*qkv, None if mask is None else mask.to_dense()), **F32)
+
+
+# -- bad input to attention() --------------------------------------------------------------
+
+def _qkv(n=256):
+    return random_qkv(0, 1, n, 64, "float32")
+
+
+MASK256 = SVGMask.spatial(VideoGeometry(2, 8, 16), 0.5)
+
+
+def test_unknown_method():
+    with pytest.raises(ValueError, match=r"unknown method 'b4'.*b1, b2, b3"):
+        attention(*_qkv(), MASK256, method="b4")
+
+
+@pytest.mark.parametrize("method", ["splash", "b1", "b2", "b3"])
+def test_sparse_methods_need_a_mask(method):
+    with pytest.raises(ValueError, match="needs a mask"):
+        attention(*_qkv(), None, method=method)
+
+
+def test_mask_must_cover_the_tokens():
+    other = SVGMask.spatial(VideoGeometry(3, 8, 16), 0.5)  # 384 tokens
+    with pytest.raises(ValueError, match="covers 384 tokens but q, k, v have 256"):
+        attention(*_qkv(), other, method="b2")
+
+
+def test_mask_must_be_a_mask_object():
+    with pytest.raises(TypeError, match="Mask"):
+        attention(*_qkv(), np.ones((256, 256), bool), method="b2")
+
+
+def test_qkv_shapes_must_agree():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="same shape"):
+        attention(q, k[:, :200], v[:, :200], method="dense")
+    with pytest.raises(ValueError, match="same shape"):
+        attention(q, k, v[..., :32], method="dense")
+    with pytest.raises(ValueError, match=r"\[heads, tokens, head_dim\]"):
+        attention(q[0], k[0], v[0], method="dense")
+
+
+def test_qkv_dtypes_must_agree():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="share a dtype"):
+        attention(q, k.astype(jnp.bfloat16), v, method="dense")
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.int32])
+def test_only_float32_and_bfloat16(dtype):
+    q, k, v = (x.astype(dtype) for x in _qkv())
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        attention(q, k, v, MASK256, method="b2")
+
+
+@pytest.mark.parametrize("blocks,match", [
+    (dict(block_q=200), r"block_q must be a positive multiple of 128.*128 and 256"),
+    (dict(block_kv=64), r"block_kv must be a positive multiple of 128"),
+    (dict(block_q=0), r"block_q must be a positive multiple of 128"),
+    (dict(block_kv_compute=100), r"block_kv_compute must be a positive multiple of 128"),
+    (dict(block_kv=512, block_kv_compute=384), r"must divide block_kv=512.*\[128, 256, 512\]"),
+])
+def test_block_sizes_are_checked(blocks, match):
+    for method in ("dense", "b3"):
+        with pytest.raises(ValueError, match=match):
+            attention(*_qkv(), MASK256, method=method, **blocks)
