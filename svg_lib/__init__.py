@@ -16,3 +16,9 @@ from .bench import BLOG_SWEEP_V6E_MS, BLOG_V6E_MS, BenchConfig, BenchResult, run
 from .tuner import TuneResult, tune
 from .explorer import mask_explorer
 from .traversal import grid_trace, plot_traversal, recorded_grid_trace
+# mixed-head routing, online profiling, structured synthetic inputs, multi-chip (helper: routing/profiling/multichip)
+from .routing import (CompileCounter, build_svg_attention, build_svg_attention_in_kernel, compare_temporal_tiles,
+                      svg_attention, svg_attention_in_kernel)
+from .profiling import HeadProfile, profile_heads
+from .synthetic import attention_recall, quality_table, relative_l2, structured_qkv
+from .multichip import build_sharded_svg_attention, make_mesh, sharded_svg_attention

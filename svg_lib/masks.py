@@ -339,7 +339,14 @@ class TemporalMask(PermutedMask):
     def position(self, i):
         """Temporal-major position of frame-major token index `i` (numpy or jax arrays)."""
         F, S, V = self.geometry.frames, self.geometry.frame_tokens, self.geometry.video_tokens
-        video = (i % S) * F + i // S
+        if _is_numpy(i):
+            video = (i % S) * F + i // S
+        else:
+            # Indices are never negative, so truncating div/rem equal floor ones; Python's % and //
+            # lower to floor division, whose Mosaic rule needs the TPU generation and so fails to
+            # export for TPU from a machine without one.
+            import jax
+            video = jax.lax.rem(i, S) * F + jax.lax.div(i, S)
         return video * (i < V) + i * (i >= V)  # arithmetic select: works for numpy and jnp alike
 
     def keep(self, q, k):

@@ -1,0 +1,360 @@
+"""Mixed-head attention: spatial and temporal heads in one layer, routed by per-head flags.
+
+A spatial head runs the SVG mask on frame-major tokens. A temporal head runs the *same*
+mask on tokens permuted to temporal-major order (brief, section 2), and its output is
+permuted back. Two ways to do that are here, so they can be compared:
+
+* `svg_attention` (physical permutation, the blog's choice): gather each temporal head's
+  q, k, v into temporal-major order, run one kernel with one mask over every head, gather
+  the output back. The kernel sees the band in both cases, so it visits the same few tiles.
+* `svg_attention_in_kernel` (no data movement): temporal heads stay frame-major and one
+  kernel, reading per-head flags from SMEM, follows each head's own tile schedule and
+  evaluates the temporal mask (`TemporalMask`, arithmetic `keep`) in place. In
+  frame-major order that mask is a set of strided diagonals that touch most tiles, so the
+  kernel visits many more of them (`compare_temporal_tiles` counts them).
+
+Routing never changes a shape: `is_temporal` is a bool `[heads]` array used only as data
+(a `jnp.where` over the head axis picks each head's gather indices; the in-kernel version
+scalar-prefetches the flags), so under `jax.jit` a new routing is new data, not a new program
+(`CompileCounter` counts XLA compilations to show it).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from .geometry import inverse_temporal_major_permutation, temporal_major_permutation
+from .masks import Mask, SVGMask, TemporalMask
+from .planner import plan_tiles
+from .reference import check_qkv
+
+_CACHE: OrderedDict = OrderedDict()
+_CACHE_SIZE = 32
+
+
+# -- validation ------------------------------------------------------------------------------
+
+def check_spatial_mask(mask, tokens: int | None = None) -> SVGMask:
+    """The mask routing needs: the *spatial* SVG mask (temporal heads reuse it after the permutation)."""
+    if isinstance(mask, TemporalMask) or (isinstance(mask, Mask) and not isinstance(mask, SVGMask)):
+        raise TypeError(f"routing needs the spatial SVGMask (SVGMask.spatial(geometry, density)); got "
+                        f"{type(mask).__name__}. Temporal heads use that same mask after the permutation, "
+                        "so pass the spatial one and mark the temporal heads in is_temporal")
+    if not isinstance(mask, SVGMask):
+        raise TypeError(f"mask must be an SVGMask (SVGMask.spatial(geometry, density)), got {type(mask).__name__}")
+    if tokens is not None and mask.tokens != tokens:
+        raise ValueError(f"the mask covers {mask.tokens} tokens ({mask.geometry}) but q, k, v have {tokens}")
+    return mask
+
+
+def check_flags(is_temporal, heads: int):
+    """`is_temporal` as a jnp bool `[heads]` array (traced arrays pass through unchanged)."""
+    import jax.numpy as jnp
+
+    if isinstance(is_temporal, (list, tuple, np.ndarray)):
+        arr = np.asarray(is_temporal)
+        if arr.dtype != bool:
+            raise TypeError(f"is_temporal must be booleans (True = temporal head), got dtype {arr.dtype}")
+        is_temporal = jnp.asarray(arr)
+    shape, dtype = tuple(getattr(is_temporal, "shape", ())), getattr(is_temporal, "dtype", None)
+    if shape != (heads,):
+        raise ValueError(f"is_temporal must be shaped [heads] = ({heads},), got shape {shape}")
+    if dtype != jnp.bool_:
+        raise TypeError(f"is_temporal must be a bool array (True = temporal head), got dtype {dtype}")
+    return is_temporal
+
+
+# -- the per-head permutation ------------------------------------------------------------------
+
+def head_gather_index(is_temporal, geometry, inverse: bool = False):
+    """Per-head gather indices `[heads, tokens]` int32: the permutation for temporal heads, identity otherwise.
+
+    One `jnp.where` over the head axis picks each head's row, so every head is gathered exactly
+    once whatever the routing (no "gather all heads, then select" doubling of memory traffic).
+    `inverse=True` gives the indices that undo it.
+    """
+    import jax.numpy as jnp
+
+    perm = inverse_temporal_major_permutation(geometry) if inverse else temporal_major_permutation(geometry)
+    perm = jnp.asarray(perm, dtype=jnp.int32)
+    ident = jnp.arange(geometry.tokens, dtype=jnp.int32)
+    return jnp.where(is_temporal[:, None], perm[None, :], ident[None, :])
+
+
+def gather_heads(x, index):
+    """`x[h, index[h, t], :]` for `[heads, tokens, head_dim]` x and `[heads, tokens]` index."""
+    import jax.numpy as jnp
+
+    return jnp.take_along_axis(x, index[:, :, None], axis=1)
+
+
+def routed_attention(kernel, q, k, v, is_temporal, geometry):
+    """Route through an already built `kernel(q, k, v)`: permute temporal heads, run, permute back.
+
+    The building block shared by `svg_attention` and the sharded layer (which calls it on its
+    head-local slice). All arrays `[heads, tokens, head_dim]`, frame-major; is_temporal `[heads]`.
+    """
+    fwd = head_gather_index(is_temporal, geometry)
+    out = kernel(gather_heads(q, fwd), gather_heads(k, fwd), gather_heads(v, fwd))
+    return gather_heads(out, head_gather_index(is_temporal, geometry, inverse=True))
+
+
+# -- building and caching ----------------------------------------------------------------------
+
+def _cached(kind, mask, q, method, block_q, block_kv, block_kv_compute, interpret, build):
+    heads, tokens, head_dim = (int(s) for s in q.shape)
+    key = (kind, id(mask), method, heads, tokens, head_dim, str(q.dtype), block_q, block_kv, block_kv_compute,
+           repr(interpret))
+    entry = _CACHE.get(key)
+    if entry is None or entry[0] is not mask:
+        entry = (mask, build(mask, method=method, heads=heads, tokens=tokens, head_dim=head_dim, dtype=q.dtype,
+                             block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
+                             interpret=interpret))
+        _CACHE[key] = entry  # the entry holds the mask, so its id cannot be reused while cached
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    _CACHE.move_to_end(key)
+    return entry[1]
+
+
+def build_svg_attention(mask: SVGMask, *, method: str = "b2", heads: int, tokens: int, head_dim: int, dtype,
+                        block_q: int = 512, block_kv: int = 512, block_kv_compute: int | None = None,
+                        interpret=None):
+    """A jitted `f(q, k, v, is_temporal) -> out` (physical permutation); plans the kernel once.
+
+    q, k, v `[heads, tokens, head_dim]` frame-major, is_temporal bool `[heads]`. Use it to
+    time the layer (time f, not svg_attention) and to count compilations across routings.
+    """
+    import jax
+
+    from .attention import build_attention
+
+    mask = check_spatial_mask(mask, tokens)
+    kernel = build_attention(mask, method=method, heads=heads, tokens=tokens, head_dim=head_dim, dtype=dtype,
+                             block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
+                             interpret=interpret)
+    geometry = mask.geometry
+
+    def f(q, k, v, is_temporal):
+        return routed_attention(kernel, q, k, v, is_temporal, geometry)
+
+    return jax.jit(f)
+
+
+def _stack_plans(plans):
+    """Schedule tables of several plans padded to a common step count: int32 `[kinds * nq, steps]` each.
+
+    Row `kind * nq + i` is query tile i of plan `kind`. Extra steps repeat the row's last key
+    tile with class EMPTY, so they fetch nothing and compute nothing (the planner's idle steps).
+    """
+    from .planner import EMPTY
+
+    steps = max(p.steps for p in plans)
+    kv, cls = [], []
+    for p in plans:
+        extra = steps - p.steps
+        kv.append(np.concatenate([p.kv_index, np.repeat(p.kv_index[:, -1:], extra, axis=1)], axis=1))
+        cls.append(np.concatenate([p.step_class, np.full((p.grid[0], extra), EMPTY, np.int8)], axis=1))
+    return np.concatenate(kv).astype(np.int32), np.concatenate(cls).astype(np.int32)
+
+
+def build_svg_attention_in_kernel(mask: SVGMask, *, method: str = "b2", heads: int, tokens: int, head_dim: int,
+                                  dtype, block_q: int = 512, block_kv: int = 512,
+                                  block_kv_compute: int | None = None, interpret=None):
+    """A jitted `f(q, k, v, is_temporal) -> out` running ONE pallas_call whose schedule follows each head's kind.
+
+    Both tile plans (the band for spatial heads, the frame-major `TemporalMask` for temporal
+    heads) are stacked into scalar-prefetch tables next to the per-head flags; the key/value
+    index map reads `kv_index[flag[h] * nq + i, s]`, and partial tiles evaluate the mask of the
+    head's kind (`TemporalMask.keep` is arithmetic, so it runs inside the kernel). No token is
+    moved. Methods b1, b2, b3 (b3 rounds each kind's mask in the order the kernel sees it, here
+    the scattered frame-major one).
+
+    Cost: each head does only its own kind's work, but every head runs the grid's step count,
+    the larger of the two plans (the temporal one); a spatial head's extra steps are idle
+    (no DMA, no compute, only the grid-step overhead).
+    """
+    import functools
+    import math
+
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    from .kernels import _compiler_params, _finish, _init_state, _online_softmax_tile, _scratch
+    from .masks import check_block_size
+    from .planner import EMPTY, FULL, PARTIAL
+    from .runtime import default_interpret
+    from .vmem import check_block_kv_compute, check_fits, estimate_vmem
+
+    mask = check_spatial_mask(mask, tokens)
+    if method not in ("b1", "b2", "b3"):
+        raise ValueError(f"the in-kernel layer runs the block-sparse stages 'b1', 'b2' or 'b3', got {method!r}")
+    block_q = check_block_size("block_q", block_q)
+    block_kv = check_block_size("block_kv", block_kv)
+    block_kv_compute = check_block_kv_compute(block_kv, block_kv_compute, block_q)
+    vmem = check_fits(estimate_vmem(method, block_q, block_kv, head_dim, dtype, block_kv_compute))
+    interpret = default_interpret() if interpret is None else interpret
+
+    masks = [mask, TemporalMask(mask)]  # kind 0 = spatial, kind 1 = temporal
+    if method == "b3":
+        masks = [m.tile_aligned(block_q, block_kv) for m in masks]
+        keeps = [lambda q_ids, k_ids: k_ids < tokens] * 2  # whole tiles: only key padding masks
+    else:
+        keeps = [mask.keep, TemporalMask(mask).keep]
+    kv_table, cls_table = _stack_plans([plan_tiles(m, block_q, block_kv) for m in masks])
+    kv_table, cls_table = jnp.asarray(kv_table), jnp.asarray(cls_table)
+    nq, steps = -(-tokens // block_q), kv_table.shape[1]
+    nk = -(-tokens // block_kv)
+    scale = 1.0 / math.sqrt(head_dim)
+
+    def kernel(flag_ref, kv_ref, cls_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
+        h, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+        kind = flag_ref[h]
+        row = kind * nq + i
+        cls = cls_ref[row, s]
+        tile = functools.partial(_online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
+                                 q_start=i * block_q, k_start=kv_ref[row, s] * block_kv,
+                                 block_kv_compute=block_kv_compute)
+
+        @pl.when(s == 0)
+        def _():
+            _init_state(m_ref, l_ref, acc_ref)
+
+        masked = cls != EMPTY if method == "b1" else cls == PARTIAL
+        if method != "b1":
+            pl.when(cls == FULL)(lambda: tile(keep=None))
+        for k_kind, keep in enumerate(keeps):
+            pl.when(masked & (kind == k_kind))(functools.partial(tile, keep=keep))
+
+        @pl.when(s == steps - 1)
+        def _():
+            _finish(m_ref, l_ref, acc_ref, o_ref)
+
+    def q_map(h, i, s, flag_ref, kv_ref, cls_ref):
+        return h, i, 0
+
+    def kv_map(h, i, s, flag_ref, kv_ref, cls_ref):
+        return h, kv_ref[flag_ref[h] * nq + i, s], 0
+
+    def f(q, k, v, is_temporal):
+        qs = (q.astype(jnp.float32) * scale).astype(q.dtype)
+        qp = jnp.pad(qs, ((0, 0), (0, nq * block_q - tokens), (0, 0)))
+        kp, vp = (jnp.pad(x, ((0, 0), (0, nk * block_kv - tokens), (0, 0))) for x in (k, v))
+        out = pl.pallas_call(
+            kernel,
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=3,
+                grid=(heads, nq, steps),
+                in_specs=[pl.BlockSpec((None, block_q, head_dim), q_map),
+                          pl.BlockSpec((None, block_kv, head_dim), kv_map),
+                          pl.BlockSpec((None, block_kv, head_dim), kv_map)],
+                out_specs=pl.BlockSpec((None, block_q, head_dim), q_map),
+                scratch_shapes=_scratch(block_q, head_dim)),
+            out_shape=jax.ShapeDtypeStruct(qp.shape, q.dtype),
+            compiler_params=_compiler_params(vmem.vmem_limit_bytes),
+            interpret=interpret,
+            name=f"{method}_in_kernel_routed_attention",
+        )(is_temporal.astype(jnp.int32), kv_table, cls_table, qp, kp, vp)
+        return out[:, :tokens]
+
+    return jax.jit(f)
+
+
+# -- the public layer ------------------------------------------------------------------------
+
+def svg_attention(q, k, v, is_temporal, mask: SVGMask, *, method: str = "b2", block_q: int = 512,
+                  block_kv: int = 512, block_kv_compute: int | None = None, interpret=None):
+    """SVG attention with per-head routing, temporal heads permuted physically.
+
+    q, k, v: `[heads, tokens, head_dim]` in frame-major order. is_temporal: bool `[heads]`
+    (True = temporal head; may be traced). mask: the spatial `SVGMask`. Each temporal head's
+    q, k, v are gathered into temporal-major order, every head runs the same `method` kernel
+    with the same mask (b3 rounds it to tiles, as `attention` does), and temporal heads'
+    outputs are gathered back. Returns `[heads, tokens, head_dim]`, frame-major.
+
+    The kernel is built once per (mask, shapes, config) and cached; the routing is data, so
+    under `jax.jit` any new `is_temporal` reuses the compiled program.
+    """
+    heads, tokens, _ = check_qkv(q, k, v)
+    mask = check_spatial_mask(mask, tokens)
+    is_temporal = check_flags(is_temporal, heads)
+    f = _cached("physical", mask, q, method, block_q, block_kv, block_kv_compute, interpret, build_svg_attention)
+    return f(q, k, v, is_temporal)
+
+
+def svg_attention_in_kernel(q, k, v, is_temporal, mask: SVGMask, *, method: str = "b2", block_q: int = 512,
+                            block_kv: int = 512, block_kv_compute: int | None = None, interpret=None):
+    """The in-kernel alternative to `svg_attention`: no permutation, the kernel follows the temporal layout.
+
+    Same arguments and result. Temporal heads stay frame-major and use `TemporalMask(mask)`,
+    whose `keep` computes temporal-major positions arithmetically inside the kernel; the
+    planner classifies tiles of that scattered mask directly (brute-force pair counting, so
+    at most 32,768 tokens). b3 rounds the scattered mask to tiles in frame-major order.
+
+    One pallas_call serves both kinds: the per-head flags are scalar-prefetched beside both
+    kinds' schedule tables, so a head fetches and masks only its own kind's tiles (see
+    `build_svg_attention_in_kernel`). What it costs instead of the permutation: the temporal
+    mask is scattered in frame-major order, so temporal heads visit (and mask) far more tiles
+    than the band (`compare_temporal_tiles`), and every head runs that longer grid row (a
+    spatial head's extra steps are idle). Methods: b1, b2, b3.
+    """
+    heads, tokens, _ = check_qkv(q, k, v)
+    mask = check_spatial_mask(mask, tokens)
+    is_temporal = check_flags(is_temporal, heads)
+    f = _cached("in_kernel", mask, q, method, block_q, block_kv, block_kv_compute, interpret,
+                build_svg_attention_in_kernel)
+    return f(q, k, v, is_temporal)
+
+
+# -- comparing the two placements of the permutation ------------------------------------------------
+
+def compare_temporal_tiles(mask: SVGMask, block_q: int, block_kv: int) -> dict:
+    """Tiles a temporal head visits: physical permutation (band) vs in-kernel (scattered), as plan stats.
+
+    Returns {"physical": stats, "in_kernel": stats} with the `TilePlan.stats` dicts of the band
+    (what the kernel sees after the permutation) and of `TemporalMask(mask)` in frame-major
+    order. The in-kernel plan counts pairs brute force: at most 32,768 tokens.
+    """
+    mask = check_spatial_mask(mask)
+    return {"physical": plan_tiles(mask, block_q, block_kv).stats,
+            "in_kernel": plan_tiles(TemporalMask(mask), block_q, block_kv).stats}
+
+
+# -- counting compilations ----------------------------------------------------------------------
+
+class CompileCounter:
+    """Counts XLA backend compilations while active (a jax.monitoring listener).
+
+    >>> with CompileCounter() as c:          # doctest: +SKIP
+    ...     f(q, k, v, flags_a); f(q, k, v, flags_b)
+    >>> c.count                              # doctest: +SKIP
+    1
+
+    jax records the event "/jax/core/compile/backend_compile_duration" once per executable it
+    compiles (cache hits record nothing), so this counts real compilations of any program,
+    jitted functions and eager ops alike: warm up eager helpers before counting.
+    """
+
+    EVENT = "/jax/core/compile/backend_compile_duration"
+
+    def __init__(self):
+        self.count = 0
+
+    def _listener(self, event, duration, **kwargs):
+        if event == self.EVENT:
+            self.count += 1
+
+    def __enter__(self):
+        import jax
+
+        jax.monitoring.register_event_duration_secs_listener(self._listener)
+        return self
+
+    def __exit__(self, *exc):
+        import jax
+
+        jax.monitoring.unregister_event_duration_listener(self._listener)
+        return False

@@ -1,0 +1,159 @@
+"""Mixed-head attention (svg_lib.routing): routing by flags, both permutation placements, no recompiles.
+
+Interpret mode on CPU, 128-token tiles, 480 tokens (not a multiple of 128, so padding is exercised),
+4 heads. The per-head reference is `reference_attention` under the spatial SVG mask for spatial heads
+and under `TemporalMask` (the same band at temporal-major positions, frame-major coordinates) for
+temporal heads: it never permutes anything, so it checks the permutation code independently.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from svg_lib import (CompileCounter, SVGMask, TemporalMask, VideoGeometry, build_svg_attention,
+                     build_svg_attention_in_kernel, compare_temporal_tiles, reference_attention, svg_attention,
+                     svg_attention_in_kernel)
+from svg_lib.synthetic import computed_mask
+
+# float32 kernels vs float32 reference: summation order only (see tests/test_kernels.py for the derivation)
+F32 = dict(rtol=1e-5, atol=1e-5)
+GEOMETRY = VideoGeometry(5, 8, 12)  # 480 tokens
+HEADS, HEAD_DIM, BLOCK = 4, 64, 128
+ROUTINGS = {"all_spatial": [False] * 4, "all_temporal": [True] * 4, "mixed": [False, True, True, False],
+            "mixed_other": [True, False, True, False]}
+
+
+@pytest.fixture(scope="module")
+def mask():
+    return SVGMask.spatial(GEOMETRY, 0.35)
+
+
+@pytest.fixture(scope="module")
+def qkv():
+    rng = np.random.default_rng(0)
+    return tuple(jnp.asarray(rng.standard_normal((HEADS, GEOMETRY.tokens, HEAD_DIM)), jnp.float32) for _ in range(3))
+
+
+@pytest.fixture(scope="module")
+def per_kind_reference(mask, qkv):
+    return reference_attention(*qkv, mask), reference_attention(*qkv, TemporalMask(mask))
+
+
+@pytest.fixture(scope="module")
+def layer(mask):
+    return build_svg_attention(mask, method="b2", heads=HEADS, tokens=GEOMETRY.tokens, head_dim=HEAD_DIM,
+                               dtype=jnp.float32, block_q=BLOCK, block_kv=BLOCK)
+
+
+def expected(flags, per_kind_reference):
+    spatial, temporal = per_kind_reference
+    return jnp.where(jnp.asarray(flags)[:, None, None], temporal, spatial)
+
+
+def test_the_two_head_kinds_really_differ(per_kind_reference):
+    # otherwise every routing test below would pass with the wrong mask on some head
+    spatial, temporal = per_kind_reference
+    assert float(jnp.max(jnp.abs(spatial - temporal))) > 0.1
+
+
+@pytest.mark.parametrize("routing", list(ROUTINGS))
+def test_mixed_layer_matches_per_head_reference(routing, layer, qkv, per_kind_reference):
+    flags = jnp.asarray(np.array(ROUTINGS[routing]))
+    np.testing.assert_allclose(layer(*qkv, flags), expected(flags, per_kind_reference), **F32)
+
+
+def test_public_entry_point_matches_and_caches(mask, qkv, per_kind_reference):
+    from svg_lib import routing
+
+    flags = np.array(ROUTINGS["mixed"])
+    out = svg_attention(*qkv, flags, mask, method="b2", block_q=BLOCK, block_kv=BLOCK)
+    np.testing.assert_allclose(out, expected(flags, per_kind_reference), **F32)
+    before = len(routing._CACHE)
+    svg_attention(*qkv, ~flags, mask, method="b2", block_q=BLOCK, block_kv=BLOCK)
+    assert len(routing._CACHE) == before  # a new routing reuses the built layer
+
+
+@pytest.mark.parametrize("method, routing", [("b2", "mixed_other"), ("b2", "all_temporal"), ("b1", "mixed")])
+def test_in_kernel_version_equals_physical(method, routing, mask, qkv, per_kind_reference):
+    flags = np.array(ROUTINGS[routing])
+    in_kernel = svg_attention_in_kernel(*qkv, flags, mask, method=method, block_q=BLOCK, block_kv=BLOCK)
+    # b1 and b2 are exact, so both placements compute the per-head reference
+    np.testing.assert_allclose(in_kernel, expected(flags, per_kind_reference), **F32)
+
+
+def test_in_kernel_b3_rounds_the_scattered_mask(mask, qkv):
+    flags = np.array(ROUTINGS["mixed"])
+    out = svg_attention_in_kernel(*qkv, flags, mask, method="b3", block_q=BLOCK, block_kv=BLOCK)
+    for h, temporal in enumerate(flags):
+        used = (TemporalMask(mask) if temporal else mask).tile_aligned(BLOCK, BLOCK)
+        ref = reference_attention(*(x[h:h + 1] for x in qkv), used)
+        np.testing.assert_allclose(out[h:h + 1], ref, **F32)
+
+
+def test_in_kernel_predicate_matches_temporal_mask(mask):
+    # jax indices take the lax.div / lax.rem path (what a kernel lowers), numpy the % and // one
+    idx = np.arange(GEOMETRY.tokens + 40)  # past the end too: padding is never kept
+    got = TemporalMask(mask).keep(jnp.asarray(idx)[:, None], jnp.asarray(idx)[None, :])
+    np.testing.assert_array_equal(np.asarray(got), TemporalMask(mask).keep(idx[:, None], idx[None, :]))
+
+
+def test_b3_temporal_heads_use_the_rounded_band_in_temporal_order(mask, qkv):
+    flags = np.array(ROUTINGS["mixed"])
+    out = svg_attention(*qkv, flags, mask, method="b3", block_q=BLOCK, block_kv=BLOCK)
+    for h, temporal in enumerate(flags):
+        used = computed_mask(mask, "temporal" if temporal else "spatial", "b3", BLOCK, BLOCK)
+        ref = reference_attention(*(x[h:h + 1] for x in qkv), used)
+        np.testing.assert_allclose(out[h:h + 1], ref, **F32)
+
+
+@pytest.mark.parametrize("build", [build_svg_attention, build_svg_attention_in_kernel])
+def test_changing_flags_never_recompiles(build, mask, qkv):
+    f = build(mask, method="b2", heads=HEADS, tokens=GEOMETRY.tokens, head_dim=HEAD_DIM,
+                            dtype=jnp.float32, block_q=BLOCK, block_kv=BLOCK)
+    flag_sets = [jnp.asarray(np.array(ROUTINGS[name])) for name in ("all_spatial", "all_temporal", "mixed")]
+    outs = []
+    with CompileCounter() as counter:
+        for flags in flag_sets:
+            outs.append(f(*qkv, flags).block_until_ready())
+    assert counter.count == 1  # the first call compiles (so the counter does count), the others reuse it
+    assert f._cache_size() == 1
+    assert float(jnp.max(jnp.abs(outs[0] - outs[1]))) > 0.1  # the routings really took effect
+
+
+def test_counter_sees_a_real_recompilation(qkv):
+    f = jax.jit(lambda x: x * 2)
+    small = qkv[0][:2]  # sliced before counting: the eager slice is a compilation of its own
+    with CompileCounter() as counter:
+        f(qkv[0]).block_until_ready()
+        f(small).block_until_ready()  # new shape: a second compilation
+    assert counter.count == 2
+
+
+def test_in_kernel_visits_more_tiles_than_the_band():
+    stats = compare_temporal_tiles(SVGMask.spatial(VideoGeometry(8, 16, 16), 0.2), 128, 128)
+    phys, ink = stats["physical"], stats["in_kernel"]
+    assert phys["pair_density"] == pytest.approx(ink["pair_density"])  # same pairs, scattered differently
+    assert ink["tiles_visited"] > 1.5 * phys["tiles_visited"]
+    assert ink["tiles_masked"] > phys["tiles_masked"]
+
+
+@pytest.mark.parametrize("flags, error", [
+    (np.array([True, False]), ValueError),           # wrong length
+    (np.array([1, 0, 1, 0]), TypeError),             # not booleans
+])
+def test_bad_flags_are_rejected(flags, error, mask, qkv):
+    with pytest.raises(error, match="is_temporal"):
+        svg_attention(*qkv, flags, mask, block_q=BLOCK, block_kv=BLOCK)
+
+
+def test_temporal_mask_is_rejected_with_a_hint(mask, qkv):
+    with pytest.raises(TypeError, match="spatial SVGMask"):
+        svg_attention(*qkv, np.array(ROUTINGS["mixed"]), TemporalMask(mask), block_q=BLOCK, block_kv=BLOCK)
+
+
+def test_public_layer_under_jit_compiles_once(mask, qkv, per_kind_reference):
+    f = jax.jit(lambda q, k, v, flags: svg_attention(q, k, v, flags, mask, block_q=BLOCK, block_kv=BLOCK))
+    for name in ("all_temporal", "mixed", "mixed_other"):
+        flags = jnp.asarray(np.array(ROUTINGS[name]))
+        np.testing.assert_allclose(f(*qkv, flags), expected(flags, per_kind_reference), **F32)
+    assert f._cache_size() == 1
