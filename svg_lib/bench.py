@@ -184,11 +184,13 @@ def method_tiles(config: BenchConfig, method: str, plan=None, b3_plan=None) -> d
     """Tiles one call of `method` visits and masks, and its grid steps per head.
 
     dense, splash_dense: every tile, masking the key tiles that reach into padding;
-    splash, b1, b2: the plan of the exact mask (b1 masks every visited tile); b3: the plan
+    splash, b1, b2: the plan of the exact mask (b1, and Splash given a predicate, mask every
+    visited tile); b3: the plan
     of the tile-aligned mask. `plan` / `b3_plan` may be passed in to avoid replanning.
     """
     from .attention import b3_mask
     from .planner import plan_tiles
+    from .splash import splash_mask_form
 
     n, bq, bkv = config.tokens, config.block_q, config.block_kv
     nq, nk = -(-n // bq), -(-n // bkv)
@@ -203,7 +205,9 @@ def method_tiles(config: BenchConfig, method: str, plan=None, b3_plan=None) -> d
     else:
         p = plan or plan_tiles(config.mask(), bq, bkv)
     visited = int(p.visited.sum())
-    masked = visited if method == "b1" else int(p.needs_mask.sum())
+    # B1 masks every visited tile, and so does Splash when its mask is a predicate
+    masks_all = method == "b1" or (method == "splash" and splash_mask_form(config.mask(), n, nk * bkv) == "computable")
+    masked = visited if masks_all else int(p.needs_mask.sum())
     return {"tiles_total": nq * nk, "tiles_visited": visited, "tiles_masked": masked,
             "grid_steps": nq * p.steps}
 

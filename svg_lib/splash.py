@@ -1,9 +1,10 @@
 """JAX's Splash attention (shipped in the jax wheel) as the series' baseline and peer.
 
-B0 is Splash with a full mask. "splash" is Splash with the exact SVG mask, expressed as a
-computable mask: Splash evaluates the predicate inside its kernel and classifies blocks by
-evaluating it block by block on the host (a few seconds at 75,600 tokens, no N x N array).
-Splash applies no softmax scale, so the caller passes q already scaled.
+B0 is Splash with a full mask. "splash" is Splash with the exact SVG mask: as blocks of
+booleans at tutorial sizes, as a computable predicate at large sizes (see
+`splash_mask_form`). Either way Splash classifies blocks by evaluating the mask block by
+block on the host (tens of seconds at 75,600 tokens, never an N x N array). Splash applies
+no softmax scale, so the caller passes q already scaled.
 """
 from __future__ import annotations
 
@@ -37,24 +38,69 @@ def _computable_mask(shape, predicate, key):
     return m
 
 
+# Splash handles a mask in one of two ways. Given blocks of booleans (any mask that is not
+# "computable"), it stores the distinct partial blocks and applies one only on partial
+# blocks: full blocks run mask-free, like B2. Given a computable mask (a predicate), it
+# evaluates the predicate on every block it visits, full ones included, like B1, but stores
+# nothing. Distinct partial blocks cost block_q x block_kv bytes each in HBM (and in an
+# exported module), so above this many tokens the exact mask goes in as a predicate.
+BLOCK_MASK_LIMIT_TOKENS = 16_384
+
+
+def _block_mask(shape, predicate, key):
+    """A Splash mask evaluated block by block on the host from `predicate` (never N x N at once)."""
+    _, sm = _splash()
+
+    class PredicateBlocks(sm.Mask):
+        @property
+        def shape(self):
+            return shape
+
+        def __getitem__(self, idx):
+            rows, cols = (np.arange(*sl.indices(size)) for sl, size in zip(idx, shape))
+            kept = np.asarray(predicate(rows[:, None], cols[None, :]), dtype=bool)
+            return np.broadcast_to(kept, (rows.size, cols.size))  # a predicate may ignore q
+
+        def __eq__(self, other):
+            return isinstance(other, PredicateBlocks) and other.key == self.key
+
+        def __hash__(self):
+            return hash(self.key)
+
+    m = PredicateBlocks()
+    m.key = key
+    return m
+
+
+def splash_mask_form(mask: Mask | None, tokens: int, kv_len: int) -> str:
+    """How `make_splash` hands `mask` to Splash: "full", "blocks" or "computable" (see above)."""
+    if mask is None:
+        return "full" if kv_len == tokens else "blocks"
+    if isinstance(mask, SVGMask) and tokens > BLOCK_MASK_LIMIT_TOKENS:
+        return "computable"
+    return "blocks"
+
+
 def splash_mask(mask: Mask | None, tokens: int, q_len: int, kv_len: int):
     """The Splash mask for `mask` on padded lengths (q_len, kv_len); None means dense.
 
-    Padded key columns are always masked out. A dense mask with no key padding is Splash's
-    own FullMask (no predicate at all, as B0 in the blog).
+    Padded key columns are always masked out. A dense problem without key padding is
+    Splash's own FullMask (B0 in the blog); with key padding, only the last key block column
+    is partial, so B0 stays mask-free everywhere else.
     """
     _, sm = _splash()
+    form = splash_mask_form(mask, tokens, kv_len)
+    if form == "full":
+        return sm.FullMask((q_len, kv_len))
     if mask is None:
-        if kv_len == tokens:
-            return sm.FullMask((q_len, kv_len))
-        return _computable_mask((q_len, kv_len), lambda q, k: k < tokens, ("dense", tokens, q_len, kv_len))
-    if isinstance(mask, SVGMask):
+        return _block_mask((q_len, kv_len), lambda q, k: k < tokens, ("dense", tokens, q_len, kv_len))
+    if form == "computable":
         key = ("svg", mask.tokens, mask.band_width, mask.sink_tokens, mask.video_tokens, q_len, kv_len)
         return _computable_mask((q_len, kv_len), mask.keep, key)
-    # Masks without a closed-form predicate go in as arrays: fine at tutorial sizes only.
-    dense = np.zeros((q_len, kv_len), dtype=bool)
-    dense[:tokens, :tokens] = mask.to_dense()
-    return sm.NumpyMask(dense)
+    if mask.tokens > BLOCK_MASK_LIMIT_TOKENS:
+        raise ValueError(f"Splash needs a computable form of this {type(mask).__name__} at {mask.tokens:,} tokens "
+                         f"(above {BLOCK_MASK_LIMIT_TOKENS:,} its partial blocks are stored); use an SVGMask")
+    return _block_mask((q_len, kv_len), mask.keep, ("mask", id(mask), q_len, kv_len))
 
 
 def make_splash(mask: Mask | None, *, tokens: int, heads: int, q_len: int, kv_len: int, block_q: int,
