@@ -39,10 +39,11 @@ def _computable_mask(shape, predicate, key):
 
 
 # Splash handles a mask in one of two ways. Given blocks of booleans (any mask that is not
-# "computable"), it stores the distinct partial blocks and applies one only on partial
-# blocks: full blocks run mask-free, like B2. Given a computable mask (a predicate), it
-# evaluates the predicate on every block it visits, full ones included, like B1, but stores
-# nothing. Distinct partial blocks cost block_q x block_kv bytes each in HBM (and in an
+# "computable"), it stores the distinct partial blocks and evaluates no predicate: close to
+# B2, except that its single tile body still loads a mask block and selects on every visited
+# block (a full block's flag makes every pair pass). Given a computable mask (a predicate),
+# it evaluates the predicate on every block it visits, full ones included, like B1, but
+# stores nothing. Distinct partial blocks cost block_q x block_kv bytes each in HBM (and in an
 # exported module), so above this many tokens the exact mask goes in as a predicate.
 BLOCK_MASK_LIMIT_TOKENS = 16_384
 
