@@ -480,44 +480,22 @@ class BenchResult:
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """The problem flags shared by `bench` and `lower`: a preset, then explicit overrides."""
-    parser.add_argument("--preset", choices=("tiny", "small", "blog"),
-                        help="start from a preset (flags given override it)")
-    parser.add_argument("--frames", type=int, metavar="F", help="latent frames")
-    parser.add_argument("--height", type=int, metavar="H", help="tokens per frame, vertically")
-    parser.add_argument("--width", type=int, metavar="W", help="tokens per frame, horizontally")
-    parser.add_argument("--text-tokens", type=int, metavar="P", help="text tokens after the video (default 0)")
-    parser.add_argument("--heads", type=int, metavar="H", help="attention heads (default 2 without a preset)")
-    parser.add_argument("--head-dim", type=int, metavar="D", help="head dimension (default 128 without a preset)")
-    parser.add_argument("--density", type=float, metavar="D", help="fraction of pairs the band keeps, in (0, 1]")
-    parser.add_argument("--block-q", type=int, metavar="BQ", help="query tile size, a multiple of 128")
-    parser.add_argument("--block-kv", type=int, metavar="BKV", help="key/value tile size, a multiple of 128")
+    from .cli import add_problem_arguments
+
+    add_problem_arguments(parser)
     parser.add_argument("--block-kv-compute", type=int, metavar="C",
                         help="keys per inner step of a key tile: a multiple of 128 dividing --block-kv")
-    parser.add_argument("--dtype", choices=_DTYPES, help="dtype of q, k, v (default bfloat16 without a preset)")
-    parser.add_argument("--no-sink", action="store_true", help="leave out the first-frame sink")
     parser.add_argument("--methods", metavar="M1,M2,...",
                         help=f"comma-separated methods (default {','.join(DEFAULT_METHODS)})")
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """The BenchConfig the flags describe; bad values raise UsageError naming the flag."""
-    from .cli import UsageError
-    from .runtime import get_preset
+    from .cli import UsageError, problem_values
 
-    values = {"frames": None, "height": None, "width": None, "text_tokens": 0, "heads": 2, "head_dim": 128,
-              "density": None, "block_q": None, "block_kv": None, "block_kv_compute": None, "dtype": "bfloat16"}
-    if args.preset is not None:
-        p = get_preset(args.preset)
-        g = p.geometry
-        values.update(frames=g.frames, height=g.height, width=g.width, text_tokens=g.text_tokens, heads=p.heads,
-                      head_dim=p.head_dim, density=p.density, block_q=p.block_q, block_kv=p.block_kv,
-                      dtype=p.dtype)
-    for key in values:
-        if getattr(args, key) is not None:
-            values[key] = getattr(args, key)
-    missing = ["--" + k.replace("_", "-") for k, v in values.items() if v is None and k != "block_kv_compute"]
-    if missing:
-        raise UsageError(f"missing {', '.join(missing)}; give them, or start from --preset tiny|small|blog")
+    values = problem_values(args, ("frames", "height", "width", "text_tokens", "heads", "head_dim", "density",
+                                   "block_q", "block_kv", "dtype"))
+    values["block_kv_compute"] = args.block_kv_compute
     try:
         geometry = VideoGeometry(values.pop("frames"), values.pop("height"), values.pop("width"),
                                  values.pop("text_tokens"))

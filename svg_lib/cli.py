@@ -48,20 +48,62 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-# -- plan ----------------------------------------------------------------------------------
+# -- problem flags shared by every command ---------------------------------------------------
 
-def _plan_arguments(parser: argparse.ArgumentParser) -> None:
-    # Defaults are None so that we can tell "not given" from "given": explicit flags override a preset.
+PROBLEM_DEFAULTS = {"text_tokens": 0, "heads": 2, "head_dim": 128, "dtype": "bfloat16"}
+
+
+def add_problem_arguments(parser: argparse.ArgumentParser, *, model: bool = True, blocks: bool = True) -> None:
+    """The problem flags of plan, bench, lower and tune: a --preset, then explicit overrides.
+
+    Defaults are None so that "not given" can be told from "given". `model` adds heads, head
+    dim and dtype (what a kernel run needs); `blocks` adds one block size per axis.
+    """
     parser.add_argument("--preset", choices=("tiny", "small", "blog"),
-                        help="take geometry, density and block sizes from a preset (flags given override it)")
+                        help="start from a preset (flags given override it)")
     parser.add_argument("--frames", type=int, metavar="F", help="latent frames")
     parser.add_argument("--height", type=int, metavar="H", help="tokens per frame, vertically")
     parser.add_argument("--width", type=int, metavar="W", help="tokens per frame, horizontally")
     parser.add_argument("--text-tokens", type=int, metavar="P", help="text tokens after the video (default 0)")
     parser.add_argument("--density", type=float, metavar="D", help="fraction of pairs the band keeps, in (0, 1]")
-    parser.add_argument("--block-q", type=int, metavar="BQ", help="query tile size, a multiple of 128")
-    parser.add_argument("--block-kv", type=int, metavar="BKV", help="key/value tile size, a multiple of 128")
     parser.add_argument("--no-sink", action="store_true", help="leave out the first-frame sink")
+    if model:
+        parser.add_argument("--heads", type=int, metavar="H", help="attention heads (default 2 without a preset)")
+        parser.add_argument("--head-dim", type=int, metavar="D", help="head dimension (default 128 without a preset)")
+        parser.add_argument("--dtype", choices=("float32", "bfloat16"),
+                            help="dtype of q, k, v (default bfloat16 without a preset)")
+    if blocks:
+        parser.add_argument("--block-q", type=int, metavar="BQ", help="query tile size, a multiple of 128")
+        parser.add_argument("--block-kv", type=int, metavar="BKV", help="key/value tile size, a multiple of 128")
+
+
+def problem_values(args: argparse.Namespace, keys) -> dict:
+    """Values for `keys` (flag names with underscores): preset values overridden by flags.
+
+    Raises UsageError naming every flag that is still missing.
+    """
+    from .runtime import get_preset
+
+    values = {key: PROBLEM_DEFAULTS.get(key) for key in keys}
+    if args.preset is not None:
+        p = get_preset(args.preset)
+        g = p.geometry
+        preset = dict(frames=g.frames, height=g.height, width=g.width, text_tokens=g.text_tokens, heads=p.heads,
+                      head_dim=p.head_dim, density=p.density, block_q=p.block_q, block_kv=p.block_kv, dtype=p.dtype)
+        values.update({key: preset[key] for key in keys if key in preset})
+    for key in keys:
+        if getattr(args, key, None) is not None:
+            values[key] = getattr(args, key)
+    missing = ["--" + k.replace("_", "-") for k, v in values.items() if v is None]
+    if missing:
+        raise UsageError(f"missing {', '.join(missing)}; give them, or start from --preset tiny|small|blog")
+    return values
+
+
+# -- plan ----------------------------------------------------------------------------------
+
+def _plan_arguments(parser: argparse.ArgumentParser) -> None:
+    add_problem_arguments(parser, model=False)
     parser.add_argument("--json", action="store_true", help="print only plan.stats as one JSON object")
     parser.add_argument("--max-cols", type=int, default=100, metavar="C",
                         help="widest ASCII tile map before key tiles are grouped (default 100)")
@@ -70,21 +112,8 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
 def _plan_settings(args: argparse.Namespace) -> dict:
     """The resolved plan settings: preset values overridden by explicit flags, all validated."""
     from .masks import check_block_size
-    from .runtime import get_preset
 
-    settings = {"frames": None, "height": None, "width": None, "text_tokens": 0,
-                "density": None, "block_q": None, "block_kv": None}
-    if args.preset is not None:
-        preset = get_preset(args.preset)
-        g = preset.geometry
-        settings.update(frames=g.frames, height=g.height, width=g.width, text_tokens=g.text_tokens,
-                        density=preset.density, block_q=preset.block_q, block_kv=preset.block_kv)
-    for key in settings:
-        if getattr(args, key) is not None:
-            settings[key] = getattr(args, key)
-    missing = ["--" + k.replace("_", "-") for k, v in settings.items() if v is None]
-    if missing:
-        raise UsageError(f"missing {', '.join(missing)}; give them, or start from --preset tiny|small|blog")
+    settings = problem_values(args, ("frames", "height", "width", "text_tokens", "density", "block_q", "block_kv"))
     for key in ("frames", "height", "width"):
         if settings[key] < 1:
             raise UsageError(f"--{key} must be a positive integer, got {settings[key]}")

@@ -514,17 +514,9 @@ def _int_list(flag):
 
 
 def _tune_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", choices=("tiny", "small", "blog"),
-                        help="start from a preset (flags given override it)")
-    parser.add_argument("--frames", type=int, metavar="F", help="latent frames")
-    parser.add_argument("--height", type=int, metavar="H", help="tokens per frame, vertically")
-    parser.add_argument("--width", type=int, metavar="W", help="tokens per frame, horizontally")
-    parser.add_argument("--text-tokens", type=int, metavar="P", help="text tokens after the video (default 0)")
-    parser.add_argument("--heads", type=int, metavar="H", help="attention heads (default 2 without a preset)")
-    parser.add_argument("--head-dim", type=int, metavar="D", help="head dimension (default 128 without a preset)")
-    parser.add_argument("--density", type=float, metavar="D", help="fraction of pairs the band keeps, in (0, 1]")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="dtype of q, k, v")
-    parser.add_argument("--no-sink", action="store_true", help="leave out the first-frame sink")
+    from .cli import add_problem_arguments
+
+    add_problem_arguments(parser, blocks=False)  # tune takes lists of block sizes instead
     parser.add_argument("--method", default="b2", choices=TUNE_METHODS, help="the method to tune (default b2)")
     parser.add_argument("--block-q", type=_int_list("--block-q"), metavar="BQ,...",
                         help="query tile sizes to try (default: a grid scaled to the problem)")
@@ -540,23 +532,12 @@ def _tune_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _tune_run(args: argparse.Namespace) -> int:
     from .bench import INTERPRET_WORK_LIMIT, BenchConfig, write_json
-    from .cli import PROG, UsageError
+    from .cli import PROG, UsageError, problem_values
     from .geometry import VideoGeometry
-    from .runtime import detect_runtime, get_preset
+    from .runtime import detect_runtime
 
-    values = {"frames": None, "height": None, "width": None, "text_tokens": 0, "heads": 2, "head_dim": 128,
-              "density": None, "dtype": "bfloat16"}
-    if args.preset is not None:
-        p = get_preset(args.preset)
-        g = p.geometry
-        values.update(frames=g.frames, height=g.height, width=g.width, text_tokens=g.text_tokens, heads=p.heads,
-                      head_dim=p.head_dim, density=p.density, dtype=p.dtype)
-    for name in values:
-        if getattr(args, name) is not None:
-            values[name] = getattr(args, name)
-    missing = ["--" + k.replace("_", "-") for k, v in values.items() if v is None]
-    if missing:
-        raise UsageError(f"missing {', '.join(missing)}; give them, or start from --preset tiny|small|blog")
+    values = problem_values(args, ("frames", "height", "width", "text_tokens", "heads", "head_dim", "density",
+                                   "dtype"))
     if args.repeats < 1 or args.warmup < 0:
         raise UsageError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and {args.warmup}")
     try:
