@@ -285,12 +285,14 @@ class TuneResult:
             fig = ax.figure
         image = ax.imshow(np.ma.masked_invalid(grid), cmap="viridis_r", aspect="auto")
         fig.colorbar(image, ax=ax, label="median ms per call (lower is better)")
-        top = np.nanmax(grid)
+        lo, hi = np.nanmin(grid), np.nanmax(grid)
         for i in range(len(bqs)):
             for j in range(len(bkvs)):
                 if not np.isnan(grid[i, j]):
+                    # white on the dark (slow) end of the colour map, black on the light (fast) end
+                    dark = hi > lo and (grid[i, j] - lo) / (hi - lo) > 0.5
                     ax.text(j, i, f"{grid[i, j]:.1f}", ha="center", va="center", fontsize=8,
-                            color="white" if grid[i, j] > 0.6 * top else "black")
+                            color="white" if dark else "black")
         best = self.best
         bi, bj = bqs.index(best["block_q"]), bkvs.index(best["block_kv"])
         ax.add_patch(Rectangle((bj - 0.5, bi - 0.5), 1, 1, fill=False, edgecolor="#d55e00", linewidth=2.5))
