@@ -11,8 +11,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from mask_helpers import ArrayMask
 from svg_lib.geometry import VideoGeometry
-from svg_lib.masks import Mask, PermutedMask, SVGMask, TemporalMask, TileAlignedMask, check_block_size
+from svg_lib.masks import PermutedMask, SVGMask, TemporalMask, TileAlignedMask, check_block_size
 
 FAST = settings(max_examples=30, deadline=None, database=None)
 FEW = settings(max_examples=12, deadline=None, database=None)
@@ -70,19 +71,6 @@ def tile_view(dense, block_q, block_kv):
     return counts, areas
 
 
-class ArrayMask(Mask):
-    """Any dense pattern as a Mask; exercises the generic (brute-force) pair_counts."""
-
-    def __init__(self, dense):
-        self.dense = np.asarray(dense, dtype=bool)
-        self.tokens = self.dense.shape[0]
-
-    def keep(self, q, k):
-        n = self.tokens
-        inside = (q < n) & (k < n)
-        if isinstance(q, np.ndarray) or isinstance(k, np.ndarray):
-            return self.dense[np.minimum(q, n - 1), np.minimum(k, n - 1)] & inside
-        return jnp.asarray(self.dense)[jnp.minimum(q, n - 1), jnp.minimum(k, n - 1)] & inside
 
 
 def random_tiled_pattern(rng, n, unit=128):

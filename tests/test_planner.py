@@ -5,14 +5,14 @@ the schedule is checked row by row against the tiles that brute force says are v
 """
 import time
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from mask_helpers import ArrayMask
 from svg_lib.geometry import VideoGeometry
-from svg_lib.masks import Mask, PermutedMask, SVGMask, TileAlignedMask
+from svg_lib.masks import PermutedMask, SVGMask, TileAlignedMask
 from svg_lib.planner import CLASS_NAMES, EMPTY, FULL, PARTIAL, TilePlan, plan_tiles
 
 FAST = settings(max_examples=30, deadline=None, database=None)
@@ -20,19 +20,6 @@ FAST = settings(max_examples=30, deadline=None, database=None)
 
 # -- independent helpers ---------------------------------------------------------------------
 
-class ArrayMask(Mask):
-    """Any dense pattern as a Mask (generic brute-force pair counts)."""
-
-    def __init__(self, dense):
-        self.dense = np.asarray(dense, dtype=bool)
-        self.tokens = self.dense.shape[0]
-
-    def keep(self, q, k):
-        n = self.tokens
-        inside = (q < n) & (k < n)
-        if isinstance(q, np.ndarray) or isinstance(k, np.ndarray):
-            return self.dense[np.minimum(q, n - 1), np.minimum(k, n - 1)] & inside
-        return jnp.asarray(self.dense)[jnp.minimum(q, n - 1), jnp.minimum(k, n - 1)] & inside
 
 
 def brute_plan(dense, block_q, block_kv):
