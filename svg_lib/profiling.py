@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .masks import TemporalMask
-from .reference import check_qkv
+from .reference import check_qkv, masked_softmax_times_v
 from .routing import check_spatial_mask
 
 
@@ -45,20 +45,6 @@ def sample_rows(tokens: int, num_samples: int, seed: int = 0) -> np.ndarray:
     return np.sort(rng.choice(tokens, size=int(num_samples), replace=False)).astype(np.int64)
 
 
-def _masked_rows_output(s, keep, vf):
-    """softmax over kept keys of scores s `[heads, rows, tokens]`, times v; rows keeping nothing give 0."""
-    import jax
-    import jax.numpy as jnp
-
-    if keep is not None:
-        s = jnp.where(keep[None], s, -jnp.inf)
-    m = jnp.max(s, axis=-1, keepdims=True)
-    p = jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0))
-    l = jnp.sum(p, axis=-1, keepdims=True)
-    o = jnp.einsum("hrk,hkd->hrd", p, vf, precision=jax.lax.Precision.HIGHEST)
-    return jnp.where(l > 0, o / jnp.where(l > 0, l, 1.0), 0.0)
-
-
 def profile_heads(q, k, v, mask, num_samples: int = 64, seed: int = 0, *, return_errors: bool = False):
     """SVG's online profiling: bool `[heads]`, True where the temporal mask fits the head better.
 
@@ -81,9 +67,9 @@ def profile_heads(q, k, v, mask, num_samples: int = 64, seed: int = 0, *, return
     qr = q[:, rows].astype(jnp.float32) * scale
     s = jnp.einsum("hrd,hkd->hrk", qr, k.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
     vf = v.astype(jnp.float32)
-    dense = _masked_rows_output(s, None, vf)
-    mse_s = jnp.mean((_masked_rows_output(s, keep_spatial, vf) - dense) ** 2, axis=(1, 2))
-    mse_t = jnp.mean((_masked_rows_output(s, keep_temporal, vf) - dense) ** 2, axis=(1, 2))
+    dense = masked_softmax_times_v(s, None, vf)
+    mse_s = jnp.mean((masked_softmax_times_v(s, keep_spatial, vf) - dense) ** 2, axis=(1, 2))
+    mse_t = jnp.mean((masked_softmax_times_v(s, keep_temporal, vf) - dense) ** 2, axis=(1, 2))
     is_temporal = mse_t < mse_s
     if return_errors:
         return HeadProfile(is_temporal, mse_s, mse_t, rows)

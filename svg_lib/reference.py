@@ -60,12 +60,24 @@ def reference_attention(q, k, v, mask=None, *, block_rows: int = 2048):
             keep = mask.keep(jnp.arange(start, stop)[:, None], cols[None, :])
         else:
             keep = jnp.asarray(mask[start:stop])
-        if keep is not None:
-            s = jnp.where(keep[None], s, -jnp.inf)
-        m = jnp.max(s, axis=-1, keepdims=True)
-        m = jnp.where(jnp.isfinite(m), m, 0.0)  # rows with nothing kept: avoid inf - inf
-        p = jnp.exp(s - m)
-        l = jnp.sum(p, axis=-1, keepdims=True)
-        o = jnp.einsum("hqk,hkd->hqd", p, vf, precision=jax.lax.Precision.HIGHEST)
-        out.append(jnp.where(l > 0, o / jnp.where(l > 0, l, 1.0), 0.0))
+        out.append(masked_softmax_times_v(s, keep, vf))
     return jnp.concatenate(out, axis=1).astype(q.dtype)
+
+
+def masked_softmax_times_v(s, keep, vf):
+    """softmax(s) over kept keys, times v, in float32; rows that keep nothing give zeros.
+
+    s `[heads, rows, tokens]` f32 scores (already scaled), keep bool `[rows, tokens]` or None,
+    vf `[heads, tokens, head_dim]` f32. Returns `[heads, rows, head_dim]`.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    if keep is not None:
+        s = jnp.where(keep[None], s, -jnp.inf)
+    m = jnp.max(s, axis=-1, keepdims=True)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)  # rows with nothing kept: avoid inf - inf
+    p = jnp.exp(s - m)
+    l = jnp.sum(p, axis=-1, keepdims=True)
+    o = jnp.einsum("hqk,hkd->hqd", p, vf, precision=jax.lax.Precision.HIGHEST)
+    return jnp.where(l > 0, o / jnp.where(l > 0, l, 1.0), 0.0)
