@@ -139,6 +139,10 @@ def _explorer_class():
             self.updates += 1
             g, kind = self.geometry, self.head_kind.value
             bq, bkv = self.block_q.value, self.block_kv.value
+            # block sliders reach one tile covering every token, so their range follows the problem
+            whole = -(-g.tokens // LANES) * LANES
+            self.block_q.max = max(whole, bq, LANES)
+            self.block_kv.max = max(whole, bkv, LANES)
             try:
                 spatial = SVGMask.spatial(g, float(self.density.value))
             except ValueError as err:
