@@ -19,19 +19,29 @@ def _splash():
     return sa, sm
 
 
+class _EqualByKey:
+    """Splash de-duplicates head masks by hash and equality; ours are equal when their keys are."""
+
+    key = None
+
+    def _identity(self):
+        # by class name: each call of the builders below defines its class afresh
+        return type(self).__name__, self.key
+
+    def __eq__(self, other):
+        return isinstance(other, _EqualByKey) and other._identity() == self._identity()
+
+    def __hash__(self):
+        return hash(self._identity())
+
+
 def _computable_mask(shape, predicate, key):
     """A Splash `_ComputableMask` from a predicate on (q_ids, k_ids), hashable by `key`."""
     _, sm = _splash()
 
-    class PredicateMask(sm._ComputableMask):
+    class PredicateMask(_EqualByKey, sm._ComputableMask):
         def __init__(self):
             super().__init__(shape=shape, mask_function=predicate)
-
-        def __eq__(self, other):
-            return isinstance(other, PredicateMask) and other.key == self.key
-
-        def __hash__(self):
-            return hash(self.key)
 
     m = PredicateMask()
     m.key = key
@@ -52,7 +62,7 @@ def _block_mask(shape, predicate, key):
     """A Splash mask evaluated block by block on the host from `predicate` (never N x N at once)."""
     _, sm = _splash()
 
-    class PredicateBlocks(sm.Mask):
+    class PredicateBlocks(_EqualByKey, sm.Mask):
         @property
         def shape(self):
             return shape
@@ -61,12 +71,6 @@ def _block_mask(shape, predicate, key):
             rows, cols = (np.arange(*sl.indices(size)) for sl, size in zip(idx, shape))
             kept = np.asarray(predicate(rows[:, None], cols[None, :]), dtype=bool)
             return np.broadcast_to(kept, (rows.size, cols.size))  # a predicate may ignore q
-
-        def __eq__(self, other):
-            return isinstance(other, PredicateBlocks) and other.key == self.key
-
-        def __hash__(self):
-            return hash(self.key)
 
     m = PredicateBlocks()
     m.key = key

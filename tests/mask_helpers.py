@@ -18,3 +18,16 @@ class ArrayMask(Mask):
         if isinstance(q, np.ndarray) or isinstance(k, np.ndarray):
             return self.dense[np.minimum(q, n - 1), np.minimum(k, n - 1)] & inside
         return jnp.asarray(self.dense)[jnp.minimum(q, n - 1), jnp.minimum(k, n - 1)] & inside
+
+
+def tile_view(dense, block_q, block_kv):
+    """(counts, areas) [nq, nk] of the tile grid, from a dense mask padded with False."""
+    n = dense.shape[0]
+    nq, nk = -(-n // block_q), -(-n // block_kv)
+    padded = np.zeros((nq * block_q, nk * block_kv), dtype=bool)
+    padded[:n, :n] = dense
+    counts = padded.reshape(nq, block_q, nk, block_kv).sum(axis=(1, 3))
+    real = np.zeros_like(padded)
+    real[:n, :n] = True
+    areas = real.reshape(nq, block_q, nk, block_kv).sum(axis=(1, 3))
+    return counts, areas

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from mask_helpers import ArrayMask
+from mask_helpers import ArrayMask, tile_view
 from svg_lib.geometry import VideoGeometry
 from svg_lib.masks import PermutedMask, SVGMask, TemporalMask, TileAlignedMask, check_block_size
 
@@ -57,18 +57,6 @@ def brute_counts(dense, q_edges, k_edges):
             out[i, j] = padded[q_edges[i]:q_edges[i + 1], k_edges[j]:k_edges[j + 1]].sum()
     return out
 
-
-def tile_view(dense, block_q, block_kv):
-    """(counts, areas) [nq, nk] of the tile grid, from a dense mask padded with False."""
-    n = dense.shape[0]
-    nq, nk = -(-n // block_q), -(-n // block_kv)
-    padded = np.zeros((nq * block_q, nk * block_kv), dtype=bool)
-    padded[:n, :n] = dense
-    counts = padded.reshape(nq, block_q, nk, block_kv).sum(axis=(1, 3))
-    real = np.zeros_like(padded)
-    real[:n, :n] = True
-    areas = real.reshape(nq, block_q, nk, block_kv).sum(axis=(1, 3))
-    return counts, areas
 
 
 

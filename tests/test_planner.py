@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from mask_helpers import ArrayMask
+from mask_helpers import ArrayMask, tile_view
 from svg_lib.geometry import VideoGeometry
 from svg_lib.masks import PermutedMask, SVGMask, TileAlignedMask
 from svg_lib.planner import CLASS_NAMES, EMPTY, FULL, PARTIAL, TilePlan, plan_tiles
@@ -20,18 +20,11 @@ FAST = settings(max_examples=30, deadline=None, database=None)
 
 # -- independent helpers ---------------------------------------------------------------------
 
-
-
 def brute_plan(dense, block_q, block_kv):
     """(counts, areas, classes, touches_padding) [nq, nk] straight from the dense mask."""
     n = dense.shape[0]
     nq, nk = -(-n // block_q), -(-n // block_kv)
-    padded = np.zeros((nq * block_q, nk * block_kv), dtype=bool)
-    padded[:n, :n] = dense
-    counts = padded.reshape(nq, block_q, nk, block_kv).sum(axis=(1, 3))
-    real = np.zeros_like(padded)
-    real[:n, :n] = True
-    areas = real.reshape(nq, block_q, nk, block_kv).sum(axis=(1, 3))
+    counts, areas = tile_view(dense, block_q, block_kv)
     q_pad = np.array([(i + 1) * block_q > n for i in range(nq)])
     k_pad = np.array([(j + 1) * block_kv > n for j in range(nk)])
     classes = np.empty((nq, nk), dtype=int)
