@@ -131,17 +131,27 @@ def attention(q, k, v, mask: Mask | None = None, *, method: str, block_q: int = 
     result. Softmax scale 1/sqrt(head_dim). `interpret=None` runs compiled on a TPU and in
     interpret mode elsewhere; `pltpu.InterpretParams(...)` is passed through.
     """
-    heads, tokens, head_dim = check_qkv(q, k, v)
-    key = (id(mask), method, heads, tokens, head_dim, str(q.dtype), block_q, block_kv, block_kv_compute,
-           repr(interpret))
+    check_qkv(q, k, v)
+    fn = cached_build(build_attention, mask, q, method=method, block_q=block_q, block_kv=block_kv,
+                      block_kv_compute=block_kv_compute, interpret=interpret)
+    return fn(q, k, v)
+
+
+def cached_build(builder, mask, q, **config):
+    """`builder(mask, heads=, tokens=, head_dim=, dtype=, **config)` for q's shape, built once and kept.
+
+    A small LRU keyed by the builder, the mask's identity, q's shape and dtype and `config`,
+    so calling `attention(...)` again with the same mask and shapes plans and traces once.
+    """
+    heads, tokens, head_dim = (int(s) for s in q.shape)
+    key = (builder.__qualname__, id(mask), heads, tokens, head_dim, str(q.dtype),
+           tuple(sorted((name, repr(value)) for name, value in config.items())))
     entry = _CACHE.get(key)
     if entry is None or entry[0] is not mask:
-        fn = build_attention(mask, method=method, heads=heads, tokens=tokens, head_dim=head_dim, dtype=q.dtype,
-                             block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
-                             interpret=interpret)
+        fn = builder(mask, heads=heads, tokens=tokens, head_dim=head_dim, dtype=q.dtype, **config)
         entry = (mask, fn)  # holding the mask keeps id(mask) from being reused while cached
         _CACHE[key] = entry
         while len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
     _CACHE.move_to_end(key)
-    return entry[1](q, k, v)
+    return entry[1]

@@ -20,17 +20,14 @@ scalar-prefetches the flags), so under `jax.jit` a new routing is new data, not 
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import numpy as np
 
+from .attention import cached_build
 from .geometry import inverse_temporal_major_permutation, temporal_major_permutation
 from .masks import Mask, SVGMask, TemporalMask
 from .planner import plan_tiles
 from .reference import check_qkv
 
-_CACHE: OrderedDict = OrderedDict()
-_CACHE_SIZE = 32
 
 
 # -- validation ------------------------------------------------------------------------------
@@ -101,22 +98,6 @@ def routed_attention(kernel, q, k, v, is_temporal, geometry):
 
 
 # -- building and caching ----------------------------------------------------------------------
-
-def _cached(kind, mask, q, method, block_q, block_kv, block_kv_compute, interpret, build):
-    heads, tokens, head_dim = (int(s) for s in q.shape)
-    key = (kind, id(mask), method, heads, tokens, head_dim, str(q.dtype), block_q, block_kv, block_kv_compute,
-           repr(interpret))
-    entry = _CACHE.get(key)
-    if entry is None or entry[0] is not mask:
-        entry = (mask, build(mask, method=method, heads=heads, tokens=tokens, head_dim=head_dim, dtype=q.dtype,
-                             block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
-                             interpret=interpret))
-        _CACHE[key] = entry  # the entry holds the mask, so its id cannot be reused while cached
-        while len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
-    _CACHE.move_to_end(key)
-    return entry[1]
-
 
 def build_svg_attention(mask: SVGMask, *, method: str = "b2", heads: int, tokens: int, head_dim: int, dtype,
                         block_q: int = 512, block_kv: int = 512, block_kv_compute: int | None = None,
@@ -281,7 +262,8 @@ def svg_attention(q, k, v, is_temporal, mask: SVGMask, *, method: str = "b2", bl
     heads, tokens, _ = check_qkv(q, k, v)
     mask = check_spatial_mask(mask, tokens)
     is_temporal = check_flags(is_temporal, heads)
-    f = _cached("physical", mask, q, method, block_q, block_kv, block_kv_compute, interpret, build_svg_attention)
+    f = cached_build(build_svg_attention, mask, q, method=method, block_q=block_q, block_kv=block_kv,
+                     block_kv_compute=block_kv_compute, interpret=interpret)
     return f(q, k, v, is_temporal)
 
 
@@ -304,8 +286,8 @@ def svg_attention_in_kernel(q, k, v, is_temporal, mask: SVGMask, *, method: str 
     heads, tokens, _ = check_qkv(q, k, v)
     mask = check_spatial_mask(mask, tokens)
     is_temporal = check_flags(is_temporal, heads)
-    f = _cached("in_kernel", mask, q, method, block_q, block_kv, block_kv_compute, interpret,
-                build_svg_attention_in_kernel)
+    f = cached_build(build_svg_attention_in_kernel, mask, q, method=method, block_q=block_q, block_kv=block_kv,
+                     block_kv_compute=block_kv_compute, interpret=interpret)
     return f(q, k, v, is_temporal)
 
 

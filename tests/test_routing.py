@@ -63,14 +63,15 @@ def test_mixed_layer_matches_per_head_reference(routing, layer, qkv, per_kind_re
 
 
 def test_public_entry_point_matches_and_caches(mask, qkv, per_kind_reference):
-    from svg_lib import routing
+    import importlib
 
+    cache = importlib.import_module("svg_lib.attention")._CACHE  # builds are cached there
     flags = np.array(ROUTINGS["mixed"])
     out = svg_attention(*qkv, flags, mask, method="b2", block_q=BLOCK, block_kv=BLOCK)
     np.testing.assert_allclose(out, expected(flags, per_kind_reference), **F32)
-    before = len(routing._CACHE)
+    before = len(cache)
     svg_attention(*qkv, ~flags, mask, method="b2", block_q=BLOCK, block_kv=BLOCK)
-    assert len(routing._CACHE) == before  # a new routing reuses the built layer
+    assert len(cache) == before  # a new routing reuses the built layer
 
 
 @pytest.mark.parametrize("method, routing", [("b2", "mixed_other"), ("b2", "all_temporal"), ("b1", "mixed")])
