@@ -1,4 +1,8 @@
 """svg_lib: tile-aligned sparse attention for video diffusion on TPU, as taught by the notebook series."""
+from .compiler import allow_shared_libtpu
+
+allow_shared_libtpu()  # before jax sets up its backends: see svg_lib.compiler
+
 from .geometry import (VideoGeometry, inverse_temporal_major_permutation, temporal_major_permutation,
                        to_frame_major, to_temporal_major)
 from .masks import Mask, PermutedMask, RoundingReport, SVGMask, TemporalMask, TileAlignedMask, check_block_size
