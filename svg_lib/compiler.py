@@ -104,6 +104,12 @@ def allow_shared_libtpu() -> None:
     # files present) the lock stays.
     if not glob.glob("/dev/accel*") and not os.path.isdir("/dev/vfio"):
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+        # Without these, libtpu's start-up (when jax first looks for devices) prints several
+        # lines of warnings about the TPU slice it cannot find, into every notebook's output.
+        # With no TPU attached they name nothing real: jax still falls back to the CPU, and a
+        # compile-only topology names its own generation (same compiler verdicts either way).
+        os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v6e-1")
+        os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 
 
 

@@ -127,11 +127,26 @@ def _legend_handles(counts: dict | None = None, padding: bool = True):
     return handles
 
 
+def stage_classes(plan: TilePlan, stage: str = "b2") -> np.ndarray:
+    """int8 `[q_tiles, kv_tiles]`: each tile's class as `stage` treats it.
+
+    B1 masks every tile it visits, so its visited tiles all count as PARTIAL (masked); B2 and
+    B3 take the mask-free path on FULL tiles, so their classes are the plan's own (for B3, pass
+    the plan of the tile-aligned mask).
+    """
+    if stage not in ("b1", "b2", "b3"):
+        raise ValueError(f"stage must be 'b1', 'b2' or 'b3', got {stage!r}")
+    if stage == "b1":
+        return np.where(plan.visited, PARTIAL, EMPTY).astype(np.int8)
+    return plan.classes
+
+
 def plot_tile_map(plan: TilePlan, ax=None, title: str | None = None, show_mask: bool = True,
-                  legend: bool = True):
+                  legend: bool = True, stage: str = "b2"):
     """Draw the tile classes of `plan` at their true token extents; returns the Figure.
 
-    Each `block_q` x `block_kv` tile is one rectangle coloured by class (empty, partial, full);
+    Each `block_q` x `block_kv` tile is one rectangle coloured by how `stage` treats it (empty,
+    masked, or mask-free: see `stage_classes`; B1 masks every visited tile);
     tiles at the end of the sequence are clipped to the last token, so the padded remainder of
     the grid shows as a grey strip and the tiles reaching into it are hatched. With `show_mask`
     the mask's kept fraction is drawn faintly underneath, so the band's edge is visible crossing
@@ -143,6 +158,7 @@ def plot_tile_map(plan: TilePlan, ax=None, title: str | None = None, show_mask: 
     if not isinstance(plan, TilePlan):
         raise TypeError(f"plot_tile_map needs a TilePlan (from plan_tiles(mask, block_q, block_kv)), "
                         f"got {type(plan).__name__}")
+    classes = stage_classes(plan, stage)
     fig, ax = _new_axes(ax, figsize=(7.4, 5.2))
     n = plan.tokens
     nq, nk = plan.grid
@@ -162,7 +178,7 @@ def plot_tile_map(plan: TilePlan, ax=None, title: str | None = None, show_mask: 
     ii, jj = np.meshgrid(np.arange(nq), np.arange(nk), indexing="ij")
     ii, jj = ii.ravel(), jj.ravel()
     tiles = [Rectangle((k0[j], q0[i]), k1[j] - k0[j], q1[i] - q0[i]) for i, j in zip(ii, jj)]
-    colors = [TILE_COLORS[int(c)] for c in plan.classes.ravel()]
+    colors = [TILE_COLORS[int(c)] for c in classes.ravel()]
     thin = 0.6 if max(nq, nk) <= 64 else 0.25  # tile borders must not swamp large grids
     ax.add_collection(PatchCollection(tiles, facecolors=colors, edgecolors="white", linewidths=thin,
                                       alpha=0.62 if show_mask else 1.0, zorder=2, gid="tiles"))
@@ -177,12 +193,13 @@ def plot_tile_map(plan: TilePlan, ax=None, title: str | None = None, show_mask: 
     ax.set_xlabel("key index")
     ax.set_ylabel("query index")
     s = plan.stats
+    masked = int((classes == PARTIAL).sum())
     if title is None:
-        title = (f"{plan.block_q} x {plan.block_kv} tiles (analytic plan): "
-                 f"{s['tiles_visited']}/{s['tiles_total']} visited, {s['tiles_masked']} masked")
+        title = (f"{'' if stage == 'b2' else stage.upper() + ', '}{plan.block_q} x {plan.block_kv} tiles (analytic plan): "
+                 f"{s['tiles_visited']}/{s['tiles_total']} visited, {masked} masked")
     ax.set_title(title)
     if legend:
-        counts = {c: int((plan.classes == c).sum()) for c in (EMPTY, PARTIAL, FULL)}
+        counts = {c: int((classes == c).sum()) for c in (EMPTY, PARTIAL, FULL)}
         ax.legend(handles=_legend_handles(counts, padding=bool(padded.size)), loc="upper left", bbox_to_anchor=(1.02, 1.0),
                   fontsize="small", frameon=False)
     return fig

@@ -160,6 +160,20 @@ def test_tile_map_legend_counts_the_classes():
     assert any("padding" in t for t in texts)
 
 
+def test_tile_map_b1_draws_every_visited_tile_masked():
+    plan = small_plan()
+    assert (plan.classes == FULL).any()  # otherwise B1 and B2 would look alike and this proves nothing
+    ax = plot_tile_map(plan, stage="b1").axes[0]
+    colours = np.asarray(_collection(ax, "tiles").get_facecolors())[:, :3]
+    masked = np.all(np.isclose(colours, to_rgb(TILE_COLORS[PARTIAL])), axis=1)
+    np.testing.assert_array_equal(masked, plan.visited.ravel())
+    texts = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert f"partial (masked): {plan.visited.sum()}" in texts and "full (no mask): 0" in texts
+    assert f"{plan.visited.sum()} masked" in ax.get_title()
+    with pytest.raises(ValueError, match="stage"):
+        plot_tile_map(plan, stage="b4")
+
+
 def test_tile_map_rejects_a_mask():
     with pytest.raises(TypeError, match="TilePlan"):
         plot_tile_map(get_preset("tiny").mask())
