@@ -427,3 +427,53 @@ def compile_sharded_layer(mask=None, *, permute: str = "after", heads: int = 40,
     return ShardedCompileReport(permute, topology, len(devices), method, heads, tokens, head_dim,
                                 jnp.dtype(dtype).name, block_q, block_kv, seconds, hlo_collectives(compiled),
                                 memory, compiled)
+
+
+def main(argv=None) -> int:
+    """`python -m svg_lib.multichip`: compile the sharded layer for a TPU slice and print its report.
+
+    Defaults to the case study's per-layer size on "v6e:2x4", both placements (a few minutes on a
+    2-core CPU: each compile takes 30 to 60 s of CPU time).
+    """
+    import argparse
+    import json
+
+    from .runtime import get_preset
+
+    parser = argparse.ArgumentParser(prog="python -m svg_lib.multichip", description=main.__doc__.splitlines()[0])
+    parser.add_argument("--permute", nargs="+", choices=PLACEMENTS, default=list(PLACEMENTS))
+    parser.add_argument("--preset", default="blog", help="problem size whose mask is used (default: blog)")
+    parser.add_argument("--heads", type=int, default=40, help="heads of the layer, split over the chips (default 40)")
+    parser.add_argument("--method", default="b3", choices=("b1", "b2", "b3"))
+    parser.add_argument("--block-q", type=int, default=None, help="default: the preset's")
+    parser.add_argument("--block-kv", type=int, default=None, help="default: the preset's")
+    parser.add_argument("--topology", default="v6e:2x4")
+    parser.add_argument("--json", metavar="PATH", help="also write the reports as JSON")
+    args = parser.parse_args(argv)
+    preset = get_preset(args.preset)
+    reports = []
+    for permute in args.permute:
+        report = compile_sharded_layer(preset.mask(), permute=permute, heads=args.heads, head_dim=preset.head_dim,
+                                       dtype=preset.dtype, method=args.method,
+                                       block_q=args.block_q or preset.block_q, block_kv=args.block_kv or preset.block_kv,
+                                       topology=args.topology)
+        print(report.describe(), flush=True)
+        reports.append(report)
+    if args.json:
+        import dataclasses
+
+        import jax
+        rows = []
+        for r in reports:
+            row = {f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "compiled"}
+            row["collectives"] = {k: dataclasses.asdict(c) for k, c in r.collectives.items()}
+            row["evidence"] = r.evidence
+            row["jax"] = jax.__version__
+            rows.append(row)
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
