@@ -205,8 +205,9 @@ def sharded_svg_attention(q, k, v, is_temporal, mask, *, mesh, axis_name: str = 
     (`NamedSharding(mesh, PartitionSpec(None, axis_name, None))`; other layouts are resharded).
     is_temporal: bool `[heads]`. heads must divide by P (clear error otherwise); tokens need not:
     they are zero-padded to a multiple of P for the exchange and the padding never reaches the
-    kernel. `permute`: "after" (permute head-local data after the all-to-all, the blog's choice)
-    or "before" (permute the sequence-sharded array before it). Returns `[heads, tokens,
+    kernel. `permute`: "after" (permute head-local data after the all-to-all, the case study's
+    choice; no extra communication) or "before" (permute the sequence-sharded arrays before it,
+    one extra all-to-all per array: see the module docstring). Returns `[heads, tokens,
     head_dim]`, sequence-sharded when tokens divide by P (otherwise XLA picks the layout of the
     unpadded result; on simulated CPU devices it comes back replicated).
     """
