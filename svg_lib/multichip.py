@@ -56,7 +56,7 @@ def _axis_size(mesh, axis_name: str) -> int:
 
 # -- permuting a sequence-sharded array: one all-to-all ------------------------------------------
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)   # holds arrays: compare fields, not objects
 class ShardExchange:
     """Static tables that apply a token permutation to an array sharded on tokens over P devices.
 
