@@ -222,3 +222,17 @@ def test_compile_sharded_layer_refuses_heads_that_do_not_split(tpu_compiler):
 
     with pytest.raises(ValueError, match="10 heads cannot be split evenly over the 8 devices"):
         compile_sharded_layer(SVGMask.spatial(CI_GEOMETRY, 0.35), heads=10, block_q=512, block_kv=512)
+
+
+def test_command_line_writes_the_compiled_report(tpu_compiler, tmp_path, capsys):
+    import json
+
+    from svg_lib.multichip import main
+
+    path = tmp_path / "sharded.json"
+    assert main(["--preset", "tiny", "--heads", "8", "--permute", "after", "--json", str(path)]) == 0
+    assert "compile-only v6e:2x4" in capsys.readouterr().out
+    (row,) = json.loads(path.read_text())
+    assert row["permute"] == "after" and row["chips"] == 8 and row["tokens"] == 384
+    assert row["collectives"]["all-to-all"]["count"] == 4 and row["collectives"]["all-gather"]["count"] == 0
+    assert row["memory"]["output"] == 8 * (384 // 8) * 128 * 4   # the tiny preset is float32
