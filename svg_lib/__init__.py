@@ -25,4 +25,5 @@ from .routing import (CompileCounter, build_svg_attention, build_svg_attention_i
                       svg_attention, svg_attention_in_kernel)
 from .profiling import HeadProfile, profile_heads
 from .synthetic import attention_recall, quality_table, relative_l2, structured_qkv
-from .multichip import build_sharded_svg_attention, make_mesh, sharded_svg_attention
+from .multichip import (ShardedCompileReport, build_sharded_svg_attention, compile_sharded_layer, make_mesh,
+                        sharded_svg_attention)

@@ -1,34 +1,49 @@
-"""SVG attention with heads sharded over a device mesh (`jax.shard_map`).
+"""SVG attention with heads sharded over a device mesh (`jax.shard_map`), and its communication.
 
 In multi-chip inference the layer's activations arrive sequence-parallel: each of the P
 devices holds all heads for N/P tokens, `[heads, tokens/P, head_dim]`. Attention needs every
 token of a head in one place, so an all-to-all turns that into head-parallel data: each device
 holds heads/P heads for all N tokens. After attention a second all-to-all returns to
-sequence-parallel.
+sequence-parallel. With q, k, v in and the output back, a layer runs four all-to-alls.
 
-Where the temporal permutation goes (brief, section 1):
+Where the temporal permutation goes (the case study compared the two):
 
-* `permute="after"` (the blog's choice): inside shard_map, after the first all-to-all, each
-  device gathers its own temporal heads into temporal-major order. The data is head-local
-  and complete, so the gather is a local memory shuffle; the inverse gather runs before the
-  return all-to-all.
-* `permute="before"`: the permutation is applied to the global, still sequence-sharded array
-  before the exchange (and undone after the return exchange). Temporal-major order interleaves
-  tokens from every frame, i.e. from every device's shard, so XLA must move data between devices
-  for each of the two gathers, on top of the two all-to-alls.
+* `permute="after"` (the case study's choice): after the head all-to-all each device holds
+  whole heads, all N tokens, so gathering its temporal heads into temporal-major order is a
+  local memory shuffle (and the inverse one before the return all-to-all). No communication
+  beyond the layer's four all-to-alls.
+* `permute="before"`: the permutation runs on the sequence-sharded arrays, before the head
+  exchange (and its inverse after the return exchange). Temporal-major order interleaves the
+  frames, so the N/P tokens a device holds afterwards come from every device's shard: the
+  permutation itself is communication. Its minimum is one more all-to-all per permuted array
+  (each device sends every other device exactly the tokens that land there), which is how it
+  is written here (`shard_exchange_tables`): eight all-to-alls per layer instead of four.
+  Routing is data, so every head's tokens travel and spatial heads keep their unpermuted copy
+  (`jnp.where`); block sizes are padded to the largest device-to-device share (at Wan's 21
+  frames over 8 chips, 1,350 tokens against an average 1,181).
 
-Both give the same numbers; they differ in communication. Tokens that do not divide by the
-mesh size are padded with zeros at the end before the exchange and sliced off after it, so the
-kernel always sees exactly the geometry's N tokens and the mask is untouched.
+  Written instead as a global gather on the sequence-sharded array (`x[:, perm]` under jit),
+  the permutation makes XLA all-gather the whole array onto every device first: P times the
+  bytes of the all-to-all, for the same result (notebook 09 shows both).
+
+Both placements give the same numbers, bit for bit; they differ in communication only.
+Tokens that do not divide by the mesh size are padded with zeros at the end before the
+exchange and sliced off after it, so the kernel always sees exactly the geometry's N tokens.
+
+`hlo_collectives` reads the collectives (kind, count, bytes) out of an optimized HLO module,
+the same way for a program compiled for simulated CPU devices (`collective_counts`) and for a
+TPU slice compiled on this CPU (`compile_sharded_layer`, libtpu, compile-only).
 """
 from __future__ import annotations
 
 import functools
+import re
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .reference import check_qkv
-from .routing import check_flags, check_spatial_mask, gather_heads, head_gather_index, routed_attention
+from .routing import check_flags, check_spatial_mask, routed_attention
 
 PLACEMENTS = ("after", "before")
 
@@ -39,6 +54,68 @@ def _axis_size(mesh, axis_name: str) -> int:
     return int(mesh.shape[axis_name])
 
 
+# -- permuting a sequence-sharded array: one all-to-all ------------------------------------------
+
+@dataclass(frozen=True, eq=False)   # holds arrays: compare fields, not objects
+class ShardExchange:
+    """Static tables that apply a token permutation to an array sharded on tokens over P devices.
+
+    Device d holds tokens `[d*n, (d+1)*n)`; afterwards it must hold positions `[d*n, (d+1)*n)`
+    of `x[perm]`. It sends device e a block of `block` tokens (padded: shares differ slightly),
+    `send[d, e*block:(e+1)*block]` being indices into its own shard, in the order e needs them;
+    one tiled all-to-all delivers the blocks; `recv[e]` (indices into the `[P*block]` received
+    buffer) puts them in place.
+    """
+
+    send: np.ndarray   # int32 [P, P*block]
+    recv: np.ndarray   # int32 [P, n]
+    block: int
+    shares: np.ndarray  # int [P, P]: tokens device d sends device e (the true payload)
+
+
+def shard_exchange_tables(perm, devices: int) -> ShardExchange:
+    """The `ShardExchange` for gather indices `perm` [tokens] over `devices` equal shards."""
+    perm = np.asarray(perm, dtype=np.int64)
+    tokens = perm.shape[0]
+    if isinstance(devices, bool) or not isinstance(devices, (int, np.integer)) or devices < 1:
+        raise ValueError(f"devices must be a positive integer, got {devices!r}")
+    if tokens % devices:
+        raise ValueError(f"{tokens} tokens do not split into {devices} equal shards; pad the token axis to a "
+                         f"multiple of {devices} first")
+    if not np.array_equal(np.sort(perm), np.arange(tokens)):
+        raise ValueError("perm must be a permutation of 0 .. tokens-1")
+    n = tokens // devices
+    position = np.arange(tokens)
+    dst, src = position // n, perm // n
+    order = np.lexsort((position, src, dst))            # grouped by (dst, src), each group in position order
+    shares = np.zeros((devices, devices), np.int64)
+    np.add.at(shares, (src, dst), 1)
+    group_start = np.concatenate([[0], np.cumsum(shares.T.ravel())[:-1]]).reshape(devices, devices)  # [dst, src]
+    rank = np.empty(tokens, np.int64)
+    rank[order] = np.arange(tokens) - group_start[dst[order], src[order]]
+    block = max(int(shares.max()), 1)
+    send = np.zeros((devices, devices * block), np.int32)
+    send[src, dst * block + rank] = perm - src * n
+    recv = np.zeros((devices, n), np.int32)
+    recv[dst, position - dst * n] = src * block + rank
+    return ShardExchange(send, recv, block, shares)
+
+
+def _exchange(x, tables: ShardExchange, axis_name: str):
+    """Inside shard_map: this device's `[heads, n, D]` shard of `x` -> its shard of `x[:, perm]`."""
+    import jax
+    import jax.numpy as jnp
+
+    d = jax.lax.axis_index(axis_name)
+    send = jnp.asarray(tables.send)[d]
+    recv = jnp.asarray(tables.recv)[d]
+    blocks = jnp.take(x, send, axis=1)     # [heads, P*block, D]: block e is what device e needs from here
+    blocks = jax.lax.all_to_all(blocks, axis_name, split_axis=1, concat_axis=1, tiled=True)
+    return jnp.take(blocks, recv, axis=1)  # block e now holds what device e sent here
+
+
+# -- the layer ---------------------------------------------------------------------------------
+
 @functools.lru_cache(maxsize=16)
 def _build(mask, mesh, axis_name, permute, method, heads, tokens, head_dim, dtype, block_q, block_kv,
            block_kv_compute, interpret):
@@ -47,6 +124,7 @@ def _build(mask, mesh, axis_name, permute, method, heads, tokens, head_dim, dtyp
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     from .attention import build_attention
+    from .geometry import inverse_temporal_major_permutation, temporal_major_permutation
 
     devices = _axis_size(mesh, axis_name)
     local_heads = heads // devices
@@ -55,6 +133,12 @@ def _build(mask, mesh, axis_name, permute, method, heads, tokens, head_dim, dtyp
     kernel = build_attention(mask, method=method, heads=local_heads, tokens=tokens, head_dim=head_dim,
                              dtype=dtype, block_q=block_q, block_kv=block_kv,
                              block_kv_compute=block_kv_compute, interpret=interpret)
+    if permute == "before":
+        # the permutation of the padded sequence: padding tokens stay where they are
+        tail = np.arange(tokens, padded)
+        forward = shard_exchange_tables(np.concatenate([temporal_major_permutation(geometry), tail]), devices)
+        inverse = shard_exchange_tables(np.concatenate([inverse_temporal_major_permutation(geometry), tail]),
+                                        devices)
 
     def to_heads(x):    # [heads, padded/P, D] sequence shard -> [heads/P, padded, D] head shard
         return jax.lax.all_to_all(x, axis_name, split_axis=0, concat_axis=1, tiled=True)
@@ -63,32 +147,33 @@ def _build(mask, mesh, axis_name, permute, method, heads, tokens, head_dim, dtyp
         return jax.lax.all_to_all(x, axis_name, split_axis=1, concat_axis=0, tiled=True)
 
     def local(q, k, v, flags):
+        if permute == "before":
+            # flags: all heads. Every head's tokens are exchanged (routing is data, shapes are static);
+            # a spatial head keeps its own unpermuted copy.
+            pick = flags[:, None, None]
+            q, k, v = (jnp.where(pick, _exchange(x, forward, axis_name), x) for x in (q, k, v))
         q, k, v = (to_heads(x)[:, :tokens] for x in (q, k, v))  # drop the padding: the kernel sees N tokens
         if permute == "after":
-            out = routed_attention(kernel, q, k, v, flags, geometry)  # head-local gathers
+            out = routed_attention(kernel, q, k, v, flags, geometry)  # flags: this device's heads; local gathers
         else:
             out = kernel(q, k, v)  # tokens arrived already permuted
-        out = jnp.pad(out, ((0, 0), (0, padded - tokens), (0, 0)))
-        return to_tokens(out)
+        out = to_tokens(jnp.pad(out, ((0, 0), (0, padded - tokens), (0, 0))))
+        if permute == "before":
+            out = jnp.where(pick, _exchange(out, inverse, axis_name), out)
+        return out
 
-    seq, head = P(None, axis_name, None), P(axis_name)
+    seq = P(None, axis_name, None)
+    flag_spec = P(axis_name) if permute == "after" else P()
     # check_vma=False: the kernels' pallas_call declares a plain out_shape (no per-axis "varying"
     # annotation), which shard_map's type check would reject; every value in `local` varies
     # over the axis anyway, so there is nothing for the check to catch here.
-    sharded = jax.shard_map(local, mesh=mesh, in_specs=(seq, seq, seq, head), out_specs=seq, check_vma=False)
+    sharded = jax.shard_map(local, mesh=mesh, in_specs=(seq, seq, seq, flag_spec), out_specs=seq, check_vma=False)
     seq_sharding = NamedSharding(mesh, seq)
 
     def f(q, k, v, is_temporal):
-        if permute == "before":
-            # global gathers on sequence-sharded arrays: XLA inserts the cross-device traffic
-            fwd = head_gather_index(is_temporal, geometry)
-            q, k, v = (jax.lax.with_sharding_constraint(gather_heads(x, fwd), seq_sharding) for x in (q, k, v))
         pad = ((0, 0), (0, padded - tokens), (0, 0))
         q, k, v = (jax.lax.with_sharding_constraint(jnp.pad(x, pad), seq_sharding) for x in (q, k, v))
         out = sharded(q, k, v, is_temporal)[:, :tokens]
-        if permute == "before":
-            out = gather_heads(jax.lax.with_sharding_constraint(out, seq_sharding),
-                               head_gather_index(is_temporal, geometry, inverse=True))
         return jax.lax.with_sharding_constraint(out, seq_sharding)  # hand back sequence-parallel data
 
     return jax.jit(f)
@@ -120,8 +205,9 @@ def sharded_svg_attention(q, k, v, is_temporal, mask, *, mesh, axis_name: str = 
     (`NamedSharding(mesh, PartitionSpec(None, axis_name, None))`; other layouts are resharded).
     is_temporal: bool `[heads]`. heads must divide by P (clear error otherwise); tokens need not:
     they are zero-padded to a multiple of P for the exchange and the padding never reaches the
-    kernel. `permute`: "after" (permute head-local data after the all-to-all, the blog's choice)
-    or "before" (permute the sequence-sharded array before it). Returns `[heads, tokens,
+    kernel. `permute`: "after" (permute head-local data after the all-to-all, the case study's
+    choice; no extra communication) or "before" (permute the sequence-sharded arrays before it,
+    one extra all-to-all per array: see the module docstring). Returns `[heads, tokens,
     head_dim]`, sequence-sharded when tokens divide by P (otherwise XLA picks the layout of the
     unpadded result; on simulated CPU devices it comes back replicated).
     """
@@ -150,13 +236,245 @@ def make_mesh(devices: int | None = None, axis_name: str = "x"):
 COLLECTIVES = ("all-to-all", "all-gather", "all-reduce", "collective-permute", "reduce-scatter")
 
 
-def collective_counts(f, *args) -> dict:
-    """How many of each cross-device collective XLA compiled into jitted `f(*args)`: {op name: count}.
+@dataclass(frozen=True)
+class Collective:
+    """The collectives of one kind in a compiled module, per device (SPMD HLO is one device's program).
 
-    Read from the optimized HLO text (`f.lower(*args).compile().as_text()`), so it shows the
-    communication the SPMD partitioner really inserted, e.g. for the two `permute` placements.
+    `operand_bytes`: what the device hands to these ops, summed; `result_bytes`: what it gets
+    back. An all-to-all keeps 1/g of its operand and swaps the rest with the g - 1 others of its
+    group (g in `group_sizes`); an all-gather returns g times its operand, of which the device
+    receives (g - 1)/g.
     """
-    import re
 
-    text = f.lower(*args).compile().as_text()
-    return {op: len(re.findall(rf"\b{op}(?:-start)?\(", text)) for op in COLLECTIVES}
+    kind: str
+    count: int = 0
+    operand_bytes: int = 0
+    result_bytes: int = 0
+    shapes: tuple = ()        # result shape of each op, layout stripped: "bf16[40,9450,128]"
+    group_sizes: tuple = ()   # distinct replica-group sizes (devices taking part in each op)
+
+
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s([a-z][\w\-]*)\((.*)$")
+_ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([\d,]*)\]")
+
+
+def _shape_bytes(shape: str) -> int:
+    """Bytes of an HLO shape ("bf16[5,75600,128]{2,1,0:T(8,128)}", or a tuple of them)."""
+    total = 0
+    for dtype, dims in _ARRAY.findall(shape):
+        digits = re.search(r"\d+", dtype)   # bf16 -> 16, f8e4m3fn -> 8, s4 -> 4; token[] -> 0
+        bits = 8 if dtype == "pred" else int(digits.group()) if digits else 0
+        total += (int(np.prod([int(d) for d in dims.split(",") if d])) * bits + 7) // 8
+    return total
+
+
+def _plain_shape(shape: str) -> str:
+    return ", ".join(f"{dtype}[{dims}]" for dtype, dims in _ARRAY.findall(shape))
+
+
+def _operand_names(rest: str) -> list:
+    """Names of the operands in the text after an op's opening parenthesis."""
+    depth, end = 1, len(rest)
+    for i, ch in enumerate(rest):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0:
+            end = i
+            break
+    return re.findall(r"%([\w.\-]+)", rest[:end])
+
+
+def _group_size(attributes: str):
+    explicit = re.search(r"replica_groups=\{\{([\d,]*)\}", attributes)
+    if explicit:
+        return len(explicit.group(1).split(","))
+    iota = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", attributes)
+    if iota:
+        return int(iota.group(2))
+    named = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attributes)
+    if named:
+        sizes = dict(re.findall(r"'([^']+)'=(\d+)", named.group(1)))
+        return int(np.prod([int(sizes[a]) for a in re.findall(r"'([^']+)'", named.group(2))]))
+    return None
+
+
+def hlo_collectives(hlo) -> dict:
+    """The cross-device collectives in an optimized HLO module: `{kind: Collective}`, every kind listed.
+
+    `hlo`: the module's text (`compiled.as_text()`) or a compiled object. Works alike for CPU
+    and TPU modules; an async pair (`all-gather-start` / `-done`) counts once, its result read
+    from the `-done`. Operand sizes come from the operands' own definitions in the module.
+    """
+    text = hlo if isinstance(hlo, str) else hlo.as_text()
+    shapes, found, done_shape = {}, [], {}
+    for line in text.splitlines():
+        match = _INSTRUCTION.match(line)
+        if not match:
+            continue
+        name, shape, op, rest = match.groups()
+        shapes[name] = shape
+        base = op[:-len("-start")] if op.endswith("-start") else op
+        if base in COLLECTIVES:
+            found.append((name, base, shape, op != base, _operand_names(rest), _group_size(rest)))
+        elif op.endswith("-done") and op[:-len("-done")] in COLLECTIVES:
+            for start in _operand_names(rest)[:1]:
+                done_shape[start] = shape
+    tally = {kind: dict(count=0, operand_bytes=0, result_bytes=0, shapes=[], group_sizes=set()) for kind in COLLECTIVES}
+    for name, kind, shape, is_async, operands, group in found:
+        result = done_shape.get(name, shape) if is_async else shape
+        entry = tally[kind]
+        entry["count"] += 1
+        entry["operand_bytes"] += sum(_shape_bytes(shapes.get(o, "")) for o in operands)
+        entry["result_bytes"] += _shape_bytes(result)
+        entry["shapes"].append(_plain_shape(result))
+        if group is not None:
+            entry["group_sizes"].add(group)
+    return {kind: Collective(kind, e["count"], e["operand_bytes"], e["result_bytes"], tuple(e["shapes"]),
+                             tuple(sorted(e["group_sizes"]))) for kind, e in tally.items()}
+
+
+def collective_counts(f, *args) -> dict:
+    """How many of each cross-device collective XLA compiled into jitted `f(*args)`: {kind: count}.
+
+    Read from the optimized HLO (`hlo_collectives`), so it shows the communication the SPMD
+    partitioner really inserted, e.g. for the two `permute` placements.
+    """
+    return {kind: c.count for kind, c in hlo_collectives(f.lower(*args).compile()).items()}
+
+
+# -- the layer compiled for a TPU slice (libtpu, compile-only) -----------------------------------
+
+EVIDENCE = "compiled for TPU (libtpu, compile-only {topology}), not run"
+
+
+@dataclass(frozen=True)
+class ShardedCompileReport:
+    """The sharded SVG layer compiled for a TPU slice that is not attached: its collectives and memory.
+
+    `collectives`: `{kind: Collective}` (per chip); `memory`: the compiler's per-chip
+    `memory_analysis()` in bytes (argument, output, temp, alias, generated code). Nothing
+    ran: `evidence` says so.
+    """
+
+    permute: str
+    topology: str
+    chips: int
+    method: str
+    heads: int
+    tokens: int
+    head_dim: int
+    dtype: str
+    block_q: int
+    block_kv: int
+    seconds: float
+    collectives: dict
+    memory: dict
+    compiled: object = field(default=None, repr=False, compare=False)
+
+    @property
+    def evidence(self) -> str:
+        return EVIDENCE.format(topology=self.topology)
+
+    def describe(self) -> str:
+        """A few lines: configuration, collectives present, per-chip memory."""
+        lines = [f"permute={self.permute!r}: {self.heads} heads x {self.head_dim}, {self.tokens:,} tokens, "
+                 f"{self.dtype}, {self.method.upper()} {self.block_q}x{self.block_kv}, over {self.chips} chips "
+                 f"({self.heads // self.chips} heads per chip); {self.evidence}, {self.seconds:.0f} s"]
+        for c in self.collectives.values():
+            if c.count:
+                lines.append(f"  {c.kind:18} x{c.count}: {c.operand_bytes / 2**20:8.1f} MiB in, "
+                             f"{c.result_bytes / 2**20:8.1f} MiB out per chip  ({', '.join(sorted(set(c.shapes)))})")
+        lines.append("  per chip: " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in self.memory.items()))
+        return "\n".join(lines)
+
+
+def compile_sharded_layer(mask=None, *, permute: str = "after", heads: int = 40, head_dim: int = 128,
+                          dtype="bfloat16", method: str = "b3", block_q: int = 3328, block_kv: int = 1536,
+                          block_kv_compute: int | None = None, target: str = "v6e",
+                          topology: str = "v6e:2x4") -> ShardedCompileReport:
+    """Compile the sharded SVG layer for a TPU slice on this CPU (libtpu); nothing runs.
+
+    Defaults: one Wan2.1-14B attention layer as in the case study (40 heads of 128, 75,600
+    tokens of the `blog` preset's mask, bf16, B3 with 3328 x 1536 blocks) over an 8-chip v6e
+    slice ("v6e:2x4"). The mesh spans every chip of `topology`; q, k, v arrive
+    sequence-sharded (`[heads, tokens, head_dim]`, tokens split over the chips), the flags
+    replicated. Raises what the compiler raises (e.g. a VMEM overflow), and a RuntimeError
+    saying how to install libtpu when it is missing.
+    """
+    import time
+
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    from .compiler import compile_only_topology
+    from .runtime import get_preset
+
+    mask = get_preset("blog").mask() if mask is None else mask
+    devices = compile_only_topology(target, topology).devices
+    mesh = Mesh(np.array(devices), ("x",))
+    tokens = mask.tokens
+    f = build_sharded_svg_attention(mask, mesh=mesh, permute=permute, method=method, heads=heads, tokens=tokens,
+                                    head_dim=head_dim, dtype=dtype, block_q=block_q, block_kv=block_kv,
+                                    block_kv_compute=block_kv_compute, interpret=False)
+    x = jax.ShapeDtypeStruct((heads, tokens, head_dim), jnp.dtype(dtype),
+                             sharding=NamedSharding(mesh, P(None, "x", None)))
+    flags = jax.ShapeDtypeStruct((heads,), jnp.bool_, sharding=NamedSharding(mesh, P()))
+    start = time.perf_counter()
+    compiled = f.lower(x, x, x, flags).compile()
+    seconds = time.perf_counter() - start
+    stats = compiled.memory_analysis()
+    memory = {name: int(getattr(stats, f"{name}_size_in_bytes"))
+              for name in ("argument", "output", "temp", "alias", "generated_code")}
+    return ShardedCompileReport(permute, topology, len(devices), method, heads, tokens, head_dim,
+                                jnp.dtype(dtype).name, block_q, block_kv, seconds, hlo_collectives(compiled),
+                                memory, compiled)
+
+
+def main(argv=None) -> int:
+    """`python -m svg_lib.multichip`: compile the sharded layer for a TPU slice and print its report.
+
+    Defaults to the case study's per-layer size on "v6e:2x4", both placements (a few minutes on a
+    2-core CPU: each compile takes 30 to 60 s of CPU time).
+    """
+    import argparse
+    import json
+
+    from .runtime import get_preset
+
+    parser = argparse.ArgumentParser(prog="python -m svg_lib.multichip", description=main.__doc__.splitlines()[0])
+    parser.add_argument("--permute", nargs="+", choices=PLACEMENTS, default=list(PLACEMENTS))
+    parser.add_argument("--preset", default="blog", help="problem size whose mask is used (default: blog)")
+    parser.add_argument("--heads", type=int, default=40, help="heads of the layer, split over the chips (default 40)")
+    parser.add_argument("--method", default="b3", choices=("b1", "b2", "b3"))
+    parser.add_argument("--block-q", type=int, default=None, help="default: the preset's")
+    parser.add_argument("--block-kv", type=int, default=None, help="default: the preset's")
+    parser.add_argument("--topology", default="v6e:2x4")
+    parser.add_argument("--json", metavar="PATH", help="also write the reports as JSON")
+    args = parser.parse_args(argv)
+    preset = get_preset(args.preset)
+    reports = []
+    for permute in args.permute:
+        report = compile_sharded_layer(preset.mask(), permute=permute, heads=args.heads, head_dim=preset.head_dim,
+                                       dtype=preset.dtype, method=args.method,
+                                       block_q=args.block_q or preset.block_q, block_kv=args.block_kv or preset.block_kv,
+                                       topology=args.topology)
+        print(report.describe(), flush=True)
+        reports.append(report)
+    if args.json:
+        import dataclasses
+
+        import jax
+        rows = []
+        for r in reports:
+            row = {f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "compiled"}
+            row["collectives"] = {k: dataclasses.asdict(c) for k, c in r.collectives.items()}
+            row["evidence"] = r.evidence
+            row["jax"] = jax.__version__
+            rows.append(row)
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -10,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from svg_lib import SVGMask, VideoGeometry, make_mesh
@@ -20,8 +21,9 @@ SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
     from svg_lib import (SVGMask, TemporalMask, VideoGeometry, make_mesh, reference_attention,
-                         sharded_svg_attention, svg_attention)
-    from svg_lib.multichip import build_sharded_svg_attention, collective_counts
+                         sharded_svg_attention, svg_attention, temporal_major_permutation)
+    from svg_lib.multichip import (build_sharded_svg_attention, collective_counts, hlo_collectives,
+                                   shard_exchange_tables)
 
     assert len(jax.devices()) == 4, jax.devices()
     mesh = make_mesh(4)
@@ -53,15 +55,32 @@ SCRIPT = textwrap.dedent("""
         for fl in ([True] * 4, [False] * 4):
             f(qs, ks, vs, jnp.asarray(np.array(fl)))
         assert f._cache_size() == compiled
-        if g.tokens % 4 == 0:
-            counts = {p: collective_counts(build_sharded_svg_attention(
-                mask, mesh=mesh, permute=p, heads=4, tokens=g.tokens, head_dim=32, dtype=jnp.float32,
-                block_q=128, block_kv=128), qs, ks, vs, flags) for p in ("after", "before")}
-            print(counts)
-            # both: q, k, v to head-parallel and the output back. Permuting head-local data adds no
-            # communication; permuting sequence-sharded data makes XLA gather across devices.
-            assert counts["after"]["all-to-all"] == counts["before"]["all-to-all"] == 4, counts
-            assert counts["after"]["all-gather"] == 0 and counts["before"]["all-gather"] > 0, counts
+        layers = {p: build_sharded_svg_attention(mask, mesh=mesh, permute=p, heads=4, tokens=g.tokens, head_dim=32,
+                                                 dtype=jnp.float32, block_q=128, block_kv=128)
+                  for p in ("after", "before")}
+        report = {p: hlo_collectives(f.lower(qs, ks, vs, flags).compile()) for p, f in layers.items()}
+        print({p: {c.kind: c.count for c in r.values()} for p, r in report.items()})
+        assert {c.kind: c.count for c in report["after"].values()} == collective_counts(layers["after"], qs, ks, vs, flags)
+        # permuting before the exchange costs four more all-to-alls (the permutation of q, k, v and its
+        # inverse on the output) and nothing else; permuting after it costs no communication at all
+        more = {kind: report["before"][kind].count - report["after"][kind].count for kind in report["after"]}
+        assert more == {"all-to-all": 4, "all-gather": 0, "all-reduce": 0, "collective-permute": 0,
+                        "reduce-scatter": 0}, report
+        if g.tokens % 4:
+            continue  # 315 tokens: the unpadded output cannot come back sequence-sharded (XLA gathers it)
+        # "after": the layer's own exchange (q, k, v to head-parallel, the output back) and nothing else
+        assert report["after"]["all-to-all"].count == 4, report
+        assert all(c.count == 0 for kind, c in report["after"].items() if kind != "all-to-all"), report
+        padded = -(-g.tokens // 4) * 4
+        shard = 4 * (padded // 4) * 32 * 4   # one device's [heads, padded/P, D] float32 block
+        assert report["after"]["all-to-all"].operand_bytes == 4 * shard, report["after"]
+        assert report["after"]["all-to-all"].group_sizes == (4,), report["after"]
+        # each extra all-to-all carries one device's [heads, P * block, D]: its shard, regrouped by destination
+        perm = np.concatenate([temporal_major_permutation(g), np.arange(g.tokens, padded)])
+        block = shard_exchange_tables(perm, 4).block
+        assert block >= padded // 16
+        extra = report["before"]["all-to-all"].operand_bytes - 4 * shard
+        assert extra == 4 * (4 * 4 * block * 32 * 4), (extra, block)
     try:
         sharded_svg_attention(q[:3], k[:3], v[:3], flags[:3], mask, mesh=mesh)
     except ValueError as e:
@@ -97,3 +116,123 @@ def test_unknown_axis_and_placement_are_refused():
         build_sharded_svg_attention(mask, mesh=mesh, axis_name="y", **common)
     with pytest.raises(ValueError, match="permute"):
         build_sharded_svg_attention(mask, mesh=mesh, permute="inside", **common)
+
+
+# --- permuting a sequence-sharded array with one all-to-all -----------------------------------
+
+@pytest.mark.parametrize("geometry,devices", [(VideoGeometry(21, 45, 80), 8), (VideoGeometry(5, 7, 9), 4),
+                                              (VideoGeometry(8, 8, 8), 4), (VideoGeometry(2, 3, 4), 3)])
+def test_shard_exchange_tables_deliver_the_permuted_shards(geometry, devices):
+    from svg_lib import temporal_major_permutation
+    from svg_lib.multichip import shard_exchange_tables
+
+    tokens = geometry.tokens
+    padded = -(-tokens // devices) * devices
+    perm = np.concatenate([temporal_major_permutation(geometry), np.arange(tokens, padded)])
+    t = shard_exchange_tables(perm, devices)
+    n = padded // devices
+    x = np.random.default_rng(0).permutation(padded)
+    shards = x.reshape(devices, n)
+    sent = np.stack([shards[d][t.send[d]] for d in range(devices)]).reshape(devices, devices, t.block)
+    received = sent.transpose(1, 0, 2).reshape(devices, devices * t.block)   # what a tiled all-to-all does
+    out = np.stack([received[e][t.recv[e]] for e in range(devices)]).ravel()
+    np.testing.assert_array_equal(out, x[perm])
+    assert t.shares.sum() == padded and t.block == t.shares.max()
+    if geometry.frames % devices and geometry.frame_tokens % devices:
+        assert t.shares.min() < t.shares.max()   # frames cut across shards: uneven shares, padded blocks
+
+
+def test_shard_exchange_tables_refuse_bad_input():
+    from svg_lib.multichip import shard_exchange_tables
+
+    with pytest.raises(ValueError, match="equal shards"):
+        shard_exchange_tables(np.arange(10), 4)
+    with pytest.raises(ValueError, match="permutation"):
+        shard_exchange_tables(np.zeros(8, int), 4)
+    with pytest.raises(ValueError, match="devices"):
+        shard_exchange_tables(np.arange(8), 0)
+
+
+def test_hlo_collectives_pairs_async_start_and_done():
+    from svg_lib.multichip import hlo_collectives
+
+    text = textwrap.dedent("""
+        %p = bf16[2,64,128]{2,1,0} parameter(0)
+        %ag = (bf16[2,64,128]{2,1,0}, bf16[2,512,128]{2,1,0}) all-gather-start(%p), replica_groups=[1,8]<=[8], dimensions={1}
+        %agd = bf16[2,512,128]{2,1,0} all-gather-done(%ag)
+        ROOT %a2a = bf16[2,64,128]{2,1,0:T(8,128)(2,1)} all-to-all(%p), replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}
+    """)
+    c = hlo_collectives(text)
+    assert c["all-gather"].count == 1 and c["all-to-all"].count == 1
+    assert c["all-gather"].operand_bytes == 2 * 64 * 128 * 2 and c["all-gather"].result_bytes == 2 * 512 * 128 * 2
+    assert c["all-gather"].group_sizes == (8,) and c["all-to-all"].group_sizes == (8,)
+    assert c["all-to-all"].shapes == ("bf16[2,64,128]",) and c["all-reduce"].count == 0
+
+
+# --- the layer compiled for an 8-chip v6e slice (libtpu, compile-only) ------------------------
+# CI compiles a small geometry that keeps the blog's awkward part, 21 frames that do not divide by
+# 8 chips (a shard boundary cuts through frames); the blog's per-layer size (40 heads, 75,600
+# tokens, 3328 x 1536) takes minutes to compile on a 2-core machine and lives in notebook 09.
+
+CI_GEOMETRY = VideoGeometry(21, 8, 16)   # 2,688 tokens, 336 per chip
+
+
+@pytest.fixture(scope="module")
+def compiled_layers(tpu_compiler):
+    from svg_lib import compile_sharded_layer
+
+    mask = SVGMask.spatial(CI_GEOMETRY, 0.35)
+    return {p: compile_sharded_layer(mask, permute=p, heads=8, head_dim=128, dtype="bfloat16", method="b3",
+                                     block_q=512, block_kv=512, topology="v6e:2x4") for p in ("after", "before")}
+
+
+def test_compiled_layer_permuting_after_the_exchange_adds_no_collective(compiled_layers):
+    from svg_lib import temporal_major_permutation
+    from svg_lib.multichip import shard_exchange_tables
+
+    after, before = compiled_layers["after"], compiled_layers["before"]
+    assert after.chips == before.chips == 8 and "compile-only v6e:2x4" in after.evidence
+    shard = 8 * (CI_GEOMETRY.tokens // 8) * 128 * 2     # one chip's [heads, tokens/8, D] bf16
+    # "after": the layer's own four all-to-alls (q, k, v to head-parallel, the output back), nothing else
+    assert {k: c.count for k, c in after.collectives.items()} == {
+        "all-to-all": 4, "all-gather": 0, "all-reduce": 0, "collective-permute": 0, "reduce-scatter": 0}
+    assert after.collectives["all-to-all"].operand_bytes == 4 * shard
+    assert after.collectives["all-to-all"].group_sizes == (8,)
+    # "before": the same four plus one all-to-all per permuted array (q, k, v, the output's inverse)
+    assert {k: c.count for k, c in before.collectives.items()} == {
+        "all-to-all": 8, "all-gather": 0, "all-reduce": 0, "collective-permute": 0, "reduce-scatter": 0}
+    perm = temporal_major_permutation(CI_GEOMETRY)
+    block = shard_exchange_tables(perm, 8).block
+    assert block > CI_GEOMETRY.tokens // 64                 # frames cut across chips: padded blocks
+    assert before.collectives["all-to-all"].operand_bytes == 4 * shard + 4 * 8 * (8 * block) * 128 * 2
+
+
+def test_compiled_layer_memory_per_chip(compiled_layers):
+    shard = 8 * (CI_GEOMETRY.tokens // 8) * 128 * 2
+    for report in compiled_layers.values():
+        mem = report.memory
+        # arguments: q, k, v shards and the 8 flags (padded to the chip's tiling); output: one shard
+        assert 3 * shard <= mem["argument"] < 3 * shard + 64 * 1024, mem
+        assert mem["output"] == shard, mem
+        assert mem["generated_code"] > 0, mem
+
+
+def test_compile_sharded_layer_refuses_heads_that_do_not_split(tpu_compiler):
+    from svg_lib import compile_sharded_layer
+
+    with pytest.raises(ValueError, match="10 heads cannot be split evenly over the 8 devices"):
+        compile_sharded_layer(SVGMask.spatial(CI_GEOMETRY, 0.35), heads=10, block_q=512, block_kv=512)
+
+
+def test_command_line_writes_the_compiled_report(tpu_compiler, tmp_path, capsys):
+    import json
+
+    from svg_lib.multichip import main
+
+    path = tmp_path / "sharded.json"
+    assert main(["--preset", "tiny", "--heads", "8", "--permute", "after", "--json", str(path)]) == 0
+    assert "compile-only v6e:2x4" in capsys.readouterr().out
+    (row,) = json.loads(path.read_text())
+    assert row["permute"] == "after" and row["chips"] == 8 and row["tokens"] == 384
+    assert row["collectives"]["all-to-all"]["count"] == 4 and row["collectives"]["all-gather"]["count"] == 0
+    assert row["memory"]["output"] == 8 * (384 // 8) * 128 * 4   # the tiny preset is float32
