@@ -8,7 +8,7 @@ outputs. A learner's copy is the same notebook with
   * the lines from `# BEGIN SOLUTION` to `# END SOLUTION` replaced by a `raise NotImplementedError`
     stub (same indentation), and the cell's "solution" tag renamed "exercise";
   * cells tagged "solution-note" (the instructor's banner) left out;
-  * every output and execution count cleared, so a learner starts from a clean notebook.
+  * every output, execution count and execution timestamp cleared, so a learner starts clean.
 Edit a solved notebook, rerun it (nbconvert --execute --inplace), then rerun this script.
 """
 from __future__ import annotations
@@ -43,6 +43,7 @@ def learner_notebook(solved: nbformat.NotebookNode, exercise: str) -> nbformat.N
         tags = cell.metadata.get("tags", [])
         if "solution-note" in tags:
             continue
+        cell.metadata.pop("execution", None)  # nbclient's timestamps from the solved run
         if cell.cell_type == "code":
             cell.source = stub_source(cell.source, exercise)
             cell.outputs = []
