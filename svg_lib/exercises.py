@@ -323,8 +323,8 @@ def check_tile_body(fn, *, seed: int = 0) -> CheckResult:
                     row = int(np.flatnonzero(bad)[0])
                     if empty[row]:
                         hint = ("row {r} has kept no key yet, so m_prev and m_next are both -inf and "
-                                "exp(m_prev - m_next) = exp(-inf - (-inf)) = nan; for such rows use a safe shift "
-                                "(for example 0) in place of m_next").format(r=row)
+                                "exp(m_prev - m_next) = exp(-inf - (-inf)) = nan; while a row's max is still -inf, "
+                                "what you subtract inside exp must be some finite number instead").format(r=row)
                     elif case.data["focus"] == "overflow":
                         hint = "exp of a score in the hundreds is inf in float32: subtract the running max m_next before exp"
                     else:
