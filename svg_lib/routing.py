@@ -29,7 +29,6 @@ from .planner import plan_tiles
 from .reference import check_qkv
 
 
-
 # -- validation ------------------------------------------------------------------------------
 
 def check_spatial_mask(mask, tokens: int | None = None) -> SVGMask:
@@ -123,51 +122,34 @@ def build_svg_attention(mask: SVGMask, *, method: str = "b2", heads: int, tokens
     return jax.jit(f)
 
 
-def _stack_plans(plans):
-    """Schedule tables of several plans padded to a common step count: int32 `[kinds * nq, steps]` each.
-
-    Row `kind * nq + i` is query tile i of plan `kind`. Extra steps repeat the row's last key
-    tile with class EMPTY, so they fetch nothing and compute nothing (the planner's idle steps).
-    """
-    from .planner import EMPTY
-
-    steps = max(p.steps for p in plans)
-    kv, cls = [], []
-    for p in plans:
-        extra = steps - p.steps
-        kv.append(np.concatenate([p.kv_index, np.repeat(p.kv_index[:, -1:], extra, axis=1)], axis=1))
-        cls.append(np.concatenate([p.step_class, np.full((p.grid[0], extra), EMPTY, np.int8)], axis=1))
-    return np.concatenate(kv).astype(np.int32), np.concatenate(cls).astype(np.int32)
-
-
 def build_svg_attention_in_kernel(mask: SVGMask, *, method: str = "b2", heads: int, tokens: int, head_dim: int,
                                   dtype, block_q: int = 512, block_kv: int = 512,
                                   block_kv_compute: int | None = None, interpret=None):
-    """A jitted `f(q, k, v, is_temporal) -> out` running ONE pallas_call whose schedule follows each head's kind.
+    """A jitted `f(q, k, v, is_temporal) -> out`: the block-sparse kernel following each head's kind.
 
     Both tile plans (the band for spatial heads, the frame-major `TemporalMask` for temporal
-    heads) are stacked into scalar-prefetch tables next to the per-head flags; the key/value
-    index map reads `kv_index[flag[h] * nq + i, s]`, and partial tiles evaluate the mask of the
-    head's kind (`TemporalMask.keep` is arithmetic, so it runs inside the kernel). No token is
-    moved. Methods b1, b2, b3 (b3 rounds each kind's mask in the order the kernel sees it, here
-    the scattered frame-major one).
+    heads) are stacked by the planner into one schedule table (`stack_schedules`: kind 0 rows,
+    then kind 1 rows), and `kernels.block_sparse_attention` gets the flags as its per-head
+    `head_kind` and one predicate per kind: a head fetches its own kind's tiles, and partial
+    tiles evaluate its own kind's mask (`TemporalMask.keep` is arithmetic, so it runs inside the
+    kernel). No token is moved. Methods b1, b2, b3 (b3 rounds each kind's mask in the order the
+    kernel sees it, here the scattered frame-major one).
 
     Cost: each head does only its own kind's work, but every head runs the grid's step count,
     the larger of the two plans (the temporal one); a spatial head's extra steps are idle
     (no DMA, no compute, only the grid-step overhead).
     """
     import functools
-    import math
 
     import jax
     import jax.numpy as jnp
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import tpu as pltpu
 
-    from .kernels import _compiler_params, _finish, _init_state, _online_softmax_tile, _scratch
+    from .attention import scaled_and_padded
+    from .kernels import block_sparse_attention
     from .masks import check_block_size
-    from .planner import EMPTY, FULL, PARTIAL
+    from .planner import stack_schedules
     from .runtime import default_interpret
+    from .smem import check_schedule_fits, schedule_smem
     from .vmem import check_block_kv_compute, check_fits, estimate_vmem
 
     mask = check_spatial_mask(mask, tokens)
@@ -179,69 +161,31 @@ def build_svg_attention_in_kernel(mask: SVGMask, *, method: str = "b2", heads: i
     vmem = check_fits(estimate_vmem(method, block_q, block_kv, head_dim, dtype, block_kv_compute))
     interpret = default_interpret() if interpret is None else interpret
 
-    masks = [mask, TemporalMask(mask)]  # kind 0 = spatial, kind 1 = temporal
-    if method == "b3":
-        masks = [m.tile_aligned(block_q, block_kv) for m in masks]
-        keeps = [lambda q_ids, k_ids: k_ids < tokens] * 2  # whole tiles: only key padding masks
-    else:
-        keeps = [mask.keep, TemporalMask(mask).keep]
-    kv_table, cls_table = _stack_plans([plan_tiles(m, block_q, block_kv) for m in masks])
-    kv_table, cls_table = jnp.asarray(kv_table), jnp.asarray(cls_table)
-    nq, steps = -(-tokens // block_q), kv_table.shape[1]
-    nk = -(-tokens // block_kv)
-    scale = 1.0 / math.sqrt(head_dim)
+    def kind_plans(bq, bkv):  # kind 0 = spatial, kind 1 = temporal
+        masks = [mask, TemporalMask(mask)]
+        if method == "b3":
+            masks = [m.tile_aligned(bq, bkv) for m in masks]
+        return [plan_tiles(m, bq, bkv) for m in masks]
 
-    def kernel(flag_ref, kv_ref, cls_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
-        h, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-        kind = flag_ref[h]
-        row = kind * nq + i
-        cls = cls_ref[row, s]
-        tile = functools.partial(_online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
-                                 q_start=i * block_q, k_start=kv_ref[row, s] * block_kv,
-                                 block_kv_compute=block_kv_compute)
+    def suggest(bq, bkv):
+        plans = kind_plans(bq, bkv)
+        return schedule_smem(heads, 2 * plans[0].grid[0], max(p.steps for p in plans))
 
-        @pl.when(s == 0)
-        def _():
-            _init_state(m_ref, l_ref, acc_ref)
+    plans = kind_plans(block_q, block_kv)
+    check_schedule_fits(plans[0], method=method, heads=heads, kinds=2, steps=max(p.steps for p in plans),
+                        suggest=suggest)
+    keeps = tuple(p.mask.kernel_predicate(block_q, block_kv) for p in plans)  # b3: key padding only
+    schedule = jnp.asarray(stack_schedules(plans))
+    kernel = functools.partial(block_sparse_attention, stage=method, keep=keeps, block_q=block_q,
+                               block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=interpret,
+                               vmem_limit_bytes=vmem.vmem_limit_bytes)
 
-        masked = cls != EMPTY if method == "b1" else cls == PARTIAL
-        if method != "b1":
-            pl.when(cls == FULL)(lambda: tile(keep=None))
-        for k_kind, keep in enumerate(keeps):
-            pl.when(masked & (kind == k_kind))(functools.partial(tile, keep=keep))
+    def run(q, k, v, is_temporal):
+        return kernel(q, k, v, is_temporal.astype(jnp.int32), schedule)
 
-        @pl.when(s == steps - 1)
-        def _():
-            _finish(m_ref, l_ref, acc_ref, o_ref)
-
-    def q_map(h, i, s, flag_ref, kv_ref, cls_ref):
-        return h, i, 0
-
-    def kv_map(h, i, s, flag_ref, kv_ref, cls_ref):
-        return h, kv_ref[flag_ref[h] * nq + i, s], 0
-
-    def f(q, k, v, is_temporal):
-        qs = (q.astype(jnp.float32) * scale).astype(q.dtype)
-        qp = jnp.pad(qs, ((0, 0), (0, nq * block_q - tokens), (0, 0)))
-        kp, vp = (jnp.pad(x, ((0, 0), (0, nk * block_kv - tokens), (0, 0))) for x in (k, v))
-        out = pl.pallas_call(
-            kernel,
-            grid_spec=pltpu.PrefetchScalarGridSpec(
-                num_scalar_prefetch=3,
-                grid=(heads, nq, steps),
-                in_specs=[pl.BlockSpec((None, block_q, head_dim), q_map),
-                          pl.BlockSpec((None, block_kv, head_dim), kv_map),
-                          pl.BlockSpec((None, block_kv, head_dim), kv_map)],
-                out_specs=pl.BlockSpec((None, block_q, head_dim), q_map),
-                scratch_shapes=_scratch(block_q, head_dim)),
-            out_shape=jax.ShapeDtypeStruct(qp.shape, q.dtype),
-            compiler_params=_compiler_params(vmem.vmem_limit_bytes),
-            interpret=interpret,
-            name=f"{method}_in_kernel_routed_attention",
-        )(is_temporal.astype(jnp.int32), kv_table, cls_table, qp, kp, vp)
-        return out[:, :tokens]
-
-    return jax.jit(f)
+    nq, nk = plans[0].grid
+    return jax.jit(scaled_and_padded(run, tokens=tokens, head_dim=head_dim, q_len=nq * block_q,
+                                     kv_len=nk * block_kv))
 
 
 # -- the public layer ------------------------------------------------------------------------
