@@ -95,7 +95,7 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
         schedule = jnp.asarray(plan.schedule)
 
         def run(q, k, v):
-            return block_sparse_attention(q, k, v, head_kind, schedule, stage=method, keep=keep,
+            return block_sparse_attention(q, k, v, head_kind, schedule, steps=plan.steps, stage=method, keep=keep,
                                           block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
                                           interpret=interpret, vmem_limit_bytes=vmem.vmem_limit_bytes)
 

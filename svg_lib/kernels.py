@@ -28,7 +28,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .planner import CLASS_BITS, EMPTY, FULL, PARTIAL
+from .planner import CLASS_BITS, EMPTY, FULL, PARTIAL, STEP_BITS
 
 # A finite "minus infinity": exp(MASK_VALUE - m) is exactly 0 for any real score m, and
 # unlike -inf it never produces inf - inf = nan in a row that has seen no kept key yet.
@@ -155,30 +155,31 @@ def dense_flash_attention(q, k, v, *, tokens, block_q, block_kv, block_kv_comput
 
 # -- block-sparse: B1, B2, B3 ---------------------------------------------------------------
 
-def block_sparse_attention(q, k, v, head_kind, schedule, *, stage, keep, block_q, block_kv,
+def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, block_q, block_kv,
                            block_kv_compute, interpret, vmem_limit_bytes=None):
     """B1 / B2 / B3 over a planner schedule.
 
-    schedule: int32 `[kinds * nq * steps]` from the planner (`TilePlan.schedule`, or
-    `stack_schedules` for several masks): one word per grid step holding the key tile to fetch
-    and its class. head_kind: int32 `[heads]`, which of the `kinds` schedules (and predicates)
-    head h follows; all zeros for one mask. Both are scalar-prefetched into SMEM so the index
-    maps can read them. Grid step (h, i, s) fetches the key tile of its word; idle steps (class
-    EMPTY) repeat the resident tile, so the pipeline issues no DMA for them. `keep(q_ids, k_ids)`
-    is the elementwise predicate for masked tiles (the exact mask for B1/B2, padding only for
-    B3), or a tuple of them, one per kind.
+    schedule: int32 `[ceil(kinds * nq * steps / 2)]` from the planner (`TilePlan.schedule`,
+    or `stack_schedules` for several masks): one 16-bit entry per grid step, the key tile to
+    fetch and its class, two entries to a word; `steps` grid steps per query tile. head_kind:
+    int32 `[heads]`, which of the `kinds` schedules (and predicates) head h follows; all zeros
+    for one mask. Both are scalar-prefetched into SMEM so the index maps can read them. Grid
+    step (h, i, s) fetches the key tile of its entry; idle steps (class EMPTY) repeat the
+    resident tile, so the pipeline issues no DMA for them. `keep(q_ids, k_ids)` is the
+    elementwise predicate for masked tiles (the exact mask for B1/B2, padding only for B3), or
+    a tuple of them, one per kind.
     """
     if stage not in ("b1", "b2", "b3"):
         raise ValueError(f"stage must be 'b1', 'b2' or 'b3', got {stage!r}")
     keeps = keep if isinstance(keep, tuple) else (keep,)
     heads, nq_pad, head_dim = q.shape
     nq = nq_pad // block_q
-    steps = schedule.shape[0] // (len(keeps) * nq)
 
     def step_at(head_kind_ref, schedule_ref, h, i, s):
-        """(key tile, class) of grid step (h, i, s): one schedule word, unpacked."""
-        word = schedule_ref[(head_kind_ref[h] * nq + i) * steps + s]
-        return word >> CLASS_BITS, word & ((1 << CLASS_BITS) - 1)
+        """(key tile, class) of grid step (h, i, s): entry n of the schedule, half of word n // 2."""
+        n = (head_kind_ref[h] * nq + i) * steps + s
+        entry = (schedule_ref[n >> 1] >> (STEP_BITS * (n & 1))) & 0xFFFF
+        return entry >> CLASS_BITS, entry & ((1 << CLASS_BITS) - 1)
 
     def kernel(head_kind_ref, schedule_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
         h, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)

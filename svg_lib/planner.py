@@ -7,10 +7,10 @@ tiles to visit in order, padded to a common length with idle steps that point at
 the block already resident, so an idle grid step issues no DMA.
 
 The kernel receives that schedule as one flat int32 table in SMEM (`TilePlan.schedule`):
-one word per grid step, the key tile and its class packed together as
-`kv_index << CLASS_BITS | step_class`, row after row. Two separate `[nq, steps]` tables
-would cost more than twice as much SMEM, because Mosaic stores a 2-D SMEM array in (8, 128)
-word tiles (`svg_lib.smem` has the arithmetic and the sizes where each form stops fitting).
+each grid step is a 16-bit entry `kv_index << CLASS_BITS | step_class`, two entries to a
+word, row after row. Two separate `[nq, steps]` int32 tables would cost about four times as
+much SMEM, more with Mosaic's (8, 128)-word tiling of 2-D SMEM arrays; `svg_lib.smem` has the
+arithmetic and the sizes where each form stops fitting.
 """
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ from .masks import Mask, check_block_size
 
 EMPTY, PARTIAL, FULL = 0, 1, 2  # the same codes as Splash attention's block classes
 CLASS_NAMES = {EMPTY: "empty", PARTIAL: "partial", FULL: "full"}
-CLASS_BITS = 2  # a step's class takes the low two bits of its schedule word, its key tile the rest
+CLASS_BITS = 2   # a step's class takes the low two bits of its schedule entry, its key tile the rest
+STEP_BITS = 16   # one schedule entry per grid step, two entries per int32 word of SMEM
+MAX_KV_TILES = 1 << (STEP_BITS - CLASS_BITS)  # 16,384 key tiles: 8.4M tokens at 512-token tiles
 
 
 @dataclass
@@ -75,7 +77,7 @@ class TilePlan:
 
     @property
     def schedule(self) -> np.ndarray:
-        """The table the block-sparse kernel reads: int32 `[nq * steps]`, see `pack_schedule`."""
+        """The table the block-sparse kernel reads: int32 `[ceil(nq * steps / 2)]`, see `pack_schedule`."""
         return pack_schedule(self.kv_index, self.step_class)
 
     @property
@@ -145,31 +147,37 @@ def _resident_for_keyless_rows(last: np.ndarray, first: np.ndarray, num_steps: n
 
 
 def pack_schedule(kv_index: np.ndarray, step_class: np.ndarray) -> np.ndarray:
-    """One int32 word per grid step, `kv_index << CLASS_BITS | step_class`, flattened row-major.
+    """The kernel's schedule table: int32 `[ceil(rows * steps / 2)]` from two `[rows, steps]` tables.
 
-    `[rows, steps]` -> `[rows * steps]`: step s of row r is word r * steps + s. Rows are query
-    tiles (or, stacked by `stack_schedules`, query tiles of several masks).
+    Step s of row r is entry n = r * steps + s, the 16-bit value `kv_index << CLASS_BITS |
+    step_class`, stored in the low half of word n // 2 when n is even and the high half when
+    odd. Rows are query tiles (or, stacked by `stack_schedules`, query tiles of several masks).
     """
     kv_index, step_class = np.asarray(kv_index, np.int64), np.asarray(step_class, np.int64)
     if kv_index.shape != step_class.shape or kv_index.ndim != 2:
         raise ValueError(f"kv_index and step_class must be [rows, steps] of one shape, got "
                          f"{kv_index.shape} and {step_class.shape}")
-    if kv_index.size and (kv_index.min() < 0 or kv_index.max() >= 2 ** (31 - CLASS_BITS)):
-        raise ValueError(f"key tile indices must lie in [0, 2**{31 - CLASS_BITS}) to pack, "
-                         f"got {kv_index.min()}..{kv_index.max()}")
+    if kv_index.size and (kv_index.min() < 0 or kv_index.max() >= MAX_KV_TILES):
+        raise ValueError(f"key tile indices must lie in [0, {MAX_KV_TILES:,}) to fit a {STEP_BITS}-bit schedule "
+                         f"entry, got {kv_index.min()}..{kv_index.max()}; use larger key tiles (block_kv)")
     if not np.isin(step_class, list(CLASS_NAMES)).all():
         raise ValueError(f"step classes must be EMPTY, PARTIAL or FULL ({sorted(CLASS_NAMES)})")
-    return ((kv_index << CLASS_BITS) | step_class).astype(np.int32).ravel()
+    entries = ((kv_index << CLASS_BITS) | step_class).ravel()
+    entries = np.concatenate([entries, np.zeros(entries.size % 2, np.int64)])  # whole words
+    words = entries[0::2] | (entries[1::2] << STEP_BITS)
+    return words.astype(np.uint32).view(np.int32)  # a key tile >= 8,192 sets the sign bit: fine
 
 
-def unpack_schedule(schedule: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
-    """The inverse of `pack_schedule`: `[rows * steps]` -> (kv_index, step_class), each `[rows, steps]`."""
-    words = np.asarray(schedule, np.int32).reshape(-1, steps)
-    return words >> CLASS_BITS, words & ((1 << CLASS_BITS) - 1)
+def unpack_schedule(schedule: np.ndarray, rows: int, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """The inverse of `pack_schedule`: the table -> (kv_index, step_class), each `[rows, steps]`."""
+    words = np.asarray(schedule, np.int32).view(np.uint32).astype(np.int64)
+    entries = np.stack([words & 0xFFFF, words >> STEP_BITS], axis=1).ravel()[:rows * steps]
+    entries = entries.reshape(rows, steps)
+    return entries >> CLASS_BITS, entries & ((1 << CLASS_BITS) - 1)
 
 
 def stack_schedules(plans) -> np.ndarray:
-    """Several plans' schedules as one table: int32 `[len(plans) * nq * steps]`.
+    """Several plans' schedules as one packed table of `len(plans) * nq` rows of `steps` entries.
 
     Row `kind * nq + i` is query tile i of `plans[kind]`; `steps` is the largest of the plans'.
     A shorter plan's extra steps repeat its row's last key tile with class EMPTY: idle steps that

@@ -172,11 +172,11 @@ def build_svg_attention_in_kernel(mask: SVGMask, *, method: str = "b2", heads: i
         return schedule_smem(heads, 2 * plans[0].grid[0], max(p.steps for p in plans))
 
     plans = kind_plans(block_q, block_kv)
-    check_schedule_fits(plans[0], method=method, heads=heads, kinds=2, steps=max(p.steps for p in plans),
-                        suggest=suggest)
+    steps = max(p.steps for p in plans)
+    check_schedule_fits(plans[0], method=method, heads=heads, kinds=2, steps=steps, suggest=suggest)
     keeps = tuple(p.mask.kernel_predicate(block_q, block_kv) for p in plans)  # b3: key padding only
     schedule = jnp.asarray(stack_schedules(plans))
-    kernel = functools.partial(block_sparse_attention, stage=method, keep=keeps, block_q=block_q,
+    kernel = functools.partial(block_sparse_attention, steps=steps, stage=method, keep=keeps, block_q=block_q,
                                block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=interpret,
                                vmem_limit_bytes=vmem.vmem_limit_bytes)
 

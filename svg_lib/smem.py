@@ -6,30 +6,40 @@ schedule, however large; only the TPU compiler refuses one that does not fit ("R
 memory in memory space smem"). This module does the compiler's arithmetic first.
 
 How Mosaic lays a scalar-prefetched int32 array out in SMEM (libtpu 0.0.42.1, compile-only
-v6e; the compiler's own allocation report, see tests/test_smem.py):
+v6e, read from the compiler's allocation report in its "Ran out of memory in memory space
+smem" error):
 
 * a 2-D `[rows, cols]` array is stored in (8, 128)-word tiles: rows padded to a multiple of
-  8, cols to a multiple of 128. Two `[591, 260]` tables (B2 at 1440p, density 0.35, 512 x 512
-  blocks: the series' old form) take 2 x 592 x 384 words = 1.73 MiB;
-* a 1-D `[n]` array is padded to a multiple of `VECTOR_WORDS` words;
-* besides the tables the kernel needs `FIXED_BYTES` (register-allocator spill slots and
-  the like), fitted to the "Used" figures the compiler reports for several table sizes.
+  8, cols to a multiple of 128 (`s32[591, 156]` took 592 x 256 words = 606,208 bytes);
+* a 1-D `[n]` array is padded to a multiple of 128 words (`s32[1]` took 512 bytes);
+* besides the tables the kernel needs a little more (1 KiB of register-allocator spill slots,
+  a few words, and what the allocator loses to placement). `FIXED_BYTES` = 3 KiB is fitted to
+  the compiler's verdicts: with a `[1]` head-kind row, a 261,248-word schedule compiles and a
+  261,376-word one (512 bytes more) is refused, so the estimate is exact at the padding's
+  granularity there; tests/test_smem.py re-checks both sides with the compiler.
 
-The kernels here pass one flat table, one packed word per grid step (planner.pack_schedule),
-plus a `[heads]` int32 row of per-head kinds. SMEM bytes of the flat form (and of the old two
-`[nq, steps]` tables), B2 / B3, 1 head, band + first-frame sink at density 0.35, Wan 2.1
-latents of 21 frames (720p 45 x 80, 1080p 68 x 120, 1440p 90 x 160):
+The kernels pass the packed form (`planner.pack_schedule`): two 16-bit steps per int32 word,
+plus a `[heads]` int32 row of per-head kinds. SMEM per form, analytic (the rule above, applied
+to planned schedules; `smem_table`), one head, SVG band + first-frame sink, density 0.35,
+Wan 2.1 latents of 21 frames (720p 45 x 80, 1080p 68 x 120, 1440p 90 x 160 tokens per frame;
+v6e: 1,024 KiB per core; * = does not fit):
 
-    geometry  tokens   blocks       nq x steps (B2)  flat       old two tables
-    720p      75,600   512 x 512    148 x 68         39 KiB     152 KiB
-    1080p    171,360   512 x 512    335 x 147        193 KiB    670 KiB
-    1440p    302,400   512 x 512    591 x 260        600 KiB    1,776 KiB (refused)
-    1440p    302,400   3328 x 1536  91 x 83          30 KiB     184 KiB
+    geometry  tokens   blocks       B2 rows x steps  packed     flat (1 word/step)  two tables
+    720p      75,600   512 x 512    148 x 67         23 KiB     43 KiB              155 KiB
+    1080p    171,360   512 x 512    335 x 147        100 KiB    196 KiB             675 KiB
+    1440p    302,400   512 x 512    591 x 260        304 KiB    604 KiB             1,779 KiB *
+    720p      75,600   3328 x 1536   23 x 26           5 KiB      6 KiB              27 KiB
+    1080p    171,360   3328 x 1536   52 x 53           9 KiB     15 KiB              59 KiB
+    1440p    302,400   3328 x 1536   91 x 90          20 KiB     36 KiB              99 KiB
 
-(`smem_table()` prints these rows for any geometry; the numbers above are its output.)
-The flat form stops fitting at about 262,000 grid steps per head kind (nq x steps), e.g.
-1440p at density ~0.55 with 512 x 512 blocks, or 1440p at density 0.35 with 384 x 384 blocks;
-the old form stopped at 1440p density ~0.15. Larger blocks shrink both factors.
+(B3's schedules are a few steps shorter.) Where each form stops fitting: the two tables at
+1440p / 512 x 512 above density ~0.15 (the compiler said "Used 1.16M of 1.00M" at 0.2 and
+"1.74M" at 0.35); one word per step at 261,248 steps, i.e. 1440p / 512 x 512 above density
+~0.55, or 384 x 384 blocks at 0.35; the packed form at 522,496 steps: 1440p / 512 x 512 fits
+at any density (a dense schedule is 591 x 591 = 686 KiB), 384 x 384 fits at 0.35 (534 KiB),
+256 x 256 does not (1,195 KiB). Larger blocks shrink both factors of rows x steps.
+The in-kernel routing stacks two kinds' rows, so it holds twice the rows at the longer kind's
+step count.
 """
 from __future__ import annotations
 
@@ -105,11 +115,12 @@ def estimate_smem(tables: dict, generation: str | None = None) -> SmemEstimate:
 
 
 def schedule_smem(heads: int, rows: int, steps: int, generation: str | None = None) -> SmemEstimate:
-    """SMEM of `block_sparse_attention`: a `[heads]` kind row and a flat `[rows * steps]` schedule.
+    """SMEM of `block_sparse_attention`: a `[heads]` kind row and the packed schedule, two
+    16-bit steps per int32 word (`planner.pack_schedule`): `[ceil(rows * steps / 2)]`.
 
     rows = kinds x query tiles (one kind unless the in-kernel routing stacks two).
     """
-    return estimate_smem({"head_kind": (heads,), "schedule": (rows * steps,)}, generation)
+    return estimate_smem({"head_kind": (heads,), "schedule": (-(-rows * steps // 2),)}, generation)
 
 
 def check_schedule_fits(plan, *, method: str, heads: int, kinds: int = 1, steps: int | None = None,
@@ -155,3 +166,58 @@ def _larger_blocks(block_q: int, block_kv: int, limit: int = 4096):
             if bq <= limit and bkv <= limit and (bq, bkv) not in seen:
                 seen.add((bq, bkv))
                 yield bq, bkv
+
+
+# -- comparing table forms ---------------------------------------------------------------------
+
+FORMS = ("packed", "flat", "two_tables")
+
+
+def schedule_forms(heads: int, rows: int, steps: int, generation: str | None = None) -> dict:
+    """{form: SmemEstimate} for one schedule of `rows` x `steps` in each table form:
+
+    * "packed": what the kernels use, two 16-bit steps per int32 word (`schedule_smem`);
+    * "flat": one int32 word per step (`kv_index << 2 | class`), `[rows * steps]`;
+    * "two_tables": the series' first form, `kv_index` and `step_class` as two `[rows, steps]`
+      int32 tables, each stored in (8, 128)-word tiles.
+    """
+    return {"packed": schedule_smem(heads, rows, steps, generation),
+            "flat": estimate_smem({"head_kind": (heads,), "schedule": (rows * steps,)}, generation),
+            "two_tables": estimate_smem({"kv_index": (rows, steps), "step_class": (rows, steps)}, generation)}
+
+
+def largest_fitting_steps(form: str, heads: int = 1, generation: str | None = None) -> int:
+    """The most grid steps (rows x steps, one kind) a schedule of `form` can hold, for a 1-row estimate
+    of `form` ("packed" or "flat"); "two_tables" depends on the row count, see `schedule_forms`."""
+    if form not in ("packed", "flat"):
+        raise ValueError(f"largest_fitting_steps answers for 'packed' or 'flat', got {form!r}")
+    per_word = 2 if form == "packed" else 1
+    _, capacity = smem_capacity(generation)
+    words = (capacity - FIXED_BYTES - table_bytes((heads,))) // WORD
+    return (words // VECTOR_WORDS) * VECTOR_WORDS * per_word
+
+
+def smem_table(geometries: dict, density: float = 0.35, blocks=((512, 512), (3328, 1536)),
+               methods=("b2", "b3"), generation: str = "v6e") -> list[dict]:
+    """SMEM of each table form for SVG masks of `geometries` {name: VideoGeometry}, one head.
+
+    Analytic: planned schedules and the padding rule above (no compiler). One dict per
+    (geometry, blocks, method) with the plan's rows x steps and each form's KiB and fit.
+    """
+    from .masks import SVGMask
+    from .planner import plan_tiles
+
+    out = []
+    for name, geometry in geometries.items():
+        mask = SVGMask.spatial(geometry, density)
+        for bq, bkv in blocks:
+            for method in methods:
+                plan = plan_tiles(mask.tile_aligned(bq, bkv) if method == "b3" else mask, bq, bkv)
+                forms = schedule_forms(1, plan.grid[0], plan.steps, generation)
+                row = {"geometry": name, "tokens": geometry.tokens, "block_q": bq, "block_kv": bkv,
+                       "method": method, "rows": plan.grid[0], "steps": plan.steps}
+                for form, e in forms.items():
+                    row[form + "_kib"] = e.total / KiB
+                    row[form + "_fits"] = e.fits
+                out.append(row)
+    return out

@@ -80,7 +80,7 @@ def test_lowers_to_one_mosaic_kernel(method):
 
 @pytest.mark.parametrize("method", ["b1", "b2", "b3"])
 def test_block_sparse_schedule_is_baked_in(method):
-    """The schedule in the module is the planner's packed table, one word per grid step, and
+    """The schedule in the module is the planner's packed table, half a word per grid step, and
     it sets the grid's length: 23 query tiles x (most tiles any query tile visits) steps per head.
     Before it come the per-head kinds (all 0: one mask for every head)."""
     _, text = exported(method)
@@ -88,10 +88,11 @@ def test_block_sparse_schedule_is_baked_in(method):
     assert f'kernel_name = "{method}_block_sparse_attention"' in line
     plan = plan_tiles(b3_mask(MASK, BQ, BKV) if method == "b3" else MASK, BQ, BKV)
     nq, steps = plan.grid[0], plan.steps
-    assert operands[:2] == [f"tensor<{HEADS}xi32>", f"tensor<{nq * steps}xi32>"]
-    tables = [a for a in int_constants(text).values() if a.shape == (nq * steps,)]
+    words = -(-nq * steps // 2)  # two 16-bit steps per int32 word
+    assert operands[:2] == [f"tensor<{HEADS}xi32>", f"tensor<{words}xi32>"]
+    tables = [a for a in int_constants(text).values() if a.shape == (words,)]
     assert len(tables) == 1
-    kv_index, step_class = unpack_schedule(tables[0], steps)
+    kv_index, step_class = unpack_schedule(tables[0], nq, steps)
     np.testing.assert_array_equal(kv_index, plan.kv_index)
     np.testing.assert_array_equal(step_class, plan.step_class)
     # B3 visits fewer tiles than B1/B2 at this size: a shorter grid

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from mask_helpers import ArrayMask, tile_view
 from svg_lib.geometry import VideoGeometry
 from svg_lib.masks import PermutedMask, SVGMask, TileAlignedMask
-from svg_lib.planner import (CLASS_BITS, CLASS_NAMES, EMPTY, FULL, PARTIAL, TilePlan, pack_schedule, plan_tiles,
-                             stack_schedules, unpack_schedule)
+from svg_lib.planner import (CLASS_BITS, CLASS_NAMES, EMPTY, FULL, MAX_KV_TILES, PARTIAL, STEP_BITS, TilePlan,
+                             pack_schedule, plan_tiles, stack_schedules, unpack_schedule)
 
 FAST = settings(max_examples=30, deadline=None, database=None)
 
@@ -127,7 +127,7 @@ def test_schedule_tables(mask_dense, bq, bk):
     nq, nk = classes.shape
     assert plan.kv_index.dtype == np.int32 and plan.num_steps.dtype == np.int32
     assert plan.step_class.dtype == np.int8
-    assert plan.schedule.dtype == np.int32 and plan.schedule.shape == (plan.kv_index.size,)
+    assert plan.schedule.dtype == np.int32 and plan.schedule.shape == (-(-plan.kv_index.size // 2),)
     visits = [np.flatnonzero(classes[i] != EMPTY) for i in range(nq)]
     steps = max(1, max(v.size for v in visits))
     assert plan.steps == steps
@@ -144,7 +144,7 @@ def test_schedule_tables(mask_dense, bq, bk):
             assert (plan.kv_index[i, m:] == tiles[-1]).all()
         assert (plan.step_class[i, m:] == EMPTY).all()
     # the packed table the kernel reads holds exactly these two tables
-    kv, cls = unpack_schedule(plan.schedule, plan.steps)
+    kv, cls = unpack_schedule(plan.schedule, plan.grid[0], plan.steps)
     np.testing.assert_array_equal(kv, plan.kv_index)
     np.testing.assert_array_equal(cls, plan.step_class)
     assert dma_count(plan.kv_index) <= max(int(plan.visited.sum()), 1)  # no DMA for an idle step
@@ -187,16 +187,33 @@ def test_pack_and_stack_schedules():
     a = plan_tiles(ArrayMask(np.tril(np.ones((300, 300), bool))), 128, 128)   # steps 3
     b = plan_tiles(ArrayMask(np.eye(300, dtype=bool)), 128, 128)             # steps 1
     table = stack_schedules([a, b])
-    assert table.dtype == np.int32 and table.shape == (2 * 3 * 3,)
-    kv, cls = unpack_schedule(table, 3)
+    assert table.dtype == np.int32 and table.shape == (9,)  # 18 steps, two to a word
+    kv, cls = unpack_schedule(table, 6, 3)
     np.testing.assert_array_equal(kv[:3], a.kv_index)
     np.testing.assert_array_equal(cls[:3], a.step_class)
     np.testing.assert_array_equal(kv[3:, :1], b.kv_index)
     # b's rows are padded with idle steps on the row's own last tile
     assert (cls[3:, 1:] == EMPTY).all() and (kv[3:, 1:] == b.kv_index[:, -1:]).all()
-    assert (table >> CLASS_BITS).tolist() == kv.ravel().tolist()
+    # the layout the kernel decodes: entry n in half n % 2 of word n // 2
+    n = np.arange(18)
+    entry = (table.view(np.uint32)[n // 2].astype(np.int64) >> (STEP_BITS * (n % 2))) & 0xFFFF
+    assert (entry >> CLASS_BITS).tolist() == kv.ravel().tolist()
+    assert (entry & 3).tolist() == cls.ravel().tolist()
     with pytest.raises(ValueError, match="one tile grid"):
         stack_schedules([a, plan_tiles(ArrayMask(np.eye(300, dtype=bool)), 256, 128)])
+
+
+def test_packing_round_trips_large_tile_indices_and_odd_lengths():
+    kv = np.array([[0, MAX_KV_TILES - 1, 8192], [5, 9000, 1]])
+    cls = np.array([[FULL, PARTIAL, EMPTY], [FULL, FULL, PARTIAL]])
+    for rows in (1, 2):  # 3 or 6 entries: an odd count leaves half a word unused
+        table = pack_schedule(kv[:rows], cls[:rows])
+        assert table.shape == (-(-3 * rows // 2),)
+        got_kv, got_cls = unpack_schedule(table, rows, 3)
+        np.testing.assert_array_equal(got_kv, kv[:rows])
+        np.testing.assert_array_equal(got_cls, cls[:rows])
+    with pytest.raises(ValueError, match="must lie in.*block_kv"):
+        pack_schedule(np.array([[MAX_KV_TILES]]), np.array([[FULL]]))
     with pytest.raises(ValueError, match="must lie in"):
         pack_schedule(np.array([[-1]]), np.array([[FULL]]))
 
