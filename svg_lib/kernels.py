@@ -174,6 +174,11 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
     keeps = keep if isinstance(keep, tuple) else (keep,)
     heads, nq_pad, head_dim = q.shape
     nq = nq_pad // block_q
+    words = -(-len(keeps) * nq * steps // 2)
+    if tuple(schedule.shape) != (words,) or tuple(head_kind.shape) != (heads,):
+        raise ValueError(f"for {len(keeps)} kind(s) x {nq} query tiles x {steps} steps and {heads} heads the "
+                         f"schedule must be int32 [{words}] and head_kind int32 [{heads}] (planner.pack_schedule / "
+                         f"stack_schedules); got {tuple(schedule.shape)} and {tuple(head_kind.shape)}")
 
     def step_at(head_kind_ref, schedule_ref, h, i, s):
         """(key tile, class) of grid step (h, i, s): entry n of the schedule, half of word n // 2."""

@@ -38,8 +38,17 @@ v6e: 1,024 KiB per core; * = does not fit):
 ~0.55, or 384 x 384 blocks at 0.35; the packed form at 522,496 steps: 1440p / 512 x 512 fits
 at any density (a dense schedule is 591 x 591 = 686 KiB), 384 x 384 fits at 0.35 (534 KiB),
 256 x 256 does not (1,195 KiB). Larger blocks shrink both factors of rows x steps.
-The in-kernel routing stacks two kinds' rows, so it holds twice the rows at the longer kind's
-step count.
+
+The in-kernel routing (routing.build_svg_attention_in_kernel) stacks both kinds' rows at the
+longer kind's step count (the temporal mask, scattered in frame-major order), two heads:
+
+    geometry  blocks       rows x steps   packed       flat (1 word/step)  two tables
+    720p      512 x 512    296 x 126       77 KiB      150 KiB             299 KiB
+    1080p     512 x 512    670 x 211      280 KiB      556 KiB             1,347 KiB *
+    1440p     512 x 512   1182 x 317      736 KiB      1,468 KiB *         3,555 KiB *
+    1440p     3328 x 1536  182 x 173       65 KiB      127 KiB             371 KiB
+
+so at 1440p with 512 x 512 blocks only the packed form fits it (tests/test_routing.py compiles it).
 """
 from __future__ import annotations
 
