@@ -33,8 +33,8 @@ v6e: 1,024 KiB per core; * = does not fit):
     1440p    302,400   3328 x 1536   91 x 90          20 KiB     36 KiB              99 KiB
 
 (B3's schedules are a few steps shorter.) Where each form stops fitting: the two tables at
-1440p / 512 x 512 above density ~0.15 (the compiler said "Used 1.16M of 1.00M" at 0.2 and
-"1.74M" at 0.35); one word per step at 261,248 steps, i.e. 1440p / 512 x 512 above density
+1440p / 512 x 512 above density ~0.15, once a row passes 128 steps (estimated 1,187 KiB at 0.2
+and 1,779 KiB at 0.35, where the compiler reported "Used 1.16M of 1.00M" and "1.74M"); one word per step at 261,248 steps, i.e. 1440p / 512 x 512 above density
 ~0.55, or 384 x 384 blocks at 0.35; the packed form at 522,496 steps: 1440p / 512 x 512 fits
 at any density (a dense schedule is 591 x 591 = 686 KiB), 384 x 384 fits at 0.35 (534 KiB),
 256 x 256 does not (1,195 KiB). Larger blocks shrink both factors of rows x steps.

@@ -9,7 +9,6 @@ import re
 import time
 
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from svg_lib import SVGMask, VideoGeometry, build_attention, plan_tiles
