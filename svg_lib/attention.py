@@ -17,6 +17,7 @@ from .masks import Mask, TileAlignedMask, check_block_size
 from .planner import plan_tiles
 from .reference import check_qkv, reference_attention
 from .runtime import default_interpret
+from .smem import check_schedule_fits
 from .vmem import check_block_kv_compute, check_fits, estimate_vmem
 
 METHODS = ("reference", "dense", "splash_dense", "splash", "b1", "b2", "b3")
@@ -66,8 +67,6 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
         interpret = default_interpret()
     nq, nk = -(-tokens // block_q), -(-tokens // block_kv)
     q_len, kv_len = nq * block_q, nk * block_kv
-    scale = 1.0 / math.sqrt(head_dim)
-
     if method in ("splash_dense", "splash"):
         from .splash import make_splash
         kernel = make_splash(mask, tokens=tokens, heads=heads, q_len=q_len, kv_len=kv_len, block_q=block_q,
@@ -91,21 +90,38 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
         kernel_mask = b3_mask(mask, block_q, block_kv) if method == "b3" else mask
         keep = kernel_mask.kernel_predicate(block_q, block_kv)
         plan = plan_tiles(kernel_mask, block_q, block_kv)
-        kv_index, step_class = jnp.asarray(plan.table("kv_index")), jnp.asarray(plan.table("step_class"))
+        check_schedule_fits(plan, method=method, heads=heads)
+        head_kind = jnp.zeros((heads,), jnp.int32)  # one mask: every head follows schedule row block 0
+        schedule = jnp.asarray(plan.schedule)
 
         def run(q, k, v):
-            return block_sparse_attention(q, k, v, kv_index, step_class, stage=method, keep=keep,
+            return block_sparse_attention(q, k, v, head_kind, schedule, steps=plan.steps, stage=method, keep=keep,
                                           block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
                                           interpret=interpret, vmem_limit_bytes=vmem.vmem_limit_bytes)
 
-    def f(q, k, v):
+    return jax.jit(scaled_and_padded(run, tokens=tokens, head_dim=head_dim, q_len=q_len, kv_len=kv_len))
+
+
+def scaled_and_padded(run, *, tokens: int, head_dim: int, q_len: int, kv_len: int):
+    """`f(q, k, v, *extra)` around a kernel `run(q, k, v, *extra)` that wants padded, pre-scaled input.
+
+    q, k, v `[heads, tokens, head_dim]`: q is scaled by 1/sqrt(head_dim) (in f32, then back to
+    its dtype), the token axis is zero-padded to `q_len` (q) and `kv_len` (k, v), and the
+    output is sliced back to `tokens`. The kernels mask padded keys; padded query rows are
+    computed and dropped here.
+    """
+    import jax.numpy as jnp
+
+    scale = 1.0 / math.sqrt(head_dim)
+
+    def f(q, k, v, *extra):
         qs = (q.astype(jnp.float32) * scale).astype(q.dtype)
         pad_q = ((0, 0), (0, q_len - tokens), (0, 0))
         pad_kv = ((0, 0), (0, kv_len - tokens), (0, 0))
-        out = run(jnp.pad(qs, pad_q), jnp.pad(k, pad_kv), jnp.pad(v, pad_kv))
+        out = run(jnp.pad(qs, pad_q), jnp.pad(k, pad_kv), jnp.pad(v, pad_kv), *extra)
         return out[:, :tokens]
 
-    return jax.jit(f)
+    return f
 
 
 def _rows_without_keys(mask, tokens, q_len):

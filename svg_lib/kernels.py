@@ -11,7 +11,9 @@ in which tiles the grid visits and which of them evaluate a mask:
 
 The tile body (`_online_softmax_tile`) is shared by all four. Kernels never see a
 Mask object's structure, only tables from the planner (scalar-prefetched into SMEM)
-and an elementwise predicate `keep(q_ids, k_ids)` for the tiles that must mask.
+and an elementwise predicate `keep(q_ids, k_ids)` for the tiles that must mask. The
+in-kernel routing (routing.py) runs the same block-sparse kernel with one schedule and
+one predicate per kind of head.
 
 All arrays here are already padded: q `[heads, nq * block_q, head_dim]`, k and v
 `[heads, nk * block_kv, head_dim]`, q pre-scaled by 1/sqrt(head_dim).
@@ -26,7 +28,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .planner import EMPTY, FULL, PARTIAL
+from .planner import CLASS_BITS, EMPTY, FULL, PARTIAL, STEP_BITS
 
 # A finite "minus infinity": exp(MASK_VALUE - m) is exactly 0 for any real score m, and
 # unlike -inf it never produces inf - inf = nan in a row that has seen no kept key yet.
@@ -153,48 +155,67 @@ def dense_flash_attention(q, k, v, *, tokens, block_q, block_kv, block_kv_comput
 
 # -- block-sparse: B1, B2, B3 ---------------------------------------------------------------
 
-def block_sparse_attention(q, k, v, kv_index, step_class, *, stage, keep, block_q,
-                           block_kv, block_kv_compute, interpret, vmem_limit_bytes=None):
+def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, block_q, block_kv,
+                           block_kv_compute, interpret, vmem_limit_bytes=None):
     """B1 / B2 / B3 over a planner schedule.
 
-    kv_index and step_class `[q_tiles, steps]` (int32) come from `TilePlan`; they are
-    scalar-prefetched into SMEM so the index maps can read them. Grid step (h, i, s)
-    fetches key tile kv_index[i, s]; idle steps (class EMPTY) repeat the previous index,
-    so the pipeline issues no DMA for them. `keep(q_ids, k_ids)` is the elementwise
-    predicate for masked tiles (the exact mask for B1/B2, padding only for B3).
+    schedule: int32 `[ceil(kinds * nq * steps / 2)]` from the planner (`TilePlan.schedule`,
+    or `stack_schedules` for several masks): one 16-bit entry per grid step, the key tile to
+    fetch and its class, two entries to a word; `steps` grid steps per query tile. head_kind:
+    int32 `[heads]`, which of the `kinds` schedules (and predicates) head h follows; all zeros
+    for one mask. Both are scalar-prefetched into SMEM so the index maps can read them. Grid
+    step (h, i, s) fetches the key tile of its entry; idle steps (class EMPTY) repeat the
+    resident tile, so the pipeline issues no DMA for them. `keep(q_ids, k_ids)` is the
+    elementwise predicate for masked tiles (the exact mask for B1/B2, padding only for B3), or
+    a tuple of them, one per kind.
     """
     if stage not in ("b1", "b2", "b3"):
         raise ValueError(f"stage must be 'b1', 'b2' or 'b3', got {stage!r}")
+    keeps = keep if isinstance(keep, tuple) else (keep,)
     heads, nq_pad, head_dim = q.shape
-    nq, steps = kv_index.shape
+    nq = nq_pad // block_q
+    words = -(-len(keeps) * nq * steps // 2)
+    if tuple(schedule.shape) != (words,) or tuple(head_kind.shape) != (heads,):
+        raise ValueError(f"for {len(keeps)} kind(s) x {nq} query tiles x {steps} steps and {heads} heads the "
+                         f"schedule must be int32 [{words}] and head_kind int32 [{heads}] (planner.pack_schedule / "
+                         f"stack_schedules); got {tuple(schedule.shape)} and {tuple(head_kind.shape)}")
 
-    def kernel(kv_index_ref, step_class_ref, q_ref, k_ref, v_ref, o_ref,
-               m_ref, l_ref, acc_ref):
-        i, s = pl.program_id(1), pl.program_id(2)
-        cls = step_class_ref[i, s]
+    def step_at(head_kind_ref, schedule_ref, h, i, s):
+        """(key tile, class) of grid step (h, i, s): entry n of the schedule, half of word n // 2."""
+        n = (head_kind_ref[h] * nq + i) * steps + s
+        entry = (schedule_ref[n >> 1] >> (STEP_BITS * (n & 1))) & 0xFFFF
+        return entry >> CLASS_BITS, entry & ((1 << CLASS_BITS) - 1)
+
+    def kernel(head_kind_ref, schedule_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
+        h, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+        kv_tile, cls = step_at(head_kind_ref, schedule_ref, h, i, s)
         tile = functools.partial(_online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
-                                 q_start=i * block_q, k_start=kv_index_ref[i, s] * block_kv,
+                                 q_start=i * block_q, k_start=kv_tile * block_kv,
                                  block_kv_compute=block_kv_compute)
+
+        def masked_tile():  # the predicate of this head's kind (one kind unless routing)
+            for kind, keep_kind in enumerate(keeps):
+                pl.when(head_kind_ref[h] == kind)(functools.partial(tile, keep=keep_kind))
 
         @pl.when(s == 0)
         def _():
             _init_state(m_ref, l_ref, acc_ref)
 
         if stage == "b1":  # B1: skip empty tiles, but mask every visited one
-            pl.when(cls != EMPTY)(lambda: tile(keep=keep))
+            pl.when(cls != EMPTY)(masked_tile)
         else:              # B2, B3: a full tile takes the mask-free path
             pl.when(cls == FULL)(lambda: tile(keep=None))
-            pl.when(cls == PARTIAL)(lambda: tile(keep=keep))
+            pl.when(cls == PARTIAL)(masked_tile)
 
         @pl.when(s == steps - 1)
         def _():
             _finish(m_ref, l_ref, acc_ref, o_ref)
 
-    def q_map(h, i, s, kv_index_ref, *_):
+    def q_map(h, i, s, *_):
         return h, i, 0
 
-    def kv_map(h, i, s, kv_index_ref, *_):
-        return h, kv_index_ref[i, s], 0
+    def kv_map(h, i, s, head_kind_ref, schedule_ref):
+        return h, step_at(head_kind_ref, schedule_ref, h, i, s)[0], 0
 
     return pl.pallas_call(
         kernel,
@@ -210,4 +231,4 @@ def block_sparse_attention(q, k, v, kv_index, step_class, *, stage, keep, block_
         compiler_params=_compiler_params(vmem_limit_bytes),
         interpret=interpret,
         name=f"{stage}_block_sparse_attention",
-    )(kv_index, step_class, q, k, v)
+    )(head_kind, schedule, q, k, v)

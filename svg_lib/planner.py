@@ -5,6 +5,12 @@ classifies every tile (EMPTY / PARTIAL / FULL) from exact pair counts (no N x N
 array), and lays out a compressed schedule: for each query tile, the key/value
 tiles to visit in order, padded to a common length with idle steps that point at
 the block already resident, so an idle grid step issues no DMA.
+
+The kernel receives that schedule as one flat int32 table in SMEM (`TilePlan.schedule`):
+each grid step is a 16-bit entry `kv_index << CLASS_BITS | step_class`, two entries to a
+word, row after row. Two separate `[nq, steps]` int32 tables would cost about four times as
+much SMEM, more with Mosaic's (8, 128)-word tiling of 2-D SMEM arrays; `svg_lib.smem` has the
+arithmetic and the sizes where each form stops fitting.
 """
 from __future__ import annotations
 
@@ -16,6 +22,9 @@ from .masks import Mask, check_block_size
 
 EMPTY, PARTIAL, FULL = 0, 1, 2  # the same codes as Splash attention's block classes
 CLASS_NAMES = {EMPTY: "empty", PARTIAL: "partial", FULL: "full"}
+CLASS_BITS = 2   # a step's class takes the low two bits of its schedule entry, its key tile the rest
+STEP_BITS = 16   # one schedule entry per grid step, two entries per int32 word of SMEM
+MAX_KV_TILES = 1 << (STEP_BITS - CLASS_BITS)  # 16,384 key tiles: 8.4M tokens at 512-token tiles
 
 
 @dataclass
@@ -66,9 +75,10 @@ class TilePlan:
         """
         return self.classes == PARTIAL
 
-    def table(self, name: str) -> np.ndarray:
-        """The schedule tables as int32, the dtype scalar prefetch wants in SMEM."""
-        return np.asarray(getattr(self, name), dtype=np.int32)
+    @property
+    def schedule(self) -> np.ndarray:
+        """The table the block-sparse kernel reads: int32 `[ceil(nq * steps / 2)]`, see `pack_schedule`."""
+        return pack_schedule(self.kv_index, self.step_class)
 
     @property
     def stats(self) -> dict:
@@ -84,8 +94,12 @@ class TilePlan:
                 f"B3 {s['b3_tiles_visited']} visited, {s['b3_tiles_masked']} masked")
 
 
-def plan_tiles(mask: Mask, block_q: int, block_kv: int) -> TilePlan:
-    """Classify every `block_q` x `block_kv` tile of `mask` and build its schedule tables."""
+def plan_tiles(mask: Mask, block_q: int, block_kv: int, counts: np.ndarray | None = None) -> TilePlan:
+    """Classify every `block_q` x `block_kv` tile of `mask` and build its schedule tables.
+
+    `counts` (int64 `[nq, nk]`, kept pairs per tile) skips `mask.pair_counts` when the caller
+    already has them from a faster count (the in-kernel routing's temporal mask).
+    """
     if not isinstance(mask, Mask):
         raise TypeError(f"plan_tiles needs an svg_lib Mask (e.g. SVGMask.spatial(...)), got {type(mask).__name__}")
     block_q = check_block_size("block_q", block_q)
@@ -94,7 +108,12 @@ def plan_tiles(mask: Mask, block_q: int, block_kv: int) -> TilePlan:
     nq, nk = -(-n // block_q), -(-n // block_kv)
     q_edges = np.arange(nq + 1, dtype=np.int64) * block_q
     k_edges = np.arange(nk + 1, dtype=np.int64) * block_kv
-    counts = mask.pair_counts(q_edges, k_edges)
+    if counts is None:
+        counts = mask.pair_counts(q_edges, k_edges)
+    elif np.shape(counts) != (nq, nk):
+        raise ValueError(f"counts must be [nq, nk] = {(nq, nk)} for {n} tokens in {block_q}x{block_kv} tiles, "
+                         f"got shape {np.shape(counts)}")
+    counts = np.asarray(counts, np.int64)
     rows = np.minimum(q_edges[1:], n) - q_edges[:-1]
     cols = np.minimum(k_edges[1:], n) - k_edges[:-1]
     areas = rows[:, None] * cols[None, :]
@@ -110,13 +129,80 @@ def plan_tiles(mask: Mask, block_q: int, block_kv: int) -> TilePlan:
     steps = max(int(num_steps.max(initial=0)), 1)
     # Visited key tiles first, in ascending order; idle steps repeat the last visited tile.
     order = np.argsort(~visited, axis=1, kind="stable")[:, :steps]
-    last = np.take_along_axis(order, np.maximum(num_steps - 1, 0)[:, None], axis=1)
+    last = np.take_along_axis(order, np.maximum(num_steps - 1, 0)[:, None], axis=1)[:, 0]
+    last = _resident_for_keyless_rows(last, order[:, 0], num_steps)
     idle = np.arange(steps)[None, :] >= num_steps[:, None]
-    kv_index = np.where(idle, last, order).astype(np.int32)
+    kv_index = np.where(idle, last[:, None], order).astype(np.int32)
     step_class = np.where(idle, EMPTY, np.take_along_axis(classes, order, axis=1)).astype(np.int8)
 
     return TilePlan(mask, block_q, block_kv, counts, areas, classes, q_padded | kv_padded,
                     kv_index, step_class, num_steps)
+
+
+def _resident_for_keyless_rows(last: np.ndarray, first: np.ndarray, num_steps: np.ndarray) -> np.ndarray:
+    """Each row's idle-step key tile `[nq]`: its last visited tile, or for a row that visits
+    nothing, the tile already resident when it runs (grid order: query tile, then step).
+
+    That is the last tile of the nearest visiting row above, and for keyless rows before the
+    first visiting row, the first tile that row fetches. Their steps then issue no DMA, instead of
+    fetching an arbitrary tile 0. `last`, `first` `[nq]`: each row's last and first visited tile.
+    """
+    has = num_steps > 0
+    if not has.any():
+        return np.zeros_like(last)
+    above = np.where(has, np.arange(last.size), -1)
+    np.maximum.accumulate(above, out=above)  # index of the nearest visiting row at or above
+    return np.where(above >= 0, last[np.maximum(above, 0)], first[np.argmax(has)])
+
+
+def pack_schedule(kv_index: np.ndarray, step_class: np.ndarray) -> np.ndarray:
+    """The kernel's schedule table: int32 `[ceil(rows * steps / 2)]` from two `[rows, steps]` tables.
+
+    Step s of row r is entry n = r * steps + s, the 16-bit value `kv_index << CLASS_BITS |
+    step_class`, stored in the low half of word n // 2 when n is even and the high half when
+    odd. Rows are query tiles (or, stacked by `stack_schedules`, query tiles of several masks).
+    """
+    kv_index, step_class = np.asarray(kv_index, np.int64), np.asarray(step_class, np.int64)
+    if kv_index.shape != step_class.shape or kv_index.ndim != 2:
+        raise ValueError(f"kv_index and step_class must be [rows, steps] of one shape, got "
+                         f"{kv_index.shape} and {step_class.shape}")
+    if kv_index.size and (kv_index.min() < 0 or kv_index.max() >= MAX_KV_TILES):
+        raise ValueError(f"key tile indices must lie in [0, {MAX_KV_TILES:,}) to fit a {STEP_BITS}-bit schedule "
+                         f"entry, got {kv_index.min()}..{kv_index.max()}; use larger key tiles (block_kv)")
+    if not np.isin(step_class, list(CLASS_NAMES)).all():
+        raise ValueError(f"step classes must be EMPTY, PARTIAL or FULL ({sorted(CLASS_NAMES)})")
+    entries = ((kv_index << CLASS_BITS) | step_class).ravel()
+    entries = np.concatenate([entries, np.zeros(entries.size % 2, np.int64)])  # whole words
+    words = entries[0::2] | (entries[1::2] << STEP_BITS)
+    return words.astype(np.uint32).view(np.int32)  # a key tile >= 8,192 sets the sign bit: fine
+
+
+def unpack_schedule(schedule: np.ndarray, rows: int, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """The inverse of `pack_schedule`: the table -> (kv_index, step_class), each `[rows, steps]`."""
+    words = np.asarray(schedule, np.int32).view(np.uint32).astype(np.int64)
+    entries = np.stack([words & 0xFFFF, words >> STEP_BITS], axis=1).ravel()[:rows * steps]
+    entries = entries.reshape(rows, steps)
+    return entries >> CLASS_BITS, entries & ((1 << CLASS_BITS) - 1)
+
+
+def stack_schedules(plans) -> np.ndarray:
+    """Several plans' schedules as one packed table of `len(plans) * nq` rows of `steps` entries.
+
+    Row `kind * nq + i` is query tile i of `plans[kind]`; `steps` is the largest of the plans'.
+    A shorter plan's extra steps repeat its row's last key tile with class EMPTY: idle steps that
+    fetch and compute nothing, like the planner's own. Used by kernels that pick each head's
+    row by a per-head kind (the in-kernel routing).
+    """
+    plans = list(plans)
+    if not plans or len({p.grid for p in plans}) != 1:
+        raise ValueError(f"stack_schedules needs plans of one tile grid, got {[p.grid for p in plans]}")
+    steps = max(p.steps for p in plans)
+    kv, cls = [], []
+    for p in plans:
+        extra = steps - p.steps
+        kv.append(np.concatenate([p.kv_index, np.repeat(p.kv_index[:, -1:], extra, axis=1)], axis=1))
+        cls.append(np.concatenate([p.step_class, np.full((p.grid[0], extra), EMPTY, np.int8)], axis=1))
+    return pack_schedule(np.concatenate(kv), np.concatenate(cls))
 
 
 def _plan_stats(plan: TilePlan) -> dict:

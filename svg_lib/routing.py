@@ -29,7 +29,6 @@ from .planner import plan_tiles
 from .reference import check_qkv
 
 
-
 # -- validation ------------------------------------------------------------------------------
 
 def check_spatial_mask(mask, tokens: int | None = None) -> SVGMask:
@@ -97,6 +96,66 @@ def routed_attention(kernel, q, k, v, is_temporal, geometry):
     return gather_heads(out, head_gather_index(is_temporal, geometry, inverse=True))
 
 
+# -- planning the temporal kind in frame-major order ------------------------------------------------
+
+def temporal_tile_counts(mask: SVGMask, block_q: int, block_kv: int) -> np.ndarray:
+    """Kept pairs per `block_q` x `block_kv` tile of `TemporalMask(mask)`: int64 `[nq, nk]`.
+
+    `TemporalMask.pair_counts` walks every pair (at most 32,768 tokens). Without text tokens
+    there is structure to use: query q keeps the keys whose temporal-major position lies in
+    [pos(q) - W, pos(q) + W] (the band) or below the sink. A run of positions [lo, hi] is, in
+    frame f, the keys f*S + s for the slots s with s*F + f in [lo, hi]: one contiguous run per
+    frame. So each query row keeps at most 3F runs of keys (band, sink, minus their overlap),
+    and a sum of clipped ramps over the runs, sorted, gives every tile's count. With text tokens
+    this falls back to `TemporalMask.pair_counts`.
+    """
+    temporal = TemporalMask(mask)
+    g, n = mask.geometry, mask.tokens
+    nq, nk = -(-n // block_q), -(-n // block_kv)
+    k_edges = np.arange(nk + 1, dtype=np.int64) * block_kv
+    if g.text_tokens:
+        return temporal.pair_counts(np.arange(nq + 1) * block_q, k_edges)
+    F, S, w, sink = g.frames, g.frame_tokens, mask.band_width, mask.sink_tokens
+    frames = np.arange(F, dtype=np.int64)
+    out = np.zeros((nq, nk), np.int64)
+    for i in range(nq):
+        rows = np.arange(i * block_q, min((i + 1) * block_q, n), dtype=np.int64)
+        p = temporal.position(rows)[:, None]
+        # (lo, hi, sign) per run of positions: band + sink - (band and sink)
+        intervals = [(p - w, p + w, 1), (np.zeros_like(p), np.full_like(p, sink - 1), 1),
+                     (np.maximum(p - w, 0), np.minimum(p + w, sink - 1), -1)]
+        points, weights = [], []
+        for lo, hi, sign in intervals:
+            s_lo = np.maximum(-((frames - lo) // F), 0)          # ceil((lo - f) / F), clipped
+            s_hi = np.minimum((hi - frames) // F, S - 1)         # floor((hi - f) / F), clipped
+            start = frames * S + s_lo
+            end = np.maximum(frames * S + s_hi + 1, start)       # empty runs contribute nothing
+            points += [start.ravel(), end.ravel()]
+            weights += [np.full(start.size, sign), np.full(end.size, -sign)]
+        t, wt = np.concatenate(points), np.concatenate(weights)
+        order = np.argsort(t, kind="stable")
+        t, wt = t[order], wt[order]
+        cum_w = np.concatenate([[0], np.cumsum(wt)])
+        cum_wt = np.concatenate([[0], np.cumsum(wt * t)])
+        below = np.searchsorted(t, k_edges, side="left")       # points strictly left of each edge
+        kept_before = k_edges * cum_w[below] - cum_wt[below]   # kept keys < edge, summed over rows
+        out[i] = np.diff(kept_before)
+    return out
+
+
+def plan_kind(mask: SVGMask, kind: int, block_q: int, block_kv: int, rounded: bool = False):
+    """The tile plan of one kind of head as the in-kernel kernel sees it (frame-major order):
+    kind 0 the spatial mask itself, kind 1 `TemporalMask(mask)`; `rounded` plans B3's
+    tile-aligned version."""
+    if kind == 0:
+        m = mask.tile_aligned(block_q, block_kv) if rounded else mask
+        return plan_tiles(m, block_q, block_kv)
+    temporal = TemporalMask(mask)
+    if rounded:  # rounding needs the exact counts of every tile: brute force
+        return plan_tiles(temporal.tile_aligned(block_q, block_kv), block_q, block_kv)
+    return plan_tiles(temporal, block_q, block_kv, counts=temporal_tile_counts(mask, block_q, block_kv))
+
+
 # -- building and caching ----------------------------------------------------------------------
 
 def build_svg_attention(mask: SVGMask, *, method: str = "b2", heads: int, tokens: int, head_dim: int, dtype,
@@ -123,51 +182,34 @@ def build_svg_attention(mask: SVGMask, *, method: str = "b2", heads: int, tokens
     return jax.jit(f)
 
 
-def _stack_plans(plans):
-    """Schedule tables of several plans padded to a common step count: int32 `[kinds * nq, steps]` each.
-
-    Row `kind * nq + i` is query tile i of plan `kind`. Extra steps repeat the row's last key
-    tile with class EMPTY, so they fetch nothing and compute nothing (the planner's idle steps).
-    """
-    from .planner import EMPTY
-
-    steps = max(p.steps for p in plans)
-    kv, cls = [], []
-    for p in plans:
-        extra = steps - p.steps
-        kv.append(np.concatenate([p.kv_index, np.repeat(p.kv_index[:, -1:], extra, axis=1)], axis=1))
-        cls.append(np.concatenate([p.step_class, np.full((p.grid[0], extra), EMPTY, np.int8)], axis=1))
-    return np.concatenate(kv).astype(np.int32), np.concatenate(cls).astype(np.int32)
-
-
 def build_svg_attention_in_kernel(mask: SVGMask, *, method: str = "b2", heads: int, tokens: int, head_dim: int,
                                   dtype, block_q: int = 512, block_kv: int = 512,
                                   block_kv_compute: int | None = None, interpret=None):
-    """A jitted `f(q, k, v, is_temporal) -> out` running ONE pallas_call whose schedule follows each head's kind.
+    """A jitted `f(q, k, v, is_temporal) -> out`: the block-sparse kernel following each head's kind.
 
     Both tile plans (the band for spatial heads, the frame-major `TemporalMask` for temporal
-    heads) are stacked into scalar-prefetch tables next to the per-head flags; the key/value
-    index map reads `kv_index[flag[h] * nq + i, s]`, and partial tiles evaluate the mask of the
-    head's kind (`TemporalMask.keep` is arithmetic, so it runs inside the kernel). No token is
-    moved. Methods b1, b2, b3 (b3 rounds each kind's mask in the order the kernel sees it, here
-    the scattered frame-major one).
+    heads) are stacked by the planner into one schedule table (`stack_schedules`: kind 0 rows,
+    then kind 1 rows), and `kernels.block_sparse_attention` gets the flags as its per-head
+    `head_kind` and one predicate per kind: a head fetches its own kind's tiles, and partial
+    tiles evaluate its own kind's mask (`TemporalMask.keep` is arithmetic, so it runs inside the
+    kernel). No token is moved. Methods b1, b2, b3 (b3 rounds each kind's mask in the order the
+    kernel sees it, here the scattered frame-major one).
 
     Cost: each head does only its own kind's work, but every head runs the grid's step count,
     the larger of the two plans (the temporal one); a spatial head's extra steps are idle
     (no DMA, no compute, only the grid-step overhead).
     """
     import functools
-    import math
 
     import jax
     import jax.numpy as jnp
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import tpu as pltpu
 
-    from .kernels import _compiler_params, _finish, _init_state, _online_softmax_tile, _scratch
+    from .attention import scaled_and_padded
+    from .kernels import block_sparse_attention
     from .masks import check_block_size
-    from .planner import EMPTY, FULL, PARTIAL
+    from .planner import stack_schedules
     from .runtime import default_interpret
+    from .smem import check_schedule_fits, schedule_smem
     from .vmem import check_block_kv_compute, check_fits, estimate_vmem
 
     mask = check_spatial_mask(mask, tokens)
@@ -179,69 +221,28 @@ def build_svg_attention_in_kernel(mask: SVGMask, *, method: str = "b2", heads: i
     vmem = check_fits(estimate_vmem(method, block_q, block_kv, head_dim, dtype, block_kv_compute))
     interpret = default_interpret() if interpret is None else interpret
 
-    masks = [mask, TemporalMask(mask)]  # kind 0 = spatial, kind 1 = temporal
-    if method == "b3":
-        masks = [m.tile_aligned(block_q, block_kv) for m in masks]
-        keeps = [lambda q_ids, k_ids: k_ids < tokens] * 2  # whole tiles: only key padding masks
-    else:
-        keeps = [mask.keep, TemporalMask(mask).keep]
-    kv_table, cls_table = _stack_plans([plan_tiles(m, block_q, block_kv) for m in masks])
-    kv_table, cls_table = jnp.asarray(kv_table), jnp.asarray(cls_table)
-    nq, steps = -(-tokens // block_q), kv_table.shape[1]
-    nk = -(-tokens // block_kv)
-    scale = 1.0 / math.sqrt(head_dim)
+    def kind_plans(bq, bkv):  # kind 0 = spatial, kind 1 = temporal
+        return [plan_kind(mask, kind, bq, bkv, rounded=method == "b3") for kind in (0, 1)]
 
-    def kernel(flag_ref, kv_ref, cls_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
-        h, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-        kind = flag_ref[h]
-        row = kind * nq + i
-        cls = cls_ref[row, s]
-        tile = functools.partial(_online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
-                                 q_start=i * block_q, k_start=kv_ref[row, s] * block_kv,
-                                 block_kv_compute=block_kv_compute)
+    def suggest(bq, bkv):
+        plans = kind_plans(bq, bkv)
+        return schedule_smem(heads, 2 * plans[0].grid[0], max(p.steps for p in plans))
 
-        @pl.when(s == 0)
-        def _():
-            _init_state(m_ref, l_ref, acc_ref)
+    plans = kind_plans(block_q, block_kv)
+    steps = max(p.steps for p in plans)
+    check_schedule_fits(plans[0], method=method, heads=heads, kinds=2, steps=steps, suggest=suggest)
+    keeps = tuple(p.mask.kernel_predicate(block_q, block_kv) for p in plans)  # b3: key padding only
+    schedule = jnp.asarray(stack_schedules(plans))
+    kernel = functools.partial(block_sparse_attention, steps=steps, stage=method, keep=keeps, block_q=block_q,
+                               block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=interpret,
+                               vmem_limit_bytes=vmem.vmem_limit_bytes)
 
-        masked = cls != EMPTY if method == "b1" else cls == PARTIAL
-        if method != "b1":
-            pl.when(cls == FULL)(lambda: tile(keep=None))
-        for k_kind, keep in enumerate(keeps):
-            pl.when(masked & (kind == k_kind))(functools.partial(tile, keep=keep))
+    def run(q, k, v, is_temporal):
+        return kernel(q, k, v, is_temporal.astype(jnp.int32), schedule)
 
-        @pl.when(s == steps - 1)
-        def _():
-            _finish(m_ref, l_ref, acc_ref, o_ref)
-
-    def q_map(h, i, s, flag_ref, kv_ref, cls_ref):
-        return h, i, 0
-
-    def kv_map(h, i, s, flag_ref, kv_ref, cls_ref):
-        return h, kv_ref[flag_ref[h] * nq + i, s], 0
-
-    def f(q, k, v, is_temporal):
-        qs = (q.astype(jnp.float32) * scale).astype(q.dtype)
-        qp = jnp.pad(qs, ((0, 0), (0, nq * block_q - tokens), (0, 0)))
-        kp, vp = (jnp.pad(x, ((0, 0), (0, nk * block_kv - tokens), (0, 0))) for x in (k, v))
-        out = pl.pallas_call(
-            kernel,
-            grid_spec=pltpu.PrefetchScalarGridSpec(
-                num_scalar_prefetch=3,
-                grid=(heads, nq, steps),
-                in_specs=[pl.BlockSpec((None, block_q, head_dim), q_map),
-                          pl.BlockSpec((None, block_kv, head_dim), kv_map),
-                          pl.BlockSpec((None, block_kv, head_dim), kv_map)],
-                out_specs=pl.BlockSpec((None, block_q, head_dim), q_map),
-                scratch_shapes=_scratch(block_q, head_dim)),
-            out_shape=jax.ShapeDtypeStruct(qp.shape, q.dtype),
-            compiler_params=_compiler_params(vmem.vmem_limit_bytes),
-            interpret=interpret,
-            name=f"{method}_in_kernel_routed_attention",
-        )(is_temporal.astype(jnp.int32), kv_table, cls_table, qp, kp, vp)
-        return out[:, :tokens]
-
-    return jax.jit(f)
+    nq, nk = plans[0].grid
+    return jax.jit(scaled_and_padded(run, tokens=tokens, head_dim=head_dim, q_len=nq * block_q,
+                                     kv_len=nk * block_kv))
 
 
 # -- the public layer ------------------------------------------------------------------------
@@ -273,7 +274,8 @@ def svg_attention_in_kernel(q, k, v, is_temporal, mask: SVGMask, *, method: str 
 
     Same arguments and result. Temporal heads stay frame-major and use `TemporalMask(mask)`,
     whose `keep` computes temporal-major positions arithmetically inside the kernel; the
-    planner classifies tiles of that scattered mask directly (brute-force pair counting, so
+    planner classifies tiles of that scattered mask directly (`temporal_tile_counts`, any size
+    without text tokens; b3's rounding and masks with text tokens count pairs brute force, so
     at most 32,768 tokens). b3 rounds the scattered mask to tiles in frame-major order.
 
     One pallas_call serves both kinds: the per-head flags are scalar-prefetched beside both
@@ -298,11 +300,11 @@ def compare_temporal_tiles(mask: SVGMask, block_q: int, block_kv: int) -> dict:
 
     Returns {"physical": stats, "in_kernel": stats} with the `TilePlan.stats` dicts of the band
     (what the kernel sees after the permutation) and of `TemporalMask(mask)` in frame-major
-    order. The in-kernel plan counts pairs brute force: at most 32,768 tokens.
+    order. The stats include B3's rounding, which counts pairs brute force: at most 32,768 tokens.
     """
     mask = check_spatial_mask(mask)
     return {"physical": plan_tiles(mask, block_q, block_kv).stats,
-            "in_kernel": plan_tiles(TemporalMask(mask), block_q, block_kv).stats}
+            "in_kernel": plan_kind(mask, 1, block_q, block_kv).stats}
 
 
 # -- counting compilations ----------------------------------------------------------------------

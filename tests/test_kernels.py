@@ -276,8 +276,8 @@ def test_garbage_in_padding_does_not_leak(method):
         mask = SMALL if method == "b2" else b3_mask(SMALL, bq, bkv)
         plan = plan_tiles(mask, bq, bkv)
         pred = SMALL.keep if method == "b2" else (lambda qi, ki: ki < n)
-        out = block_sparse_attention(qp, kp, vp, jnp.asarray(plan.table("kv_index")),
-                                     jnp.asarray(plan.table("step_class")), stage=method, keep=pred, **common)
+        out = block_sparse_attention(qp, kp, vp, jnp.zeros((2,), jnp.int32), jnp.asarray(plan.schedule),
+                                     steps=plan.steps, stage=method, keep=pred, **common)
         keep = mask.to_dense()
     assert out.shape == qp.shape
     np.testing.assert_allclose(np.asarray(out[:, :n], np.float64), attention64(q, k, v, keep), **F32)

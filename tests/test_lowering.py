@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from svg_lib import SVGMask, VideoGeometry, b3_mask, build_attention, estimate_vmem, plan_tiles
-from svg_lib.planner import FULL, PARTIAL
+from svg_lib.planner import FULL, PARTIAL, unpack_schedule
 
 # The blog's benchmark: Wan 2.1 720p (21 latent frames of 45 x 80), 10 heads of dim 128, bf16.
 GEOMETRY = VideoGeometry(21, 45, 80)
@@ -80,19 +80,21 @@ def test_lowers_to_one_mosaic_kernel(method):
 
 @pytest.mark.parametrize("method", ["b1", "b2", "b3"])
 def test_block_sparse_schedule_is_baked_in(method):
-    """The schedule tables in the module are the planner's, and they set the grid's length:
-    23 query tiles x (most tiles any query tile visits) steps per head."""
+    """The schedule in the module is the planner's packed table, half a word per grid step, and
+    it sets the grid's length: 23 query tiles x (most tiles any query tile visits) steps per head.
+    Before it come the per-head kinds (all 0: one mask for every head)."""
     _, text = exported(method)
     line, operands, _ = custom_call(text)
     assert f'kernel_name = "{method}_block_sparse_attention"' in line
     plan = plan_tiles(b3_mask(MASK, BQ, BKV) if method == "b3" else MASK, BQ, BKV)
-    table_type = f"tensor<{plan.grid[0]}x{plan.steps}xi32>"
-    assert operands[:2] == [table_type, table_type]
-    tables = [a for a in int_constants(text).values() if a.shape == plan.kv_index.shape]
-    assert len(tables) == 2
-    kv_index, step_class = tables
-    np.testing.assert_array_equal(kv_index, plan.table("kv_index"))
-    np.testing.assert_array_equal(step_class, plan.table("step_class"))
+    nq, steps = plan.grid[0], plan.steps
+    words = -(-nq * steps // 2)  # two 16-bit steps per int32 word
+    assert operands[:2] == [f"tensor<{HEADS}xi32>", f"tensor<{words}xi32>"]
+    tables = [a for a in int_constants(text).values() if a.shape == (words,)]
+    assert len(tables) == 1
+    kv_index, step_class = unpack_schedule(tables[0], nq, steps)
+    np.testing.assert_array_equal(kv_index, plan.kv_index)
+    np.testing.assert_array_equal(step_class, plan.step_class)
     # B3 visits fewer tiles than B1/B2 at this size: a shorter grid
     steps = {m: plan_tiles(b3_mask(MASK, BQ, BKV) if m == "b3" else MASK, BQ, BKV).steps for m in ("b2", "b3")}
     assert steps["b3"] < steps["b2"]

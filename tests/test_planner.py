@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from mask_helpers import ArrayMask, tile_view
 from svg_lib.geometry import VideoGeometry
 from svg_lib.masks import PermutedMask, SVGMask, TileAlignedMask
-from svg_lib.planner import CLASS_NAMES, EMPTY, FULL, PARTIAL, TilePlan, plan_tiles
+from svg_lib.planner import (CLASS_BITS, CLASS_NAMES, EMPTY, FULL, MAX_KV_TILES, PARTIAL, STEP_BITS, TilePlan,
+                             pack_schedule, plan_tiles, stack_schedules, unpack_schedule)
 
 FAST = settings(max_examples=30, deadline=None, database=None)
 
@@ -126,7 +127,7 @@ def test_schedule_tables(mask_dense, bq, bk):
     nq, nk = classes.shape
     assert plan.kv_index.dtype == np.int32 and plan.num_steps.dtype == np.int32
     assert plan.step_class.dtype == np.int8
-    assert plan.table("kv_index").dtype == np.int32 and plan.table("step_class").dtype == np.int32
+    assert plan.schedule.dtype == np.int32 and plan.schedule.shape == (-(-plan.kv_index.size // 2),)
     visits = [np.flatnonzero(classes[i] != EMPTY) for i in range(nq)]
     steps = max(1, max(v.size for v in visits))
     assert plan.steps == steps
@@ -142,6 +143,11 @@ def test_schedule_tables(mask_dense, bq, bk):
         if m:
             assert (plan.kv_index[i, m:] == tiles[-1]).all()
         assert (plan.step_class[i, m:] == EMPTY).all()
+    # the packed table the kernel reads holds exactly these two tables
+    kv, cls = unpack_schedule(plan.schedule, plan.grid[0], plan.steps)
+    np.testing.assert_array_equal(kv, plan.kv_index)
+    np.testing.assert_array_equal(cls, plan.step_class)
+    assert dma_count(plan.kv_index) <= max(int(plan.visited.sum()), 1)  # no DMA for an idle step
 
 
 def test_query_tile_with_nothing_to_visit():
@@ -154,8 +160,62 @@ def test_query_tile_with_nothing_to_visit():
     assert plan.kv_index[0].tolist() == [1, 1]
     assert plan.step_class[0].tolist() == [PARTIAL, EMPTY]
     assert plan.step_class[1].tolist() == [EMPTY, EMPTY]
+    assert plan.kv_index[1].tolist() == [1, 1]  # the tile query tile 0 left resident: no DMA
     assert plan.kv_index[2].tolist() == [0, 1]
     assert plan.step_class[2].tolist() == [FULL, FULL]
+
+
+def dma_count(kv_index):
+    """Key-tile copies of one head walking the grid (query tile, then step): one per change of tile."""
+    order = np.asarray(kv_index).ravel()
+    return 1 + int((order[1:] != order[:-1]).sum())
+
+
+def test_keyless_query_tiles_point_at_the_resident_tile():
+    # query tiles 0 and 3 keep nothing: tile 0 waits on the tile that query tile 1 fetches first,
+    # tile 3 on the one query tile 2 left resident, so neither issues a DMA
+    dense = np.zeros((512, 512), bool)
+    dense[128:256, 300:512] = True   # query tile 1: key tiles 2, 3
+    dense[256:384, 140:200] = True   # query tile 2: key tile 1
+    plan = plan_tiles(ArrayMask(dense), 128, 128)
+    assert plan.num_steps.tolist() == [0, 2, 1, 0]
+    assert plan.kv_index.tolist() == [[2, 2], [2, 3], [1, 1], [1, 1]]
+    assert dma_count(plan.kv_index) == int(plan.visited.sum()) == 3
+
+
+def test_pack_and_stack_schedules():
+    a = plan_tiles(ArrayMask(np.tril(np.ones((300, 300), bool))), 128, 128)   # steps 3
+    b = plan_tiles(ArrayMask(np.eye(300, dtype=bool)), 128, 128)             # steps 1
+    table = stack_schedules([a, b])
+    assert table.dtype == np.int32 and table.shape == (9,)  # 18 steps, two to a word
+    kv, cls = unpack_schedule(table, 6, 3)
+    np.testing.assert_array_equal(kv[:3], a.kv_index)
+    np.testing.assert_array_equal(cls[:3], a.step_class)
+    np.testing.assert_array_equal(kv[3:, :1], b.kv_index)
+    # b's rows are padded with idle steps on the row's own last tile
+    assert (cls[3:, 1:] == EMPTY).all() and (kv[3:, 1:] == b.kv_index[:, -1:]).all()
+    # the layout the kernel decodes: entry n in half n % 2 of word n // 2
+    n = np.arange(18)
+    entry = (table.view(np.uint32)[n // 2].astype(np.int64) >> (STEP_BITS * (n % 2))) & 0xFFFF
+    assert (entry >> CLASS_BITS).tolist() == kv.ravel().tolist()
+    assert (entry & 3).tolist() == cls.ravel().tolist()
+    with pytest.raises(ValueError, match="one tile grid"):
+        stack_schedules([a, plan_tiles(ArrayMask(np.eye(300, dtype=bool)), 256, 128)])
+
+
+def test_packing_round_trips_large_tile_indices_and_odd_lengths():
+    kv = np.array([[0, MAX_KV_TILES - 1, 8192], [5, 9000, 1]])
+    cls = np.array([[FULL, PARTIAL, EMPTY], [FULL, FULL, PARTIAL]])
+    for rows in (1, 2):  # 3 or 6 entries: an odd count leaves half a word unused
+        table = pack_schedule(kv[:rows], cls[:rows])
+        assert table.shape == (-(-3 * rows // 2),)
+        got_kv, got_cls = unpack_schedule(table, rows, 3)
+        np.testing.assert_array_equal(got_kv, kv[:rows])
+        np.testing.assert_array_equal(got_cls, cls[:rows])
+    with pytest.raises(ValueError, match="must lie in.*block_kv"):
+        pack_schedule(np.array([[MAX_KV_TILES]]), np.array([[FULL]]))
+    with pytest.raises(ValueError, match="must lie in"):
+        pack_schedule(np.array([[-1]]), np.array([[FULL]]))
 
 
 def test_an_all_empty_mask_still_has_one_step():

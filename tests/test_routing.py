@@ -13,6 +13,8 @@ import pytest
 from svg_lib import (CompileCounter, SVGMask, TemporalMask, VideoGeometry, build_svg_attention,
                      build_svg_attention_in_kernel, compare_temporal_tiles, reference_attention, svg_attention,
                      svg_attention_in_kernel)
+from svg_lib.planner import stack_schedules
+from svg_lib.routing import plan_kind, temporal_tile_counts
 from svg_lib.synthetic import computed_mask
 
 # float32 kernels vs float32 reference: summation order only (see tests/test_kernels.py for the derivation)
@@ -158,3 +160,59 @@ def test_public_layer_under_jit_compiles_once(mask, qkv, per_kind_reference):
         flags = jnp.asarray(np.array(ROUTINGS[name]))
         np.testing.assert_allclose(f(*qkv, flags), expected(flags, per_kind_reference), **F32)
     assert f._cache_size() == 1
+
+
+# -- one block-sparse kernel, planned at any size ------------------------------------------------
+
+@pytest.mark.parametrize("geometry, density, block", [
+    (VideoGeometry(5, 8, 12), 0.35, 128), (VideoGeometry(7, 9, 13), 0.2, 128), (VideoGeometry(4, 8, 16), 0.5, 256)])
+@pytest.mark.parametrize("sink", [True, False])
+def test_temporal_tile_counts_match_brute_force(geometry, density, block, sink):
+    mask = SVGMask.spatial(geometry, density, first_frame_sink=sink)
+    fast = temporal_tile_counts(mask, block, block)
+    nq, nk = fast.shape
+    brute = TemporalMask(mask).pair_counts(np.arange(nq + 1) * block, np.arange(nk + 1) * block)
+    np.testing.assert_array_equal(fast, brute)
+    assert fast.sum() == mask.pair_count  # the permutation moves pairs, it keeps them all
+
+
+def test_temporal_tile_counts_with_text_tokens_fall_back_to_counting():
+    mask = SVGMask.spatial(VideoGeometry(3, 8, 8, text_tokens=40), 0.5)
+    counts = temporal_tile_counts(mask, 128, 128)
+    edges = np.arange(counts.shape[0] + 1) * 128
+    np.testing.assert_array_equal(counts, TemporalMask(mask).pair_counts(edges, edges))
+
+
+def test_in_kernel_layer_runs_the_one_block_sparse_kernel(mask, qkv, monkeypatch):
+    """No second pallas_call: the routed layer calls kernels.block_sparse_attention with both
+    kinds' predicates and the planner's stacked schedule."""
+    import svg_lib.kernels as kernels
+
+    calls = []
+    real = kernels.block_sparse_attention
+
+    def spy(*args, **kwargs):
+        calls.append((args, kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "block_sparse_attention", spy)
+    f = build_svg_attention_in_kernel(mask, method="b2", heads=HEADS, tokens=GEOMETRY.tokens, head_dim=HEAD_DIM,
+                                      dtype=jnp.float32, block_q=BLOCK, block_kv=BLOCK)
+    f(*qkv, jnp.asarray(np.array(ROUTINGS["mixed"]))).block_until_ready()
+    (args, kwargs), = calls
+    assert len(kwargs["keep"]) == 2 and kwargs["stage"] == "b2"
+    plans = [plan_kind(mask, kind, BLOCK, BLOCK) for kind in (0, 1)]
+    np.testing.assert_array_equal(np.asarray(args[4]), stack_schedules(plans))
+    assert kwargs["steps"] == max(p.steps for p in plans)
+
+
+def test_in_kernel_b2_compiles_at_1440p(tpu_compiler):
+    """Both kinds' schedules stacked (2 x 591 rows x 317 steps, packed: 735.5 KiB of SMEM with the rest) fit a
+    v6e's 1 MiB; one head per kind, bf16, density 0.35, 512 x 512."""
+    mask = SVGMask.spatial(VideoGeometry(21, 90, 160), 0.35)
+    f = build_svg_attention_in_kernel(mask, method="b2", heads=2, tokens=mask.tokens, head_dim=128,
+                                      dtype=jnp.bfloat16, block_q=512, block_kv=512, interpret=False)
+    shapes = [((2, mask.tokens, 128), "bfloat16")] * 3 + [((2,), "bool")]
+    compiled, seconds = tpu_compiler.compile_fn(f, shapes, target="v6e")
+    print(f"in-kernel routing b2 at 1440p compiled for v6e in {seconds:.1f} s")
+    assert compiled is not None
