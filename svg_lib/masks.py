@@ -42,23 +42,30 @@ def _is_numpy(*xs) -> bool:
     return all(isinstance(x, (np.ndarray, np.generic, int)) for x in xs)
 
 
-def _band_pairs(a0, a1, b0, b1, w):
-    """Number of (q, k) with a0 <= q < a1, b0 <= k < b1 and |q - k| <= w (int64, broadcasting).
+def _diagonal_pairs(a0, a1, b0, b1, lo, hi):
+    """Number of (x, y) with a0 <= x < a1, b0 <= y < b1 and lo <= x - y <= hi (int64, broadcasting).
 
-    For one row q the count is C(q + w) - C(q - w - 1) with C(x) = clip(x - b0 + 1, 0, L),
-    L = b1 - b0; summed over q, each term is a sum of a clipped ramp, which has a closed form.
+    For one row x the count is C(x - lo) - C(x - hi - 1) with C(t) = clip(t - b0 + 1, 0, L),
+    L = b1 - b0 (keys y <= t); summed over x, each term is a sum of a clipped ramp, which has a
+    closed form. An empty range (lo > hi) counts nothing.
     """
-    a0, a1, b0, b1 = (np.asarray(x, dtype=np.int64) for x in (a0, a1, b0, b1))
+    a0, a1, b0, b1, lo, hi = (np.asarray(x, dtype=np.int64) for x in (a0, a1, b0, b1, lo, hi))
     a1 = np.maximum(a1, a0)
+    hi = np.maximum(hi, lo - 1)
     length = np.maximum(b1 - b0, 0)
 
     def ramp_sum(x):  # sum of clip(y, 0, length) over all integers y < x
         m = np.clip(x - 1, 0, length)
         return m * (m + 1) // 2 + length * np.maximum(x - 1 - length, 0)
 
-    upper = w - b0 + 1
-    lower = -w - b0
+    upper = 1 - lo - b0
+    lower = -hi - b0
     return (ramp_sum(a1 + upper) - ramp_sum(a0 + upper)) - (ramp_sum(a1 + lower) - ramp_sum(a0 + lower))
+
+
+def _band_pairs(a0, a1, b0, b1, w):
+    """Number of (q, k) with a0 <= q < a1, b0 <= k < b1 and |q - k| <= w (int64, broadcasting)."""
+    return _diagonal_pairs(a0, a1, b0, b1, -np.asarray(w), np.asarray(w))
 
 
 def _grid_cells(edges, tokens):
@@ -351,6 +358,47 @@ class TemporalMask(PermutedMask):
 
     def keep(self, q, k):
         return self.permuted.keep(self.position(q), self.position(k)) & (q < self.tokens) & (k < self.tokens)
+
+    def pair_counts(self, q_edges, k_edges) -> np.ndarray:
+        # Closed form from frame and slot ranges. Within one frame f a contiguous frame-major range
+        # is one slot interval, and token (f, s) sits at temporal-major position s*F + f. For a
+        # query frame fq and a key frame fk (df = fq - fk) the band |(sq - sk)*F + df| <= W is the
+        # slot diagonal lo(df) <= sq - sk <= hi(df); the sink (positions < sink) is the key slots
+        # below ceil((sink - fk) / F). A cell touches few frames, so only the (cell, frame) pieces
+        # that exist are paired: no token pair is visited.
+        g, n = self.geometry, self.tokens
+        F, S, V = g.frames, g.frame_tokens, g.video_tokens
+        w, sink = self.permuted.band_width, self.permuted.sink_tokens
+        q0, q1 = _grid_cells(q_edges, n)
+        k0, k1 = _grid_cells(k_edges, n)
+        area = (q1 - q0)[:, None] * (k1 - k0)[None, :]
+        frames = np.arange(F, dtype=np.int64)
+
+        def pieces(c0, c1):  # the non-empty (cell, frame, slot interval) pieces of a grid
+            lo = np.clip(np.minimum(c0, V)[:, None] - frames * S, 0, S)
+            hi = np.clip(np.minimum(c1, V)[:, None] - frames * S, 0, S)
+            cell, frame = np.nonzero(hi > lo)
+            return cell, frame, lo[cell, frame], hi[cell, frame], np.maximum(hi - lo, 0).sum(axis=1)
+
+        qc, qf, sa, sb, video_q = pieces(q0, q1)
+        kc, kf, ta, tb, video_k = pieces(k0, k1)
+        first_free = np.clip(-((kf - sink) // F), 0, S)  # ceil((sink - f) / F): key slots below are sink
+        tn = np.minimum(np.maximum(ta, first_free), tb)   # non-sink key slots: [tn, tb)
+        sink_k = np.bincount(kc, weights=tn - ta, minlength=k0.size).astype(np.int64)
+        kept = video_q[:, None] * sink_k[None, :]         # every video query keeps the sink keys
+        nk = k0.size
+        chunk = max(1, 4_000_000 // max(1, kc.size))      # bound the [q pieces, k pieces] temporaries
+        for start in range(0, qc.size, chunk):
+            rows = slice(start, start + chunk)
+            df = qf[rows, None] - kf[None, :]
+            band = _diagonal_pairs(sa[rows, None], sb[rows, None], tn[None, :], tb[None, :],
+                                   -((w + df) // F), (w - df) // F)
+            cell_pair = (qc[rows, None] * nk + kc[None, :]).ravel()
+            # float64 sums are exact: counts stay far below 2**53
+            kept += np.rint(np.bincount(cell_pair, weights=band.ravel(), minlength=q0.size * nk)
+                            ).astype(np.int64).reshape(q0.size, nk)
+        # text rows and columns are always kept: drop only the video pairs outside the mask
+        return area - (video_q[:, None] * video_k[None, :] - kept)
 
     def kernel_predicate(self, block_q: int, block_kv: int):
         return self.keep  # positions are arithmetic, so the kernel can evaluate this
