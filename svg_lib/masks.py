@@ -545,6 +545,15 @@ class SlidingTileMask(Mask):
             inside = inside & (b >= start) & (b < start + w)
         return (real_q | text_q) & (real_k | text_k) & (inside | text_q | text_k)
 
+    @property
+    def pair_density(self) -> float:
+        """Fraction of the *real* token pairs kept: pair_count / geometry.tokens**2.
+
+        Padding positions are never kept, so dividing by the padded sequence's tokens**2 would
+        understate the budget; this is the number to set beside an SVG mask's pair_density.
+        """
+        return self.pair_count / float(self.geometry.tokens) ** 2
+
     # -- structure -------------------------------------------------------------------------
     def aligned(self, block_q: int, block_kv: int) -> bool:
         """Whether `block_q` and `block_kv` divide the cube: then every tile is kept or skipped whole."""
