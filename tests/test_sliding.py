@@ -74,6 +74,7 @@ def test_mask_and_closed_form_counts_match_the_loops(case, data):
     assert got.dtype == np.int64
     np.testing.assert_array_equal(got, brute_counts(dense, q_edges, k_edges))
     assert mask.pair_count == dense.sum()
+    assert mask.pair_density == pytest.approx(dense.sum() / g.tokens**2)  # a share of the real pairs
 
 
 @given(small_case())
