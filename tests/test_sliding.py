@@ -190,3 +190,16 @@ def test_kernels_run_the_sliding_mask_and_padding_never_leaks(small_problem, met
     frame_major = reference_attention(q, k, v, mask.frame_major())
     np.testing.assert_allclose(np.asarray(from_tile_major(out, g, mask.tile)), np.asarray(frame_major),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_b3_compiles_for_tpu_on_a_sliding_mask(tpu_compiler):
+    # compile-only for v6e (no run): the aligned sliding plan through the unchanged B3 kernel,
+    # with padding tiles (30 columns padded to 32) masked by the padding-only predicate
+    from svg_lib import build_attention
+
+    g = VideoGeometry(4, 8, 30)
+    mask = SlidingTileMask(g, (1, 8, 32), (3, 1, 1))
+    fn = build_attention(mask, method="b3", heads=2, tokens=mask.tokens, head_dim=128, dtype=jnp.bfloat16,
+                         block_q=256, block_kv=256, interpret=False)
+    compiled, seconds = tpu_compiler.compile_fn(fn, [((2, mask.tokens, 128), "bfloat16")] * 3, "v6e")
+    assert compiled.memory_analysis().argument_size_in_bytes == 3 * 2 * mask.tokens * 128 * 2
