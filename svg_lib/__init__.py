@@ -6,6 +6,9 @@ allow_shared_libtpu()  # before jax sets up its backends: see svg_lib.compiler
 from .geometry import (VideoGeometry, inverse_temporal_major_permutation, temporal_major_permutation,
                        to_frame_major, to_temporal_major)
 from .masks import Mask, PermutedMask, RoundingReport, SVGMask, TemporalMask, TileAlignedMask, check_block_size
+# 3-D sliding tiles (helper: sliding)
+from .geometry import TileLayout, from_tile_major, inverse_tile_major_permutation, tile_major_permutation, to_tile_major
+from .masks import SlidingTileMask
 from .planner import EMPTY, FULL, PARTIAL, TilePlan, plan_tiles
 from .reference import reference_attention
 
@@ -24,6 +27,6 @@ from .traversal import grid_trace, plot_traversal, recorded_grid_trace
 from .routing import (CompileCounter, build_svg_attention, build_svg_attention_in_kernel, compare_temporal_tiles,
                       svg_attention, svg_attention_in_kernel)
 from .profiling import HeadProfile, profile_heads
-from .synthetic import attention_recall, quality_table, relative_l2, structured_qkv
+from .synthetic import attention_recall, equal_budget_table, quality_table, relative_l2, structured_qkv
 from .multichip import (ShardedCompileReport, build_sharded_svg_attention, compile_sharded_layer, make_mesh,
                         sharded_svg_attention)

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .geometry import VideoGeometry, inverse_temporal_major_permutation, temporal_major_permutation
+from .geometry import (TileLayout, VideoGeometry, inverse_temporal_major_permutation, inverse_tile_major_permutation,
+                       temporal_major_permutation, tile_major_permutation)
 
 LANES = 128  # TPU vector lane width: block sizes and band widths are multiples of it
 DENSE_LIMIT_TOKENS = 16_384  # to_dense() refuses beyond this: 16k x 16k bools is already 256 MiB
@@ -42,23 +43,30 @@ def _is_numpy(*xs) -> bool:
     return all(isinstance(x, (np.ndarray, np.generic, int)) for x in xs)
 
 
-def _band_pairs(a0, a1, b0, b1, w):
-    """Number of (q, k) with a0 <= q < a1, b0 <= k < b1 and |q - k| <= w (int64, broadcasting).
+def _diagonal_pairs(a0, a1, b0, b1, lo, hi):
+    """Number of (x, y) with a0 <= x < a1, b0 <= y < b1 and lo <= x - y <= hi (int64, broadcasting).
 
-    For one row q the count is C(q + w) - C(q - w - 1) with C(x) = clip(x - b0 + 1, 0, L),
-    L = b1 - b0; summed over q, each term is a sum of a clipped ramp, which has a closed form.
+    For one row x the count is C(x - lo) - C(x - hi - 1) with C(t) = clip(t - b0 + 1, 0, L),
+    L = b1 - b0 (keys y <= t); summed over x, each term is a sum of a clipped ramp, which has a
+    closed form. An empty range (lo > hi) counts nothing.
     """
-    a0, a1, b0, b1 = (np.asarray(x, dtype=np.int64) for x in (a0, a1, b0, b1))
+    a0, a1, b0, b1, lo, hi = (np.asarray(x, dtype=np.int64) for x in (a0, a1, b0, b1, lo, hi))
     a1 = np.maximum(a1, a0)
+    hi = np.maximum(hi, lo - 1)
     length = np.maximum(b1 - b0, 0)
 
     def ramp_sum(x):  # sum of clip(y, 0, length) over all integers y < x
         m = np.clip(x - 1, 0, length)
         return m * (m + 1) // 2 + length * np.maximum(x - 1 - length, 0)
 
-    upper = w - b0 + 1
-    lower = -w - b0
+    upper = 1 - lo - b0
+    lower = -hi - b0
     return (ramp_sum(a1 + upper) - ramp_sum(a0 + upper)) - (ramp_sum(a1 + lower) - ramp_sum(a0 + lower))
+
+
+def _band_pairs(a0, a1, b0, b1, w):
+    """Number of (q, k) with a0 <= q < a1, b0 <= k < b1 and |q - k| <= w (int64, broadcasting)."""
+    return _diagonal_pairs(a0, a1, b0, b1, -np.asarray(w), np.asarray(w))
 
 
 def _grid_cells(edges, tokens):
@@ -316,10 +324,10 @@ class PermutedMask(Mask):
 
     def keep(self, q, k):
         if _is_numpy(q, k):
-            pos = np.concatenate([self.pos, [self.tokens]])  # padding maps to padding
+            pos = np.concatenate([self.pos, [self.permuted.tokens]])  # padding maps to padding
             return self.permuted.keep(pos[np.minimum(q, self.tokens)], pos[np.minimum(k, self.tokens)])
         import jax.numpy as jnp
-        pos = jnp.asarray(np.concatenate([self.pos, [self.tokens]]), dtype=jnp.int32)
+        pos = jnp.asarray(np.concatenate([self.pos, [self.permuted.tokens]]), dtype=jnp.int32)
         return self.permuted.keep(pos[jnp.minimum(q, self.tokens)], pos[jnp.minimum(k, self.tokens)])
 
 
@@ -351,6 +359,47 @@ class TemporalMask(PermutedMask):
 
     def keep(self, q, k):
         return self.permuted.keep(self.position(q), self.position(k)) & (q < self.tokens) & (k < self.tokens)
+
+    def pair_counts(self, q_edges, k_edges) -> np.ndarray:
+        # Closed form from frame and slot ranges. Within one frame f a contiguous frame-major range
+        # is one slot interval, and token (f, s) sits at temporal-major position s*F + f. For a
+        # query frame fq and a key frame fk (df = fq - fk) the band |(sq - sk)*F + df| <= W is the
+        # slot diagonal lo(df) <= sq - sk <= hi(df); the sink (positions < sink) is the key slots
+        # below ceil((sink - fk) / F). A cell touches few frames, so only the (cell, frame) pieces
+        # that exist are paired: no token pair is visited.
+        g, n = self.geometry, self.tokens
+        F, S, V = g.frames, g.frame_tokens, g.video_tokens
+        w, sink = self.permuted.band_width, self.permuted.sink_tokens
+        q0, q1 = _grid_cells(q_edges, n)
+        k0, k1 = _grid_cells(k_edges, n)
+        area = (q1 - q0)[:, None] * (k1 - k0)[None, :]
+        frames = np.arange(F, dtype=np.int64)
+
+        def pieces(c0, c1):  # the non-empty (cell, frame, slot interval) pieces of a grid
+            lo = np.clip(np.minimum(c0, V)[:, None] - frames * S, 0, S)
+            hi = np.clip(np.minimum(c1, V)[:, None] - frames * S, 0, S)
+            cell, frame = np.nonzero(hi > lo)
+            return cell, frame, lo[cell, frame], hi[cell, frame], np.maximum(hi - lo, 0).sum(axis=1)
+
+        qc, qf, sa, sb, video_q = pieces(q0, q1)
+        kc, kf, ta, tb, video_k = pieces(k0, k1)
+        first_free = np.clip(-((kf - sink) // F), 0, S)  # ceil((sink - f) / F): key slots below are sink
+        tn = np.minimum(np.maximum(ta, first_free), tb)   # non-sink key slots: [tn, tb)
+        sink_k = np.bincount(kc, weights=tn - ta, minlength=k0.size).astype(np.int64)
+        kept = video_q[:, None] * sink_k[None, :]         # every video query keeps the sink keys
+        nk = k0.size
+        chunk = max(1, 4_000_000 // max(1, kc.size))      # bound the [q pieces, k pieces] temporaries
+        for start in range(0, qc.size, chunk):
+            rows = slice(start, start + chunk)
+            df = qf[rows, None] - kf[None, :]
+            band = _diagonal_pairs(sa[rows, None], sb[rows, None], tn[None, :], tb[None, :],
+                                   -((w + df) // F), (w - df) // F)
+            cell_pair = (qc[rows, None] * nk + kc[None, :]).ravel()
+            # float64 sums are exact: counts stay far below 2**53
+            kept += np.rint(np.bincount(cell_pair, weights=band.ravel(), minlength=q0.size * nk)
+                            ).astype(np.int64).reshape(q0.size, nk)
+        # text rows and columns are always kept: drop only the video pairs outside the mask
+        return area - (video_q[:, None] * video_k[None, :] - kept)
 
     def kernel_predicate(self, block_q: int, block_kv: int):
         return self.keep  # positions are arithmetic, so the kernel can evaluate this
@@ -423,3 +472,190 @@ class TileAlignedMask(Mask):
     def __repr__(self) -> str:
         return (f"TileAlignedMask(tokens={self.tokens}, tiles={self.block_q}x{self.block_kv}, "
                 f"kept {int(self.kept.sum())}/{self.kept.size} tiles)")
+
+
+class SlidingTileMask(Mask):
+    """Sliding tile attention: each query cube attends to a window of whole cubes (tile-major order).
+
+    Tokens are in the order of `TileLayout(geometry, tile)` (see `to_tile_major`): each
+    `tile = (tt, th, tw)` cube of the latent video is contiguous, padding positions included,
+    text tokens last. A video query in cube (a_t, a_h, a_w) keeps the video keys of the
+    `window = (wt, wh, ww)` cubes around it (odd counts, in cubes per dimension); text rows and
+    columns are always kept; padding positions are never kept, as keys or as queries.
+
+    Edges: the window is *shifted inside* the video (as neighbourhood attention does), not
+    clipped. Along a dimension of n cubes it covers cubes [s, s + w) with
+    s = clip(a - w // 2, 0, n - w) (the whole dimension when w >= n). So every query cube visits
+    the same number of key cubes: a TPU grid pads every query tile's schedule to the longest
+    one, so clipped windows would leave edge tiles idle steps that still cost grid overhead, and
+    would give edge tokens less context than the middle ones for the same budget.
+
+    When `block_q` and `block_kv` divide the cube's token count, every attention tile lies in
+    one (query cube, key cube) pair, so it is entirely kept or entirely skipped: only tiles
+    touching padding are partial, and B3 runs the mask as it is (`tile_aligned` returns it).
+    """
+
+    def __init__(self, geometry: VideoGeometry, tile, window):
+        self.layout = TileLayout(geometry, tile)
+        self.geometry = geometry
+        self.tile = self.layout.tile
+        win = tuple(window) if isinstance(window, (tuple, list)) else None
+        if win is None or len(win) != 3 or any(isinstance(w, bool) or not isinstance(w, (int, np.integer))
+                                               or w < 1 or w % 2 == 0 for w in win):
+            raise ValueError(f"window must be 3 odd positive integers (cubes per dimension, centred on the "
+                             f"query's cube), e.g. (3, 3, 3); got {window!r}")
+        self.window = tuple(int(w) for w in win)
+        self.tokens = self.layout.tokens
+
+    # -- coordinates (numpy, or jax with truncating div/rem that Mosaic lowers anywhere) -------
+    def _divmod(self, i, d):
+        if _is_numpy(i):
+            return i // d, i % d
+        import jax
+        return jax.lax.div(i, d), jax.lax.rem(i, d)
+
+    def _cube_and_real(self, i):
+        """(cube coordinates (ct, ch, cw), is a real video token, is a text token) of positions i."""
+        layout, (tt, th, tw) = self.layout, self.tile
+        F, H, W = layout.dims
+        _, nh, nw = layout.cubes
+        cube, inner = self._divmod(i, layout.cube_tokens)
+        ct, rest = self._divmod(cube, nh * nw)
+        ch, cw = self._divmod(rest, nw)
+        rt, rest = self._divmod(inner, th * tw)
+        rh, rw = self._divmod(rest, tw)
+        video = i < layout.video_tokens
+        real = video & (ct * tt + rt < F) & (ch * th + rh < H) & (cw * tw + rw < W)
+        text = ~video & (i < self.tokens) if not _is_numpy(i) else (i >= layout.video_tokens) & (i < self.tokens)
+        return (ct, ch, cw), real, text
+
+    def _window_start(self, a, n, w):
+        lo, hi = 0, max(n - w, 0)
+        if _is_numpy(a):
+            return np.clip(a - w // 2, lo, hi)
+        import jax.numpy as jnp
+        return jnp.minimum(jnp.maximum(a - w // 2, lo), hi)
+
+    def keep(self, q, k):
+        cq, real_q, text_q = self._cube_and_real(q)
+        ck, real_k, text_k = self._cube_and_real(k)
+        inside = True
+        for a, b, n, w in zip(cq, ck, self.layout.cubes, self.window):
+            start = self._window_start(a, n, w)
+            inside = inside & (b >= start) & (b < start + w)
+        return (real_q | text_q) & (real_k | text_k) & (inside | text_q | text_k)
+
+    @property
+    def pair_density(self) -> float:
+        """Fraction of the *real* token pairs kept: pair_count / geometry.tokens**2.
+
+        Padding positions are never kept, so dividing by the padded sequence's tokens**2 would
+        understate the budget; this is the number to set beside an SVG mask's pair_density.
+        """
+        return self.pair_count / float(self.geometry.tokens) ** 2
+
+    # -- structure -------------------------------------------------------------------------
+    def aligned(self, block_q: int, block_kv: int) -> bool:
+        """Whether `block_q` and `block_kv` divide the cube: then every tile is kept or skipped whole."""
+        return self.layout.cube_tokens % block_q == 0 and self.layout.cube_tokens % block_kv == 0
+
+    def kernel_predicate(self, block_q: int, block_kv: int):
+        if not self.aligned(block_q, block_kv):
+            return self.keep
+        cube_and_real = self._cube_and_real
+
+        def not_padding(q, k):  # visited aligned tiles are inside the window: only padding is masked
+            _, real_q, text_q = cube_and_real(q)
+            _, real_k, text_k = cube_and_real(k)
+            return (real_q | text_q) & (real_k | text_k)
+        return not_padding
+
+    def tile_aligned(self, block_q: int, block_kv: int, policy: str = "balanced") -> Mask:
+        """B3's rounding: nothing to round when the blocks divide the cube, so the mask itself.
+
+        With other blocks and no padding, tiles are rounded as for any mask. With padding and
+        blocks that do not divide the cube, rounding would keep padding keys whole in some tiles
+        (they would enter the softmax) or drop real pairs to avoid them: refused.
+        """
+        block_q = check_block_size("block_q", block_q)
+        block_kv = check_block_size("block_kv", block_kv)
+        _check_policy(policy)
+        if self.aligned(block_q, block_kv):
+            return self
+        if self.layout.padding_tokens == 0:
+            return super().tile_aligned(block_q, block_kv, policy)
+        raise ValueError(f"{block_q}x{block_kv} blocks do not divide the {self.layout.cube_tokens}-token cube of "
+                         f"{self.layout}, and rounding tiles that hold padding would let padding keys into the "
+                         f"softmax. Use blocks that divide {self.layout.cube_tokens}, or method 'b2'")
+
+    def _real_prefix(self, cube, r):
+        """Real video tokens among the first `r` positions of cube `cube` (int64 arrays, broadcasting)."""
+        (tt, th, tw), (F, H, W) = self.tile, self.layout.dims
+        _, nh, nw = self.layout.cubes
+        ct, ch, cw = cube // (nh * nw), cube // nw % nh, cube % nw
+        et, eh, ew = (np.clip(d - c * t, 0, t) for d, c, t in ((F, ct, tt), (H, ch, th), (W, cw, tw)))
+        rt, rh, rw = r // (th * tw), r // tw % th, r % tw
+        return np.minimum(rt, et) * eh * ew + (rt < et) * (np.minimum(rh, eh) * ew + (rh < eh) * np.minimum(rw, ew))
+
+    def _window_matrix(self, n, w):
+        a = np.arange(n)
+        start = np.clip(a - w // 2, 0, max(n - w, 0))
+        return ((a[None, :] >= start[:, None]) & (a[None, :] < start[:, None] + w)).astype(np.int64)
+
+    def pair_counts(self, q_edges, k_edges) -> np.ndarray:
+        # Closed form. Per key cell j, T[c, j] = real keys of cell j inside query cube c's window:
+        # the real keys per (cube, cell) with the window applied one dimension at a time (it is a
+        # product of 1-D windows). A query range [x0, x1) then keeps H(x1) - H(x0), where
+        # H(x) = sum of T[cube(t), j] over real tokens t < x: whole cubes by a cumulative sum,
+        # the cube x falls in by its real-token prefix. No token pair is visited.
+        layout, n = self.layout, self.tokens
+        vc, nc, vp = layout.cube_tokens, layout.num_cubes, layout.video_tokens
+        q0, q1 = _grid_cells(q_edges, n)
+        k0, k1 = _grid_cells(k_edges, n)
+        cubes = np.arange(nc + 1, dtype=np.int64)  # one past the end: a cube with no real tokens
+        real = self._real_prefix(cubes, vc)
+        real_before = np.concatenate([[0], np.cumsum(real)])
+
+        def real_upto(x):  # real video tokens in tile-major positions [0, x), x <= video positions
+            c = x // vc
+            return real_before[c] + self._real_prefix(c, x - c * vc)
+
+        vq0, vq1 = np.minimum(q0, vp), np.minimum(q1, vp)
+        vk0, vk1 = np.minimum(k0, vp), np.minimum(k1, vp)
+        windows = [self._window_matrix(c, w) for c, w in zip(layout.cubes, self.window)]
+        video = np.zeros((q0.size, k0.size), dtype=np.int64)
+        cq0, cq1 = vq0 // vc, vq1 // vc
+        chunk = max(1, 2_000_000 // (nc + 1))
+        for start in range(0, k0.size, chunk):
+            cols = slice(start, start + chunk)
+            c = cubes[:nc, None]
+            keys = (self._real_prefix(c, np.clip(vk1[None, cols] - c * vc, 0, vc))
+                    - self._real_prefix(c, np.clip(vk0[None, cols] - c * vc, 0, vc)))  # [cubes, cells]
+            t = keys.reshape(*layout.cubes, -1)
+            t = np.einsum("ad,dbcj->abcj", windows[0], t)
+            t = np.einsum("be,aecj->abcj", windows[1], t)
+            t = np.einsum("cf,abfj->abcj", windows[2], t).reshape(nc, -1)
+            t = np.concatenate([t, np.zeros((1, t.shape[1]), np.int64)])  # the empty cube past the end
+            cum = np.concatenate([np.zeros((1, t.shape[1]), np.int64), np.cumsum(real[:, None] * t, axis=0)])
+
+            def weighted(x, c):  # H(x) for every query edge x (cube c = x // vc) and key cell
+                return cum[c] + self._real_prefix(c, x - c * vc)[:, None] * t[c]
+            video[:, cols] = weighted(vq1, cq1) - weighted(vq0, cq0)
+        real_q, real_k = real_upto(vq1) - real_upto(vq0), real_upto(vk1) - real_upto(vk0)
+        text_q = np.maximum(q1, vp) - np.maximum(q0, vp)
+        text_k = np.maximum(k1, vp) - np.maximum(k0, vp)
+        return video + text_q[:, None] * (real_k + text_k)[None, :] + real_q[:, None] * text_k[None, :]
+
+    def frame_major(self) -> "PermutedMask":
+        """The same mask over the geometry's frame-major tokens (padding gone), for recall and plots.
+
+        A table-driven view (`PermutedMask`): kernels run the tile-major mask on permuted tokens.
+        """
+        view = PermutedMask(self, inverse_tile_major_permutation(self.geometry, self.tile),
+                            tile_major_permutation(self.geometry, self.tile))
+        view.tokens = self.geometry.tokens
+        return view
+
+    def __repr__(self) -> str:
+        return (f"SlidingTileMask({self.geometry}, tile={self.tile}, window={self.window}, "
+                f"pair_density={self.pair_density:.4f})")

@@ -14,7 +14,9 @@ kernel exp(-|(x - y) / l|^2 / 2) (random Fourier features, error ~ 1/sqrt(2m)).
 * spatial head: short lengths on every axis (own frame and its neighbour, a few rows and
   columns around the token);
 * temporal head: a long length across frames and a short one within the frame, so a token
-  matches the same spatial slot in many frames.
+  matches the same spatial slot in many frames;
+* local3d head: comparable lengths across frames, rows and columns, so attention decays with
+  the 3-D distance in the latent video (the locality sliding tile attention bets on).
 
 q = k = sqrt(sharpness * sqrt(head_dim)) * phi + noise, so the logit q.k / sqrt(head_dim) is
 about `sharpness` times the kernel. Near the peak, exp(sharpness * kernel) is a Gaussian of
@@ -33,19 +35,20 @@ import numpy as np
 from .geometry import VideoGeometry
 from .masks import Mask, PermutedMask, SVGMask, TemporalMask
 
-KINDS = ("spatial", "temporal")
+KINDS = ("spatial", "temporal", "local3d")
 
 
 def default_locality(geometry: VideoGeometry) -> dict:
     """Attention spread (frames, rows, cols) per head kind used when `structured_qkv` is given none."""
     return {"spatial": (0.5, 2.0, 2.0),
-            "temporal": (max(1.0, geometry.frames / 3.0), 0.3, 0.3)}
+            "temporal": (max(1.0, geometry.frames / 3.0), 0.3, 0.3),
+            "local3d": (1.5, 2.0, 2.0)}
 
 
 def _check_kinds(heads_kinds) -> list[str]:
     kinds = list(heads_kinds) if not isinstance(heads_kinds, str) else None
     if not kinds or any(kind not in KINDS for kind in kinds):
-        raise ValueError(f"heads_kinds must be a non-empty sequence of 'spatial' / 'temporal' (one per head), "
+        raise ValueError(f"heads_kinds must be a non-empty sequence of {' / '.join(map(repr, KINDS))} (one per head), "
                          f"got {heads_kinds!r}")
     return kinds
 
@@ -54,8 +57,8 @@ def structured_qkv(geometry: VideoGeometry, heads_kinds, head_dim: int = 64, *, 
                    sharpness: float = 10.0, noise: float = 0.3, seed: int = 0, dtype=None):
     """q, k, v `[heads, tokens, head_dim]` (frame-major) with planted locality, one head per entry of heads_kinds.
 
-    heads_kinds: e.g. ["spatial", "temporal", ...]. locality: {"spatial": (l_f, l_h, l_w),
-    "temporal": (...)} in frames / rows / cols, overriding `default_locality(geometry)` per kind.
+    heads_kinds: e.g. ["spatial", "temporal", "local3d", ...]. locality: {"spatial": (l_f, l_h, l_w),
+    "temporal": (...), "local3d": (...)} in frames / rows / cols, overriding `default_locality(geometry)` per kind.
     sharpness: the logit of a token against itself (before noise). dtype: float32 by default.
     See the module docstring for the construction.
     """
@@ -69,7 +72,7 @@ def structured_qkv(geometry: VideoGeometry, heads_kinds, head_dim: int = 64, *, 
     lengths = default_locality(geometry)
     for kind, value in (locality or {}).items():
         if kind not in KINDS or np.shape(value) != (3,) or not np.all(np.asarray(value, dtype=float) > 0):
-            raise ValueError(f"locality must map 'spatial' / 'temporal' to 3 positive lengths (frames, rows, cols), "
+            raise ValueError(f"locality must map {' / '.join(map(repr, KINDS))} to 3 positive lengths (frames, rows, cols), "
                              f"got {kind!r}: {value!r}")
         lengths[kind] = tuple(float(x) for x in value)
     if not sharpness > 0 or not noise >= 0:
@@ -189,4 +192,65 @@ def quality_table(geometry: VideoGeometry, densities, *, methods=("b2", "b3"), h
                     "density": float(density), "pair_density": used.pair_count / float(geometry.tokens) ** 2,
                     "method": method, "kind": kind, "rel_l2": relative_l2(out[h], dense[h]),
                     "recall": float(attention_recall(q[h:h + 1], k[h:h + 1], used, rows)[0])})
+    return table
+
+
+def matching_density(geometry: VideoGeometry, pair_density: float, first_frame_sink: bool = True) -> float:
+    """The SVG density whose spatial mask keeps closest to `pair_density` of the pairs.
+
+    The band is rounded up to lanes and the sink adds pairs, so the density asked for and the
+    pairs kept differ; this searches the band widths (multiples of 128) for the closest budget.
+    """
+    n = geometry.tokens
+    best, best_gap = None, None
+    for width in range(128, n + 128, 128):  # the band widths SVGMask can produce
+        d_video = 1.0 - (1.0 - min(width, n) / n) ** 2  # the density whose rounded width is `width`
+        density = min(1.0, d_video + 2.0 * geometry.text_tokens / n - 1e-9)
+        if density <= 2.0 * geometry.text_tokens / n:
+            continue
+        gap = abs(SVGMask.spatial(geometry, density, first_frame_sink).pair_density - pair_density)
+        if best_gap is None or gap < best_gap:
+            best, best_gap = density, gap
+    return best
+
+
+def equal_budget_table(geometry: VideoGeometry, tile, window, *, kinds=KINDS, head_dim: int = 64,
+                       block_q: int = 128, block_kv: int = 128, num_rows: int = 64, seed: int = 0,
+                       sharpness: float = 10.0, noise: float = 0.3) -> list[dict]:
+    """Band (B2), rounded band (B3) and sliding tiles at one pair budget: one row per (kind, method).
+
+    The sliding-tile mask `SlidingTileMask(geometry, tile, window)` sets the budget; the SVG band
+    is chosen (`matching_density`) to keep about as many pairs. Each head of `kinds` is planted
+    with `structured_qkv`; B2 and B3 use the layout that suits the head (temporal-major for a
+    temporal head, frame-major otherwise). Rows: kind, method ("b2", "b3", "sliding"),
+    pair_density (of the mask computed), recall (dense softmax mass inside it, on `num_rows`
+    sampled rows) and rel_l2 (against dense attention). Outputs come from `reference_attention`
+    under each mask, which the kernels match (tests/test_kernels.py, tests/test_sliding.py);
+    masks go to it dense, so `geometry.tokens` is limited to `to_dense`'s 16,384.
+    """
+    from .masks import SlidingTileMask
+    from .profiling import sample_rows
+    from .reference import reference_attention
+
+    kinds = _check_kinds(kinds)
+    q, k, v = structured_qkv(geometry, kinds, head_dim, sharpness=sharpness, noise=noise, seed=seed)
+    dense = np.asarray(reference_attention(q, k, v))
+    rows = sample_rows(geometry.tokens, num_rows, seed)
+    sliding = SlidingTileMask(geometry, tile, window)
+    band = SVGMask.spatial(geometry, matching_density(geometry, sliding.pair_density))
+    n2 = float(geometry.tokens) ** 2
+    table = []
+    for h, kind in enumerate(kinds):
+        layout = "temporal" if kind == "temporal" else "spatial"
+        masks = {"b2": computed_mask(band, layout, "b2", block_q, block_kv),
+                 "b3": computed_mask(band, layout, "b3", block_q, block_kv),
+                 "sliding": sliding.frame_major()}
+        for method, mask in masks.items():
+            qh, kh, vh = q[h:h + 1], k[h:h + 1], v[h:h + 1]
+            # a dense bool mask (numpy, built once) instead of evaluating `keep` per chunk in jax
+            out = np.asarray(reference_attention(qh, kh, vh, mask.to_dense()))
+            table.append({"kind": kind, "method": method, "layout": "tiles" if method == "sliding" else layout,
+                          "pair_density": mask.pair_count / n2,
+                          "recall": float(attention_recall(qh, kh, mask, rows)[0]),
+                          "rel_l2": relative_l2(out[0], dense[h])})
     return table

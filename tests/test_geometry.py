@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from svg_lib.geometry import (VideoGeometry, inverse_temporal_major_permutation, temporal_major_permutation,
-                              to_frame_major, to_temporal_major)
+from svg_lib.geometry import (TileLayout, VideoGeometry, from_tile_major, inverse_temporal_major_permutation,
+                              inverse_tile_major_permutation, temporal_major_permutation, tile_major_permutation,
+                              to_frame_major, to_temporal_major, to_tile_major)
 
 # database=None: keep hypothesis from writing a .hypothesis folder into the repository
 FAST = settings(max_examples=40, deadline=None, database=None)
@@ -191,3 +192,79 @@ def test_one_dimensional_input_raises(move):
     g = VideoGeometry(2, 3, 4)
     with pytest.raises(ValueError, match=r"\[heads, tokens, head_dim\]"):
         move(np.zeros(g.tokens), g)
+
+
+# -- 3-D tiles: tile-major order ------------------------------------------------------------
+
+tiles = st.tuples(st.integers(1, 4), st.integers(1, 4), st.integers(1, 4))
+
+
+def brief_tile_major(g, tile):
+    """Tile-major order by plain loops: cubes in raster order, raster order inside; None = padding."""
+    tt, th, tw = tile
+    out = []
+    for ct in range(-(-g.frames // tt)):
+        for ch in range(-(-g.height // th)):
+            for cw in range(-(-g.width // tw)):
+                for f in range(ct * tt, ct * tt + tt):
+                    for r in range(ch * th, ch * th + th):
+                        for c in range(cw * tw, cw * tw + tw):
+                            real = f < g.frames and r < g.height and c < g.width
+                            out.append((f * g.height + r) * g.width + c if real else None)
+    return out + list(range(g.video_tokens, g.tokens))
+
+
+@given(geometries, tiles)
+@FAST
+def test_tile_major_permutation_follows_the_loops(g, tile):
+    layout = TileLayout(g, tile)
+    expect = brief_tile_major(g, tile)
+    perm = tile_major_permutation(g, tile)
+    assert perm.dtype == np.int64 and perm.shape == (layout.tokens,) == (len(expect),)
+    assert perm.tolist() == [g.tokens if e is None else e for e in expect]  # padding reads the zero row
+    assert layout.padding_tokens == expect.count(None) == layout.video_tokens - g.video_tokens
+    assert layout.padding_overhead == pytest.approx(expect.count(None) / g.video_tokens)
+    inv = inverse_tile_major_permutation(g, tile)
+    np.testing.assert_array_equal(perm[inv], np.arange(g.tokens))  # every real token, once
+
+
+@given(geometries, tiles, st.integers(1, 3), st.integers(1, 4))
+@FAST
+def test_tile_major_round_trip_and_zero_padding(g, tile, heads, dim):
+    x = np.random.default_rng(0).standard_normal((heads, g.tokens, dim)) + 5.0  # never zero
+    y = to_tile_major(x, g, tile)
+    layout = TileLayout(g, tile)
+    assert y.shape == (heads, layout.tokens, dim)
+    padding = (y == 0).all(axis=(0, 2))
+    assert padding.sum() == layout.padding_tokens
+    np.testing.assert_array_equal(from_tile_major(y, g, tile), x)
+
+
+def test_tile_major_on_jax_arrays_and_a_cube_is_contiguous():
+    g, tile = VideoGeometry(5, 6, 7, text_tokens=3), (2, 3, 4)
+    x = jnp.arange(g.tokens * 2, dtype=jnp.float32).reshape(1, g.tokens, 2) + 1
+    y = to_tile_major(x, g, tile)
+    np.testing.assert_array_equal(np.asarray(from_tile_major(y, g, tile)), np.asarray(x))
+    # the first cube's 24 positions are frames 0-1, rows 0-2, cols 0-3 of the video, in raster order
+    first = np.asarray(y[0, :24, 0]).astype(int) - 1
+    frame, rest = np.divmod(first // 2, g.frame_tokens)
+    row, col = np.divmod(rest, g.width)
+    assert set(frame) == {0, 1} and set(row) == {0, 1, 2} and set(col) == {0, 1, 2, 3}
+
+
+def test_blog_layout_padding():
+    layout = TileLayout(VideoGeometry(21, 45, 80), (3, 8, 16))
+    assert layout.cubes == (7, 6, 5) and layout.cube_tokens == 384
+    assert layout.padding_tokens == 7 * 6 * 5 * 384 - 75_600 == 5_040
+
+
+@pytest.mark.parametrize("tile", [(2, 2), (0, 2, 2), (1.5, 2, 2), (True, 2, 2), "222"])
+def test_bad_tile_raises(tile):
+    with pytest.raises(ValueError, match="tile must be 3 positive integers"):
+        TileLayout(VideoGeometry(2, 2, 2), tile)
+
+
+def test_from_tile_major_checks_the_token_count():
+    g = VideoGeometry(2, 3, 3)
+    with pytest.raises(ValueError, match="tile-major tokens"):
+        from_tile_major(np.zeros((1, g.tokens, 2)), g, (2, 2, 2))

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from mask_helpers import ArrayMask, tile_view
 from svg_lib.geometry import VideoGeometry
-from svg_lib.masks import PermutedMask, SVGMask, TemporalMask, TileAlignedMask, check_block_size
+from svg_lib.masks import Mask, PermutedMask, SVGMask, TemporalMask, TileAlignedMask, check_block_size
 
 FAST = settings(max_examples=30, deadline=None, database=None)
 FEW = settings(max_examples=12, deadline=None, database=None)
@@ -276,6 +276,34 @@ def test_temporal_mask_direction_on_a_long_thin_video():
     spatial = SVGMask.spatial(g, 0.05, first_frame_sink=False)
     assert spatial.keep(f * S + 0, f * S + 1)
     assert not spatial.keep(f * S + 1, (f + 100) * S + 1)
+
+
+@given(geometry_and_density(max_frames=12, max_side=9), st.booleans(), st.data())
+@FAST
+def test_temporal_closed_form_counts_match_pair_by_pair_counts(gd, sink, data):
+    # the closed form (frame and slot ranges) against the generic walk over every pair, on grids
+    # whose cells start and end anywhere: inside frames, across several frames, past the end
+    g, density = gd
+    mask = SVGMask.temporal(g, density, first_frame_sink=sink)
+    edges = st.lists(st.integers(0, g.tokens + 200), min_size=2, max_size=9).map(sorted)
+    q_edges, k_edges = data.draw(edges), data.draw(edges)
+    np.testing.assert_array_equal(mask.pair_counts(q_edges, k_edges), Mask.pair_counts(mask, q_edges, k_edges))
+
+
+def test_temporal_counts_at_the_blog_size_need_no_pair_walk():
+    # 75,600 tokens is past the pair-by-pair limit; the closed form counts it, and a permutation
+    # moves pairs without adding any: the totals equal the band's, tile by tile sums included
+    g = VideoGeometry(21, 45, 80)
+    spatial = SVGMask.spatial(g, 0.35)
+    temporal = SVGMask.temporal(g, 0.35)
+    with pytest.raises(ValueError, match="too many to count pair by pair"):
+        Mask.pair_counts(temporal, [0, g.tokens], [0, g.tokens])
+    counts = temporal.pair_counts(np.arange(0, g.tokens + 3328, 3328), np.arange(0, g.tokens + 1536, 1536))
+    assert counts.sum() == spatial.pair_count
+    # one whole frame of queries keeps, per key frame, exactly what the band keeps of those positions
+    S = g.frame_tokens
+    frame = temporal.pair_counts([0, S], [0, g.tokens])[0, 0]
+    assert frame == spatial.pair_counts(np.arange(g.tokens), [0, g.tokens])[::g.frames, 0].sum()
 
 
 # -- the dense limit -------------------------------------------------------------------------

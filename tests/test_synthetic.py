@@ -85,3 +85,48 @@ def test_bad_arguments():
         structured_qkv(GEOMETRY, ["spatial"], head_dim=63)
     with pytest.raises(ValueError, match="locality"):
         structured_qkv(GEOMETRY, ["spatial"], locality={"spatial": (1.0, 2.0)})
+
+
+# -- the local3d head and the equal-budget comparison with sliding tiles ---------------------------
+
+def test_local3d_attention_decays_with_distance_in_frames_rows_and_cols():
+    g = GEOMETRY
+    q, k, _ = structured_qkv(g, ["spatial", "local3d"], 64, seed=0)
+    f0, r0, c0 = 4, 8, 8  # a token in the middle of the video
+    i = (f0 * g.height + r0) * g.width + c0
+    s = np.einsum("hd,hkd->hk", np.asarray(q[:, i], np.float64), np.asarray(k, np.float64)) / 8.0
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    p = p.reshape(2, g.frames, g.height, g.width)
+    local = p[1]
+    for axis, centre in ((0, f0), (1, r0), (2, c0)):
+        mass = local.sum(axis=tuple(a for a in range(3) if a != axis))  # marginal along that axis
+        assert mass[centre] > mass[centre + 1] > mass[centre + 3], (axis, mass)
+    # it spreads across frames much more than a spatial head, which stays in its own frame
+    assert p[0, f0].sum() > 0.8 and local[f0].sum() < 0.6
+
+
+@pytest.fixture(scope="module")
+def budget_table():
+    from svg_lib.synthetic import equal_budget_table
+    return equal_budget_table(GEOMETRY, (1, 8, 16), (3, 3, 1), num_rows=32)
+
+
+def test_equal_budget_table_rows_and_budgets(budget_table):
+    from svg_lib.masks import SlidingTileMask
+    budget = SlidingTileMask(GEOMETRY, (1, 8, 16), (3, 3, 1)).pair_density
+    assert budget == pytest.approx(6 / 16)
+    assert [(r["kind"], r["method"]) for r in budget_table] == [
+        (kind, method) for kind in ("spatial", "temporal", "local3d") for method in ("b2", "b3", "sliding")]
+    for row in budget_table:
+        # the same budget up to the band's granularity: one 128-token step of the band moves
+        # ~0.08 of the pairs at 2,048 tokens, so the closest band is within half of that (+ B3's rounding)
+        assert abs(row["pair_density"] - budget) < 0.05
+        assert 0.0 < row["recall"] <= 1.0 + 1e-9 and row["rel_l2"] >= 0.0
+
+
+def test_sliding_tiles_suit_3d_local_heads_and_not_temporal_ones(budget_table):
+    rows = {(r["kind"], r["method"]): r for r in budget_table}
+    assert rows["local3d", "sliding"]["recall"] > rows["local3d", "b2"]["recall"] + 0.05
+    assert rows["local3d", "sliding"]["rel_l2"] < rows["local3d", "b2"]["rel_l2"]
+    assert rows["temporal", "b2"]["recall"] > rows["temporal", "sliding"]["recall"] + 0.2
