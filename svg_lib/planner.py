@@ -94,12 +94,8 @@ class TilePlan:
                 f"B3 {s['b3_tiles_visited']} visited, {s['b3_tiles_masked']} masked")
 
 
-def plan_tiles(mask: Mask, block_q: int, block_kv: int, counts: np.ndarray | None = None) -> TilePlan:
-    """Classify every `block_q` x `block_kv` tile of `mask` and build its schedule tables.
-
-    `counts` (int64 `[nq, nk]`, kept pairs per tile) skips `mask.pair_counts` when the caller
-    already has them from a faster count (the in-kernel routing's temporal mask).
-    """
+def plan_tiles(mask: Mask, block_q: int, block_kv: int) -> TilePlan:
+    """Classify every `block_q` x `block_kv` tile of `mask` and build its schedule tables."""
     if not isinstance(mask, Mask):
         raise TypeError(f"plan_tiles needs an svg_lib Mask (e.g. SVGMask.spatial(...)), got {type(mask).__name__}")
     block_q = check_block_size("block_q", block_q)
@@ -108,12 +104,7 @@ def plan_tiles(mask: Mask, block_q: int, block_kv: int, counts: np.ndarray | Non
     nq, nk = -(-n // block_q), -(-n // block_kv)
     q_edges = np.arange(nq + 1, dtype=np.int64) * block_q
     k_edges = np.arange(nk + 1, dtype=np.int64) * block_kv
-    if counts is None:
-        counts = mask.pair_counts(q_edges, k_edges)
-    elif np.shape(counts) != (nq, nk):
-        raise ValueError(f"counts must be [nq, nk] = {(nq, nk)} for {n} tokens in {block_q}x{block_kv} tiles, "
-                         f"got shape {np.shape(counts)}")
-    counts = np.asarray(counts, np.int64)
+    counts = np.asarray(mask.pair_counts(q_edges, k_edges), np.int64)
     rows = np.minimum(q_edges[1:], n) - q_edges[:-1]
     cols = np.minimum(k_edges[1:], n) - k_edges[:-1]
     areas = rows[:, None] * cols[None, :]

@@ -14,7 +14,7 @@ from svg_lib import (CompileCounter, SVGMask, TemporalMask, VideoGeometry, build
                      build_svg_attention_in_kernel, compare_temporal_tiles, reference_attention, svg_attention,
                      svg_attention_in_kernel)
 from svg_lib.planner import stack_schedules
-from svg_lib.routing import plan_kind, temporal_tile_counts
+from svg_lib.routing import plan_kind
 from svg_lib.synthetic import computed_mask
 
 # float32 kernels vs float32 reference: summation order only (see tests/test_kernels.py for the derivation)
@@ -163,25 +163,6 @@ def test_public_layer_under_jit_compiles_once(mask, qkv, per_kind_reference):
 
 
 # -- one block-sparse kernel, planned at any size ------------------------------------------------
-
-@pytest.mark.parametrize("geometry, density, block", [
-    (VideoGeometry(5, 8, 12), 0.35, 128), (VideoGeometry(7, 9, 13), 0.2, 128), (VideoGeometry(4, 8, 16), 0.5, 256)])
-@pytest.mark.parametrize("sink", [True, False])
-def test_temporal_tile_counts_match_brute_force(geometry, density, block, sink):
-    mask = SVGMask.spatial(geometry, density, first_frame_sink=sink)
-    fast = temporal_tile_counts(mask, block, block)
-    nq, nk = fast.shape
-    brute = TemporalMask(mask).pair_counts(np.arange(nq + 1) * block, np.arange(nk + 1) * block)
-    np.testing.assert_array_equal(fast, brute)
-    assert fast.sum() == mask.pair_count  # the permutation moves pairs, it keeps them all
-
-
-def test_temporal_tile_counts_with_text_tokens_fall_back_to_counting():
-    mask = SVGMask.spatial(VideoGeometry(3, 8, 8, text_tokens=40), 0.5)
-    counts = temporal_tile_counts(mask, 128, 128)
-    edges = np.arange(counts.shape[0] + 1) * 128
-    np.testing.assert_array_equal(counts, TemporalMask(mask).pair_counts(edges, edges))
-
 
 def test_in_kernel_layer_runs_the_one_block_sparse_kernel(mask, qkv, monkeypatch):
     """No second pallas_call: the routed layer calls kernels.block_sparse_attention with both
