@@ -348,21 +348,30 @@ def compile_all(config, methods=None, targets=(DEFAULT_TARGET,), progress=None, 
                        error=first_lines(err), summary=first_lines(err, 1), build_s=build_s)
             continue
         for spec, facts in to_compile:
-            start = time.perf_counter()
-            try:
-                compiled, compile_s = compile_fn(fn, [(config.shape, config.dtype)] * 3, spec.name)
-                memory = compiled.memory_analysis()
-            except Exception as err:
-                report(method, spec, facts, stage=classify_error(err), refused_by="compiler",
-                       error=first_lines(err), summary=refusal_summary(err), build_s=build_s,
-                       compile_s=time.perf_counter() - start)
-                continue
-            report(method, spec, facts, ok=True, build_s=build_s, compile_s=compile_s,
-                   argument_bytes=int(memory.argument_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),
-                   temp_bytes=int(memory.temp_size_in_bytes), code_bytes=int(memory.generated_code_size_in_bytes))
-            del compiled
+            report(method, spec, facts, build_s=build_s,
+                   **compile_verdict(fn, [(config.shape, config.dtype)] * 3, spec.name))
         del fn
     return reports
+
+
+def compile_verdict(fn, shapes, target: str = DEFAULT_TARGET) -> dict:
+    """Compile `fn` for `target` (see `compile_fn`) and say how it went, never raising for a refusal.
+
+    Returns a dict: ok, stage ("vmem", "smem", "compile" or None), refused_by ("compiler" or
+    None), error (first lines), summary (one line), compile_s, and when ok the memory_analysis
+    sizes argument_bytes, output_bytes, temp_bytes, code_bytes (None otherwise).
+    """
+    start = time.perf_counter()
+    try:
+        compiled, compile_s = compile_fn(fn, shapes, target)
+        memory = compiled.memory_analysis()
+    except Exception as err:  # the compiler's refusal is the answer, not a crash
+        return dict(ok=False, stage=classify_error(err), refused_by="compiler", error=first_lines(err),
+                    summary=refusal_summary(err), compile_s=time.perf_counter() - start, argument_bytes=None,
+                    output_bytes=None, temp_bytes=None, code_bytes=None)
+    return dict(ok=True, stage=None, refused_by=None, error=None, summary=None, compile_s=compile_s,
+                argument_bytes=int(memory.argument_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),
+                temp_bytes=int(memory.temp_size_in_bytes), code_bytes=int(memory.generated_code_size_in_bytes))
 
 
 def _estimate_refusal(config, method, spec) -> str:

@@ -51,7 +51,8 @@ def check_methods(methods, verb: str = "lower") -> tuple:
     methods = tuple(methods)
     bad = [m for m in methods if m not in PALLAS_METHODS]
     if bad:
-        raise ValueError(f"cannot {verb} {', '.join(map(repr, bad))}; choose from {', '.join(PALLAS_METHODS)}")
+        raise ValueError(f"cannot {verb} {', '.join(map(repr, bad))} for TPU: choose Pallas kernels from "
+                         f"{', '.join(PALLAS_METHODS)} ('reference' is plain jax.numpy)")
     return methods
 
 
