@@ -21,6 +21,7 @@ jax is imported inside functions, so importing this module stays cheap.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import glob
 import os
@@ -240,6 +241,9 @@ class CompileReport:
 
     method: str
     target: str
+    block_q: int
+    block_kv: int
+    block_kv_compute: int      # the inner key chunk the kernel was built with (the default when not given)
     ok: bool
     stage: str | None          # None when ok
     refused_by: str | None     # "estimate", "build" or "compiler"; None when ok
@@ -263,7 +267,7 @@ class CompileReport:
         """One line for the terminal."""
         from .lowering import vmem_text
 
-        head = f"{self.method:<12} {self.target:<4}"
+        head = f"{self.method:<12} {self.target:<4} {f'{self.block_q}x{self.block_kv}':>10}"
         vmem = vmem_text(self.vmem_bytes, self.vmem_budget, self.vmem_fits, self.vmem_limit_bytes, self.target)
         if self.ok:
             return (f"{head} ok      build {self.build_s:6.2f} s  compile {self.compile_s:5.1f} s  "
@@ -301,6 +305,7 @@ def compile_all(config, methods=None, targets=(DEFAULT_TARGET,), progress=None, 
     """
     from .bench import PALLAS_METHODS
     from .lowering import build_failure_stage, build_for_tpu, check_methods, check_tpu_arguments, vmem_facts
+    from .vmem import check_block_kv_compute
 
     methods = check_methods(PALLAS_METHODS if methods is None else methods, "compile")
     targets = check_targets(targets)
@@ -308,6 +313,7 @@ def compile_all(config, methods=None, targets=(DEFAULT_TARGET,), progress=None, 
         check_tpu_arguments(config, method, "compile")
     require_libtpu()
     version = libtpu_version()
+    compute = check_block_kv_compute(config.block_kv, config.block_kv_compute, config.block_q)
     reports = []
     asked = None  # what build_attention gives the current method's kernel as vmem_limit_bytes
 
@@ -315,7 +321,8 @@ def compile_all(config, methods=None, targets=(DEFAULT_TARGET,), progress=None, 
         values = dict(stage=None, refused_by=None, error=None, summary=None, build_s=None, compile_s=None,
                       argument_bytes=None, output_bytes=None, temp_bytes=None, code_bytes=None)
         values.update(fields)
-        r = CompileReport(method, spec.name, values.pop("ok", False), **values, vmem_bytes=facts["vmem_bytes"],
+        r = CompileReport(method, spec.name, config.block_q, config.block_kv, compute, values.pop("ok", False),
+                          **values, vmem_bytes=facts["vmem_bytes"],
                           vmem_budget=facts["vmem_budget"], vmem_fits=facts["vmem_fits"],
                           vmem_limit_bytes=asked, vmem_capacity=spec.vmem_bytes, device_kind=spec.device_kind,
                           libtpu=version)
@@ -412,6 +419,8 @@ def _compile_arguments(parser: argparse.ArgumentParser) -> None:
                              f"several times (default {DEFAULT_TARGET})")
     parser.add_argument("--list-targets", action="store_true",
                         help="print the targets with their VMEM, SMEM and MXU facts, and exit")
+    parser.add_argument("--sweep-block-q", metavar="BQ,...",
+                        help="compile at each of these query blocks in turn (instead of --block-q's one)")
     parser.add_argument("--no-estimate-check", action="store_true",
                         help="compile even where the VMEM estimate says the blocks will not fit")
     parser.add_argument("--json", metavar="PATH", help="also write the reports as JSON to PATH")
@@ -430,6 +439,14 @@ def _compile_run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise UsageError(f"--target: {err}") from None
     config = config_from_args(args)
+    configs = [config]
+    if args.sweep_block_q:
+        try:
+            configs = [dataclasses.replace(config, block_q=int(bq)) for bq in args.sweep_block_q.split(",") if bq.strip()]
+        except ValueError as err:
+            raise UsageError(f"--sweep-block-q takes comma-separated multiples of 128 like 1024,3328: {err}") from None
+        if not configs:
+            raise UsageError("--sweep-block-q needs at least one value, e.g. 1024,3328")
     methods = methods_from_args(args, default=PALLAS_METHODS)
     if "reference" in methods:
         raise UsageError(f"--methods: 'reference' is plain jax.numpy, nothing to compile for TPU; "
@@ -438,19 +455,26 @@ def _compile_run(args: argparse.Namespace) -> int:
         raise UsageError("the TPU compiler (libtpu) is not installed. Install it with: " + INSTALL_HINT)
     import jax
 
+    sweep = f" at block_q {', '.join(str(c.block_q) for c in configs)}" if args.sweep_block_q else ""
     print(f"compile for TPU ({', '.join(t.name for t in targets)}; libtpu {libtpu_version()}, compile-only on "
-          f"this CPU, nothing runs), jax {jax.__version__}: {config.describe()}", flush=True)
+          f"this CPU, nothing runs), jax {jax.__version__}: {config.describe()}{sweep}", flush=True)
     if splash_note(config, methods):
         print(splash_note(config, methods), flush=True)
-    reports = compile_all(config, methods, targets, progress=lambda r: print(r.line(), flush=True),
-                          check_estimate=not args.no_estimate_check)
+    reports = []
+    for one in configs:
+        reports += compile_all(one, methods, targets, progress=lambda r: print(r.line(), flush=True),
+                               check_estimate=not args.no_estimate_check)
     failed = [f"{r.method} on {r.target}" for r in reports if not r.ok]
     print(f"{len(reports) - len(failed)} of {len(reports)} compiled"
           + (f"; FAILED: {', '.join(failed)}" if failed else "")
           + ". Compiled for TPU by libtpu: VMEM/SMEM allocation and Mosaic checked; no speed measured.",
           flush=True)
     if args.json:
-        write_json(args.json, {"config": config.to_json(), "jax": jax.__version__, "libtpu": libtpu_version(),
+        import datetime
+
+        write_json(args.json, {"config": config.to_json(), "sweep_block_q": [c.block_q for c in configs],
+                               "date": datetime.date.today().isoformat(), "jax": jax.__version__,
+                               "libtpu": libtpu_version(),
                                "targets": [asdict(t) for t in targets],
                                "reports": [r.to_json() for r in reports]})
         print(f"wrote {args.json}", file=sys.stderr)

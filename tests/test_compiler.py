@@ -58,7 +58,8 @@ def test_compiled_memory_analysis_is_the_problems_own(blog_reports):
         assert r.code_bytes > 0 and r.compile_s > 0 and r.build_s >= 0
         assert r.stage is None and r.error is None and r.refused_by is None
         assert r.vmem_fits and r.vmem_bytes <= r.vmem_budget < r.vmem_capacity == TARGETS[target].vmem_bytes
-        assert r.libtpu and r.line().split()[:3] == [method, target, "ok"]
+        assert (r.block_q, r.block_kv, r.block_kv_compute) == (3328, 1536, 512)
+        assert r.libtpu and r.line().split()[:4] == [method, target, "3328x1536", "ok"]
 
 
 def test_one_build_serves_every_target(blog_reports):
