@@ -259,6 +259,7 @@ class CompileReport:
     vmem_budget: int | None    # the estimate's budget on this target (capacity x headroom)
     vmem_fits: bool | None
     vmem_limit_bytes: int | None  # what the kernel asks Mosaic for; None: the target's default scoped limit
+    default_scoped_vmem: int | None  # the target's default scoped limit
     vmem_capacity: int | None  # the target's VMEM per TensorCore
     device_kind: str
     libtpu: str | None
@@ -268,7 +269,8 @@ class CompileReport:
         from .lowering import vmem_text
 
         head = f"{self.method:<12} {self.target:<4} {f'{self.block_q}x{self.block_kv}':>10}"
-        vmem = vmem_text(self.vmem_bytes, self.vmem_budget, self.vmem_fits, self.vmem_limit_bytes, self.target)
+        vmem = vmem_text(self.vmem_bytes, self.vmem_budget, self.vmem_fits, self.vmem_limit_bytes, self.target,
+                         self.default_scoped_vmem)
         if self.ok:
             return (f"{head} ok      build {self.build_s:6.2f} s  compile {self.compile_s:5.1f} s  "
                     f"args {self.argument_bytes / MiB:6.1f} MiB  out {self.output_bytes / MiB:5.1f} MiB  "
@@ -324,14 +326,17 @@ def compile_all(config, methods=None, targets=(DEFAULT_TARGET,), progress=None, 
         r = CompileReport(method, spec.name, config.block_q, config.block_kv, compute, values.pop("ok", False),
                           **values, vmem_bytes=facts["vmem_bytes"],
                           vmem_budget=facts["vmem_budget"], vmem_fits=facts["vmem_fits"],
-                          vmem_limit_bytes=asked, vmem_capacity=spec.vmem_bytes, device_kind=spec.device_kind,
+                          vmem_limit_bytes=asked, default_scoped_vmem=spec.default_scoped_vmem,
+                          vmem_capacity=spec.vmem_bytes, device_kind=spec.device_kind,
                           libtpu=version)
         reports.append(r)
         if progress is not None:
             progress(r)
 
     for method in methods:
-        asked = vmem_facts(config, method)["vmem_limit_bytes"]  # what build_attention gives the kernel
+        # what build_attention gives the kernel; Splash's kernels get none (make_splash_mha takes
+        # no vmem_limit_bytes), so they live within the target's default scoped limit
+        asked = None if method.startswith("splash") else vmem_facts(config, method)["vmem_limit_bytes"]
         per_target = [(spec, vmem_facts(config, method, spec.vmem_generation)) for spec in targets]
         to_compile = []
         for spec, facts in per_target:

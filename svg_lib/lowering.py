@@ -25,13 +25,14 @@ from .bench import PALLAS_METHODS, BenchConfig, add_config_arguments, config_fro
 MiB = 2**20
 
 
-def vmem_text(vmem_bytes, vmem_budget, vmem_fits, vmem_limit_bytes, generation) -> str:
+def vmem_text(vmem_bytes, vmem_budget, vmem_fits, vmem_limit_bytes, generation, default_scoped=None) -> str:
     """The VMEM estimate in a few words, for a report line ("VMEM -" when there is none)."""
     if vmem_bytes is None:
         return "VMEM -"
+    default = ", default limit" + (f" {default_scoped / MiB:.0f} MiB" if default_scoped else "")
     return (f"VMEM {vmem_bytes / MiB:.1f} MiB of {vmem_budget / MiB:.0f} MiB {generation} budget"
             f"{'' if vmem_fits else ' (OVERFLOWS)'}"
-            + (f", limit {vmem_limit_bytes / MiB:.0f} MiB" if vmem_limit_bytes else ", default limit"))
+            + (f", limit {vmem_limit_bytes / MiB:.0f} MiB" if vmem_limit_bytes else default))
 
 
 def check_tpu_arguments(config, method: str, verb: str = "lower") -> None:
