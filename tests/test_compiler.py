@@ -133,24 +133,26 @@ def test_every_target_compiles_a_small_kernel(tpu_compiler):
 
 def test_cli_compiles_and_writes_json(tpu_compiler, tmp_path, capsys):
     path = tmp_path / "compile.json"
-    status = main(["compile", "--preset", "tiny", "--methods", "dense,b3", "--target", "v6e", "--target", "v5e",
-                   "--json", str(path)])
+    status = main(["compile", "--preset", "tiny", "--methods", "b3", "--target", "v6e", "--target", "v5e",
+                   "--sweep-block-q", "128,256", "--json", str(path)])
     out = capsys.readouterr().out
     assert status == 0, out
     data = json.loads(path.read_text())
-    assert [(r["method"], r["target"]) for r in data["reports"]] == [
-        ("dense", "v6e"), ("dense", "v5e"), ("b3", "v6e"), ("b3", "v5e")]
+    assert [(r["method"], r["block_q"], r["target"]) for r in data["reports"]] == [
+        ("b3", 128, "v6e"), ("b3", 128, "v5e"), ("b3", 256, "v6e"), ("b3", 256, "v5e")]
     assert all(r["ok"] for r in data["reports"]) and data["libtpu"] == data["reports"][0]["libtpu"]
-    assert data["config"]["tokens"] == BenchConfig.from_preset("tiny").tokens
+    assert data["config"]["tokens"] == BenchConfig.from_preset("tiny").tokens and data["sweep_block_q"] == [128, 256]
     assert "4 of 4 compiled" in out and "no speed measured" in out
 
 
-def test_cli_exit_status_1_when_a_method_fails(tpu_compiler, capsys):
-    status = main(["compile", "--preset", "blog", "--heads", "1", "--block-q", "128", "--block-kv", "128",
-                   "--methods", "b2"])
+def test_cli_exit_status_1_when_a_method_fails(tpu_compiler, tmp_path, capsys):
+    # the blog's tiles on a v4 (16 MiB of VMEM): refused by the estimate, before any compile
+    path = tmp_path / "refused.json"
+    status = main(["compile", "--preset", "blog", "--methods", "b2,b3", "--target", "v4", "--json", str(path)])
     out = capsys.readouterr().out
     assert status == 1
-    assert "FAILED: b2 on v6e" in out and "SMEM overflow" in out
+    assert "FAILED: b2 on v4, b3 on v4" in out and "refused by our VMEM estimate" in out
+    assert [r["refused_by"] for r in json.loads(path.read_text())["reports"]] == ["estimate", "estimate"]
 
 
 def test_cli_bad_input(tpu_compiler, capsys):
