@@ -59,9 +59,11 @@ def test_every_pallas_kernel_compiles_at_the_blog_size(blog_reports):
 def test_splash_is_held_to_the_default_scoped_vmem(blog_reports):
     for method, target in REFUSED:
         r = blog_reports[(method, target)]
-        assert (r.ok, r.stage, r.refused_by) == (False, "vmem", "compiler"), r.line()
+        assert (r.ok, r.stage) == (False, "vmem"), r.line()
         assert r.vmem_limit_bytes is None and r.default_scoped_vmem == TARGETS[target].default_scoped_vmem
-        assert f"exceeds the limit {r.default_scoped_vmem // 2**20}.00M" in r.summary, r.summary
+        if r.refused_by != "estimate":  # an estimate that knows Splash's limit may refuse it first
+            assert r.refused_by == "compiler"
+            assert f"exceeds the limit {r.default_scoped_vmem // 2**20}.00M" in r.summary, r.summary
         assert blog_reports[(method, "v6e")].ok  # the v6e's default scoped limit is twice as large
 
 
