@@ -31,7 +31,7 @@ lab: $(STAMP)
 # Exit status 5 means pytest collected nothing. tests/ always holds tests, so that points at
 # a broken checkout or a PYTEST_ARGS filter that matches nothing; it stays a failure.
 test: $(STAMP) browser
-	@status=0; $(VENV_PYTHON) -m pytest $(PYTEST_ARGS) || status=$$?; \
+	@status=0; SVG_LIB_REQUIRE_TPU_COMPILER=1 $(VENV_PYTHON) -m pytest $(PYTEST_ARGS) || status=$$?; \
 	if [ $$status -eq 5 ]; then \
 	  echo "make test: pytest collected no tests (exit 5). tests/ should always have some:" \
 	       "check the checkout and PYTEST_ARGS='$(PYTEST_ARGS)'." >&2; \

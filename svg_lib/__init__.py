@@ -19,6 +19,8 @@ from .plots import TILE_COLORS, ascii_tile_map, kept_fraction_grid, plot_mask, p
 from .attention import METHODS, attention, b3_mask, build_attention
 from .vmem import VmemEstimate, estimate_vmem
 from .bench import BLOG_SWEEP_V6E_MS, BLOG_V6E_MS, BenchConfig, BenchResult, run_benchmark
+# compiled for TPU on this CPU by libtpu (helper: compile)
+from .compiler import TARGETS, CompileReport, compile_for_tpu
 # block-size tuner, interactive explorers, grid traversal view
 from .tuner import TuneResult, tune
 from .explorer import mask_explorer

@@ -2,6 +2,7 @@
 
     python -m svg_lib plan --preset blog                  # the plan in words + ASCII tile map
     python -m svg_lib plan --preset blog --block-q 1024   # a preset with one value overridden
+    python -m svg_lib compile --preset blog --target v6e  # compile every kernel for a TPU v6e (libtpu)
     python -m svg_lib plan --frames 21 --height 45 --width 80 --density 0.35 \\
         --block-q 3328 --block-kv 1536 --json             # plan.stats as one JSON object
 
@@ -24,7 +25,7 @@ from typing import Callable
 PROG = "python -m svg_lib"
 
 # Modules (relative to svg_lib) that each define COMMAND; "plan" lives in this module.
-COMMAND_MODULES: tuple[str, ...] = ("bench", "lowering", "tuner")
+COMMAND_MODULES: tuple[str, ...] = ("bench", "lowering", "compiler", "tuner")
 
 
 class UsageError(ValueError):

@@ -20,12 +20,15 @@ jax is imported inside functions, so importing this module stays cheap.
 """
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import functools
 import glob
 import os
 import re
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 MiB = 2**20
 KiB = 2**10
@@ -53,6 +56,11 @@ class TpuTarget:
     bf16_tflops: float     # peak bf16 TFLOP/s per chip (public spec sheets)
     hbm_gbps: float        # HBM bandwidth per chip, GB/s (public spec sheets)
 
+    @property
+    def vmem_generation(self) -> str:
+        """This chip's key in svg_lib.vmem's tables ("v7" for the v7x)."""
+        return "v7" if self.name == "v7x" else self.name
+
     def describe(self) -> str:
         return (f"{self.name} ({self.device_kind}): VMEM {self.vmem_bytes // MiB} MiB "
                 f"(default scoped {self.default_scoped_vmem // MiB} MiB), SMEM {self.smem_bytes // KiB} KiB, "
@@ -60,12 +68,17 @@ class TpuTarget:
 
 
 # Single-chip topology names accepted by libtpu 0.0.42 with chips_per_host_bounds=(1, 1, 1).
-# ("v5litepod-1" and "v7x:..." are refused; the v7x is named "tpu7x" there.)
+# ("v5litepod-1" and "v7x:..." are refused; the v7x is named "tpu7x" there.) Memory, MXU and
+# per-core figures agree with jax's own table (pltpu.get_tpu_info_for_chip, jax 0.10.2).
+# A v7x chip holds two TensorCores that jax shows as two devices ("TPU7x"); its row gives
+# per-chip peak figures (twice the per-core ones of jax's table), like the other rows. Its
+# default scoped VMEM (32 MiB) is svg_lib.vmem's figure, not one measured here.
 TARGETS: dict[str, TpuTarget] = {t.name: t for t in (
     TpuTarget("v4", "v4:1x1x1", "TPU v4", 16 * MiB, 16 * MiB, 1 * MiB, 128, 4, 2, 275.0, 1200.0),
     TpuTarget("v5e", "v5e:1x1", "TPU v5 lite", 128 * MiB, 16 * MiB, 1 * MiB, 128, 4, 1, 197.0, 819.0),
     TpuTarget("v5p", "v5p:1x1x1", "TPU v5", 64 * MiB, 16 * MiB, 1 * MiB, 128, 4, 2, 459.0, 2765.0),
     TpuTarget("v6e", "v6e:1x1", "TPU v6 lite", 128 * MiB, 32 * MiB, 1 * MiB, 256, 2, 1, 918.0, 1640.0),
+    TpuTarget("v7x", "tpu7x:1x1x1", "TPU7x", 64 * MiB, 32 * MiB, 1 * MiB, 256, 2, 2, 2310.0, 7400.0),
 )}
 DEFAULT_TARGET = "v6e"  # the case study's chip
 
@@ -174,3 +187,315 @@ def first_lines(err: BaseException, lines: int = 4) -> str:
     text = f"{type(err).__name__}: {err}".strip()
     keep = [line for line in text.splitlines() if line.strip()]
     return "\n".join(keep[:lines])
+
+
+def refusal_summary(err: BaseException) -> str:
+    """One line that says why the compiler refused: the memory overflow's numbers when it is
+    one (they sit deep in a long message), else the message's first line."""
+    text = str(err)
+    scoped = re.search(r"Scoped allocation with size ([\d.]+\w?) and limit ([\d.]+\w?)", text)
+    if scoped:
+        return f"VMEM overflow: a scoped allocation of {scoped.group(1)} exceeds the limit {scoped.group(2)}"
+    used = re.search(r"Ran out of memory in memory space (\w+)\. Used ([\d.]+\w?) of ([\d.]+\w?)", text)
+    if used:
+        return f"{used.group(1).upper()} overflow: {used.group(2)} used of {used.group(3)}"
+    return first_lines(err, 1)
+
+
+def libtpu_version() -> str | None:
+    """The installed libtpu's version, or None without it."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("libtpu")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def targets_table() -> str:
+    """The TARGETS table as fixed-width text: memory, MXU and peak figures per generation."""
+    cols = [("target", 6, "<"), ("topology", 12, "<"), ("device kind", 12, "<"), ("VMEM", 8, ">"),
+            ("scoped", 7, ">"), ("SMEM", 8, ">"), ("MXU", 9, ">"), ("cores", 5, ">"), ("bf16 TF/s", 9, ">"),
+            ("HBM GB/s", 8, ">")]
+    rows = [[t.name, t.topology, t.device_kind, f"{t.vmem_bytes // MiB} MiB", f"{t.default_scoped_vmem // MiB} MiB",
+             f"{t.smem_bytes // KiB} KiB", f"{t.mxus_per_core} x {t.mxu}", str(t.tensor_cores),
+             f"{t.bf16_tflops:.0f}", f"{t.hbm_gbps:.0f}"] for t in TARGETS.values()]
+
+    def fmt(cells):
+        return "  ".join(f"{c:{align}{width}}" for c, (_, width, align) in zip(cells, cols))
+
+    head = fmt([c[0] for c in cols])
+    lines = [head, "-" * len(head)] + [fmt(r) for r in rows]
+    lines.append("VMEM, SMEM and MXUs per TensorCore (what one kernel sees; scoped: a kernel's VMEM limit unless "
+                 "it asks for more); cores, bf16 peak and HBM bandwidth per chip.")
+    return "\n".join(lines)
+
+
+# -- compiling the attention kernels: a report per method and target --------------------------
+
+@dataclass(frozen=True)
+class CompileReport:
+    """The outcome of compiling one method of one problem for one TPU generation (nothing runs).
+
+    `stage` says where a failure happened: "vmem" (the VMEM estimate refused, or the compiler
+    ran out of VMEM), "smem" (the compiler ran out of SMEM: scalar-prefetched tables), "build"
+    (build_attention raised) or "compile" (any other compiler error); `refused_by` says whose
+    verdict it is: "estimate", "build" or "compiler". Memory figures come from the compiled
+    executable's memory_analysis (HBM buffers of the whole program); VMEM is only checked by
+    the compiler, never reported by it, so the estimate stands beside them.
+    """
+
+    method: str
+    target: str
+    block_q: int
+    block_kv: int
+    block_kv_compute: int      # the inner key chunk the kernel was built with (the default when not given)
+    ok: bool
+    stage: str | None          # None when ok
+    refused_by: str | None     # "estimate", "build" or "compiler"; None when ok
+    error: str | None          # the first lines of the message, when not ok
+    summary: str | None        # one line: why it was refused
+    build_s: float | None      # build_attention: planning, Splash's mask info (shared across targets)
+    compile_s: float | None    # lowering + the TPU compiler
+    argument_bytes: int | None
+    output_bytes: int | None
+    temp_bytes: int | None
+    code_bytes: int | None     # generated code
+    vmem_bytes: int | None     # the estimate for one kernel instance
+    vmem_budget: int | None    # the estimate's budget on this target (capacity x headroom)
+    vmem_fits: bool | None
+    vmem_limit_bytes: int | None  # what the kernel asks Mosaic for; None: the target's default scoped limit
+    default_scoped_vmem: int | None  # the target's default scoped limit
+    vmem_capacity: int | None  # the target's VMEM per TensorCore
+    device_kind: str
+    libtpu: str | None
+
+    def line(self) -> str:
+        """One line for the terminal."""
+        from .lowering import vmem_text
+
+        head = f"{self.method:<12} {self.target:<4} {f'{self.block_q}x{self.block_kv}':>10}"
+        vmem = vmem_text(self.vmem_bytes, self.vmem_budget, self.vmem_fits, self.vmem_limit_bytes, self.target,
+                         self.default_scoped_vmem)
+        if self.ok:
+            return (f"{head} ok      build {self.build_s:6.2f} s  compile {self.compile_s:5.1f} s  "
+                    f"args {self.argument_bytes / MiB:6.1f} MiB  out {self.output_bytes / MiB:5.1f} MiB  "
+                    f"temp {self.temp_bytes / MiB:5.1f} MiB  code {self.code_bytes / KiB:5.0f} KiB  {vmem}")
+        who = {"estimate": "our VMEM estimate", "build": "build", "compiler": "the TPU compiler"}[self.refused_by]
+        return f"{head} FAILED  refused by {who} ({self.stage}): {self.summary}  [{vmem}]"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def compile_for_tpu(config, method: str, target: str = DEFAULT_TARGET, *, check_estimate: bool = True) -> CompileReport:
+    """Build `method` for `config` (a svg_lib.bench.BenchConfig) and compile it for `target`.
+
+    The real TPU compiler (libtpu) runs here on the CPU for a compile-only chip of `target`
+    ("v6e", "v5e", ...; see TARGETS): Mosaic kernels compiled, VMEM and SMEM allocated and
+    checked, nothing run. With `check_estimate`, a configuration whose VMEM estimate does not
+    fit the target is refused before compiling (a compile that overflows VMEM only fails after
+    most of its work); pass False to hear the compiler's own verdict.
+
+    Never raises for a configuration that fails to build, fit or compile: the report says so
+    (`ok=False`, `stage`, `refused_by`, `error`). Bad arguments raise ValueError / TypeError;
+    a machine without libtpu raises RuntimeError saying what to install.
+    """
+    return compile_all(config, (method,), (target,), check_estimate=check_estimate)[0]
+
+
+def compile_all(config, methods=None, targets=(DEFAULT_TARGET,), progress=None, *,
+                check_estimate: bool = True) -> list[CompileReport]:
+    """`compile_for_tpu` for every method (default: every Pallas kernel) and target, method by method.
+
+    Each method is built once and compiled for each target in turn (Splash's mask info takes
+    tens of seconds at the blog's size). `progress(report)` is called as each one finishes.
+    """
+    from .bench import PALLAS_METHODS
+    from .lowering import build_failure_stage, build_for_tpu, check_methods, check_tpu_arguments, vmem_facts
+    from .vmem import check_block_kv_compute
+
+    methods = check_methods(PALLAS_METHODS if methods is None else methods, "compile")
+    targets = check_targets(targets)
+    for method in methods:
+        check_tpu_arguments(config, method, "compile")
+    require_libtpu()
+    version = libtpu_version()
+    compute = check_block_kv_compute(config.block_kv, config.block_kv_compute, config.block_q)
+    reports = []
+    asked = None  # what build_attention gives the current method's kernel as vmem_limit_bytes
+
+    def report(method, spec, facts, **fields):
+        values = dict(stage=None, refused_by=None, error=None, summary=None, build_s=None, compile_s=None,
+                      argument_bytes=None, output_bytes=None, temp_bytes=None, code_bytes=None)
+        values.update(fields)
+        r = CompileReport(method, spec.name, config.block_q, config.block_kv, compute, values.pop("ok", False),
+                          **values, vmem_bytes=facts["vmem_bytes"],
+                          vmem_budget=facts["vmem_budget"], vmem_fits=facts["vmem_fits"],
+                          vmem_limit_bytes=asked, default_scoped_vmem=spec.default_scoped_vmem,
+                          vmem_capacity=spec.vmem_bytes, device_kind=spec.device_kind,
+                          libtpu=version)
+        reports.append(r)
+        if progress is not None:
+            progress(r)
+
+    for method in methods:
+        # what build_attention gives the kernel; Splash's kernels get none (make_splash_mha takes
+        # no vmem_limit_bytes), so they live within the target's default scoped limit
+        asked = None if method.startswith("splash") else vmem_facts(config, method)["vmem_limit_bytes"]
+        per_target = [(spec, vmem_facts(config, method, spec.vmem_generation)) for spec in targets]
+        to_compile = []
+        for spec, facts in per_target:
+            if check_estimate and not facts["vmem_fits"]:
+                report(method, spec, facts, stage="vmem", refused_by="estimate",
+                       error=_estimate_refusal(config, method, spec),
+                       summary=f"needs {facts['vmem_bytes'] / MiB:.1f} MiB, the {spec.name} budget is "
+                               f"{facts['vmem_budget'] / MiB:.0f} MiB")
+            else:
+                to_compile.append((spec, facts))
+        if not to_compile:
+            continue
+        start = time.perf_counter()
+        try:
+            fn, build_s = build_for_tpu(config, method)
+        except Exception as err:  # a report per target, not a crash: every outcome should be seen
+            build_s = time.perf_counter() - start
+            stage = build_failure_stage(vmem_facts(config, method))
+            for spec, facts in to_compile:
+                report(method, spec, facts, stage=stage, refused_by="estimate" if stage == "vmem" else "build",
+                       error=first_lines(err), summary=first_lines(err, 1), build_s=build_s)
+            continue
+        for spec, facts in to_compile:
+            report(method, spec, facts, build_s=build_s,
+                   **compile_verdict(fn, [(config.shape, config.dtype)] * 3, spec.name))
+        del fn
+    return reports
+
+
+def compile_verdict(fn, shapes, target: str = DEFAULT_TARGET) -> dict:
+    """Compile `fn` for `target` (see `compile_fn`) and say how it went, never raising for a refusal.
+
+    Returns a dict: ok, stage ("vmem", "smem", "compile" or None), refused_by ("compiler" or
+    None), error (first lines), summary (one line), compile_s, and when ok the memory_analysis
+    sizes argument_bytes, output_bytes, temp_bytes, code_bytes (None otherwise).
+    """
+    start = time.perf_counter()
+    try:
+        compiled, compile_s = compile_fn(fn, shapes, target)
+        memory = compiled.memory_analysis()
+    except Exception as err:  # the compiler's refusal is the answer, not a crash
+        return dict(ok=False, stage=classify_error(err), refused_by="compiler", error=first_lines(err),
+                    summary=refusal_summary(err), compile_s=time.perf_counter() - start, argument_bytes=None,
+                    output_bytes=None, temp_bytes=None, code_bytes=None)
+    return dict(ok=True, stage=None, refused_by=None, error=None, summary=None, compile_s=compile_s,
+                argument_bytes=int(memory.argument_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),
+                temp_bytes=int(memory.temp_size_in_bytes), code_bytes=int(memory.generated_code_size_in_bytes))
+
+
+def _estimate_refusal(config, method, spec) -> str:
+    """The VMEM estimate's refusal in words, with a configuration that fits `spec` if there is one."""
+    from .vmem import check_fits, estimate_vmem
+
+    estimate = estimate_vmem(method, config.block_q, config.block_kv, config.head_dim, config.dtype,
+                             config.block_kv_compute, spec.vmem_generation)
+    try:
+        check_fits(estimate)
+    except ValueError as err:
+        return f"ValueError: {err}"
+    return "ValueError: the VMEM estimate does not fit"  # not reached: only called when it does not fit
+
+
+def check_targets(targets) -> tuple:
+    """Targets as a tuple of TpuTarget: one name, several, or "all"; ValueError for unknown ones."""
+    if isinstance(targets, (str, TpuTarget)):
+        targets = (targets,)
+    names = []
+    for t in targets:
+        names.extend(TARGETS if t == "all" else [t])
+    specs = tuple(dict.fromkeys(check_target(t) for t in names))
+    if not specs:
+        raise ValueError(f"no target given; choose from {', '.join(TARGETS)} or 'all'")
+    return specs
+
+
+
+# -- command line ----------------------------------------------------------------------------
+
+def _compile_arguments(parser: argparse.ArgumentParser) -> None:
+    from .bench import add_config_arguments
+
+    add_config_arguments(parser)
+    parser.add_argument("--target", action="append", metavar="NAME",
+                        help=f"TPU generation to compile for: {', '.join(TARGETS)} or all; may be given "
+                             f"several times (default {DEFAULT_TARGET})")
+    parser.add_argument("--list-targets", action="store_true",
+                        help="print the targets with their VMEM, SMEM and MXU facts, and exit")
+    parser.add_argument("--sweep-block-q", metavar="BQ,...",
+                        help="compile at each of these query blocks in turn (instead of --block-q's one)")
+    parser.add_argument("--no-estimate-check", action="store_true",
+                        help="compile even where the VMEM estimate says the blocks will not fit")
+    parser.add_argument("--json", metavar="PATH", help="also write the reports as JSON to PATH")
+
+
+def _compile_run(args: argparse.Namespace) -> int:
+    from .bench import PALLAS_METHODS, config_from_args, methods_from_args, write_json
+    from .cli import UsageError
+    from .lowering import splash_note
+
+    if args.list_targets:
+        print(targets_table())
+        return 0
+    try:
+        targets = check_targets(args.target or [DEFAULT_TARGET])
+    except ValueError as err:
+        raise UsageError(f"--target: {err}") from None
+    config = config_from_args(args)
+    configs = [config]
+    if args.sweep_block_q:
+        try:
+            configs = [dataclasses.replace(config, block_q=int(bq)) for bq in args.sweep_block_q.split(",") if bq.strip()]
+        except ValueError as err:
+            raise UsageError(f"--sweep-block-q takes comma-separated multiples of 128 like 1024,3328: {err}") from None
+        if not configs:
+            raise UsageError("--sweep-block-q needs at least one value, e.g. 1024,3328")
+    methods = methods_from_args(args, default=PALLAS_METHODS)
+    if "reference" in methods:
+        raise UsageError(f"--methods: 'reference' is plain jax.numpy, nothing to compile for TPU; "
+                         f"choose from {', '.join(PALLAS_METHODS)}")
+    if not has_libtpu():
+        raise UsageError("the TPU compiler (libtpu) is not installed. Install it with: " + INSTALL_HINT)
+    import jax
+
+    sweep = f" at block_q {', '.join(str(c.block_q) for c in configs)}" if args.sweep_block_q else ""
+    print(f"compile for TPU ({', '.join(t.name for t in targets)}; libtpu {libtpu_version()}, compile-only on "
+          f"this CPU, nothing runs), jax {jax.__version__}: {config.describe()}{sweep}", flush=True)
+    if splash_note(config, methods):
+        print(splash_note(config, methods), flush=True)
+    reports = []
+    for one in configs:
+        reports += compile_all(one, methods, targets, progress=lambda r: print(r.line(), flush=True),
+                               check_estimate=not args.no_estimate_check)
+    failed = [f"{r.method} on {r.target}" for r in reports if not r.ok]
+    print(f"{len(reports) - len(failed)} of {len(reports)} compiled"
+          + (f"; FAILED: {', '.join(failed)}" if failed else "")
+          + ". Compiled for TPU by libtpu: VMEM/SMEM allocation and Mosaic checked; no speed measured.",
+          flush=True)
+    if args.json:
+        import datetime
+
+        write_json(args.json, {"config": config.to_json(), "sweep_block_q": [c.block_q for c in configs],
+                               "date": datetime.date.today().isoformat(), "jax": jax.__version__,
+                               "libtpu": libtpu_version(),
+                               "targets": [asdict(t) for t in targets],
+                               "reports": [r.to_json() for r in reports]})
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _command():
+    from .cli import Command
+    return Command("compile", "compile the Pallas kernels for a TPU generation with the real TPU compiler "
+                   "(libtpu, on this CPU; nothing runs)", _compile_arguments, _compile_run)
+
+
+COMMAND = _command()

@@ -23,7 +23,77 @@ from dataclasses import asdict, dataclass
 from .bench import PALLAS_METHODS, BenchConfig, add_config_arguments, config_from_args, methods_from_args, write_json
 
 MiB = 2**20
-_ERROR_LINES = 4  # Mosaic errors can run to pages of IR; the first lines say what went wrong
+
+
+def vmem_text(vmem_bytes, vmem_budget, vmem_fits, vmem_limit_bytes, generation, default_scoped=None) -> str:
+    """The VMEM estimate in a few words, for a report line ("VMEM -" when there is none)."""
+    if vmem_bytes is None:
+        return "VMEM -"
+    default = ", default limit" + (f" {default_scoped / MiB:.0f} MiB" if default_scoped else "")
+    return (f"VMEM {vmem_bytes / MiB:.1f} MiB of {vmem_budget / MiB:.0f} MiB {generation} budget"
+            f"{'' if vmem_fits else ' (OVERFLOWS)'}"
+            + (f", limit {vmem_limit_bytes / MiB:.0f} MiB" if vmem_limit_bytes else default))
+
+
+def check_tpu_arguments(config, method: str, verb: str = "lower") -> None:
+    """TypeError / ValueError for arguments no TPU check can take: not a BenchConfig, not a Pallas method."""
+    if not isinstance(config, BenchConfig):
+        raise TypeError(f"config must be a BenchConfig (e.g. BenchConfig.from_preset('blog')), "
+                        f"got {type(config).__name__}")
+    if method not in PALLAS_METHODS:
+        raise ValueError(f"cannot {verb} {method!r} for TPU: choose a Pallas kernel from "
+                         f"{', '.join(PALLAS_METHODS)} ('reference' is plain jax.numpy)")
+
+
+def check_methods(methods, verb: str = "lower") -> tuple:
+    """`methods` as a tuple (a single name is allowed); ValueError naming any that is no Pallas kernel."""
+    if isinstance(methods, str):
+        methods = (methods,)
+    methods = tuple(methods)
+    bad = [m for m in methods if m not in PALLAS_METHODS]
+    if bad:
+        raise ValueError(f"cannot {verb} {', '.join(map(repr, bad))} for TPU: choose Pallas kernels from "
+                         f"{', '.join(PALLAS_METHODS)} ('reference' is plain jax.numpy)")
+    return methods
+
+
+def vmem_facts(config: BenchConfig, method: str, generation: str | None = None) -> dict:
+    """The VMEM estimate of one kernel of `method`, as report fields (budget of `generation`,
+    by default the attached TPU's or a v6e)."""
+    from .vmem import estimate_vmem
+
+    vmem = estimate_vmem(method, config.block_q, config.block_kv, config.head_dim, config.dtype,
+                         config.block_kv_compute, generation)
+    return {"vmem_bytes": vmem.total, "vmem_budget": vmem.budget, "vmem_fits": vmem.fits,
+            "vmem_limit_bytes": vmem.vmem_limit_bytes, "generation": vmem.generation}
+
+
+def build_for_tpu(config: BenchConfig, method: str):
+    """`(fn, build_s)`: `method` built for `config` with interpret=False, ready to lower or compile.
+
+    Errors propagate (build_attention refuses blocks whose VMEM estimate overflows)."""
+    import jax.numpy as jnp
+
+    from .attention import build_attention
+
+    start = time.perf_counter()
+    fn = build_attention(config.mask(), method=method, heads=config.heads, tokens=config.tokens,
+                         head_dim=config.head_dim, dtype=jnp.dtype(config.dtype), block_q=config.block_q,
+                         block_kv=config.block_kv, block_kv_compute=config.block_kv_compute, interpret=False)
+    return fn, time.perf_counter() - start
+
+
+def build_failure_stage(facts: dict) -> str:
+    """Where a failed build failed: "vmem" when the estimate overflows (build_attention refuses
+    those), else "build"."""
+    return "vmem" if not facts["vmem_fits"] else "build"
+
+
+def splash_note(config: BenchConfig, methods) -> str | None:
+    """A line warning that Splash's host-side mask info takes a while at this size, or None."""
+    if "splash" in methods and config.tokens > 32_768:
+        return "  (splash classifies its blocks on the host: expect tens of seconds at this size)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -46,10 +116,8 @@ class LoweringReport:
 
     def line(self) -> str:
         """One line for the terminal."""
-        vmem = "VMEM -" if self.vmem_bytes is None else (
-            f"VMEM {self.vmem_bytes / MiB:.1f} MiB of {self.vmem_budget / MiB:.0f} MiB {self.generation} budget"
-            f"{'' if self.vmem_fits else ' (OVERFLOWS)'}"
-            + (f", limit {self.vmem_limit_bytes / MiB:.0f} MiB" if self.vmem_limit_bytes else ", default limit"))
+        vmem = vmem_text(self.vmem_bytes, self.vmem_budget, self.vmem_fits, self.vmem_limit_bytes,
+                         self.generation)
         if self.ok:
             return (f"{self.method:<12} ok      build {self.build_s:6.2f} s  lower {self.lower_s:5.2f} s  "
                     f"{self.custom_calls} tpu_custom_call  {self.module_bytes / 1024:7.1f} KiB  {vmem}")
@@ -62,11 +130,6 @@ class LoweringReport:
         return asdict(self)
 
 
-def _first_lines(err: BaseException) -> str:
-    text = f"{type(err).__name__}: {err}".strip()
-    return "\n".join(text.splitlines()[:_ERROR_LINES])
-
-
 def lower_for_tpu(config: BenchConfig, method: str) -> LoweringReport:
     """Build `method` for `config` with interpret=False and lower it to Mosaic for TPU.
 
@@ -77,38 +140,23 @@ def lower_for_tpu(config: BenchConfig, method: str) -> LoweringReport:
     import jax
     import jax.numpy as jnp
 
-    from .attention import build_attention
-    from .vmem import estimate_vmem
+    from .compiler import first_lines
 
-    if not isinstance(config, BenchConfig):
-        raise TypeError(f"config must be a BenchConfig (e.g. BenchConfig.from_preset('blog')), "
-                        f"got {type(config).__name__}")
-    if method not in PALLAS_METHODS:
-        raise ValueError(f"cannot lower {method!r} for TPU: choose a Pallas kernel from "
-                         f"{', '.join(PALLAS_METHODS)} ('reference' is plain jax.numpy)")
-
-    vmem = estimate_vmem(method, config.block_q, config.block_kv, config.head_dim, config.dtype,
-                         config.block_kv_compute)
-    facts = {"vmem_bytes": vmem.total, "vmem_budget": vmem.budget, "vmem_fits": vmem.fits,
-             "vmem_limit_bytes": vmem.vmem_limit_bytes, "generation": vmem.generation}
+    check_tpu_arguments(config, method, "lower")
+    facts = vmem_facts(config, method)
 
     def failed(stage, err, build_s=None, lower_s=None):
-        return LoweringReport(method, False, _first_lines(err), stage, build_s, lower_s, None, None, **facts)
+        return LoweringReport(method, False, first_lines(err), stage, build_s, lower_s, None, None, **facts)
 
-    dtype = jnp.dtype(config.dtype)
     start = time.perf_counter()
     try:
-        fn = build_attention(config.mask(), method=method, heads=config.heads, tokens=config.tokens,
-                             head_dim=config.head_dim, dtype=dtype, block_q=config.block_q,
-                             block_kv=config.block_kv, block_kv_compute=config.block_kv_compute, interpret=False)
+        fn, build_s = build_for_tpu(config, method)
     except Exception as err:  # a report, not a crash: the caller wants to see every method's outcome
-        stage = "vmem" if not vmem.fits else "build"
-        return failed(stage, err, build_s=time.perf_counter() - start)
-    build_s = time.perf_counter() - start
+        return failed(build_failure_stage(facts), err, build_s=time.perf_counter() - start)
 
     start = time.perf_counter()
     try:
-        args = [jax.ShapeDtypeStruct(config.shape, dtype)] * 3
+        args = [jax.ShapeDtypeStruct(config.shape, jnp.dtype(config.dtype))] * 3
         exported = jax.export.export(fn, platforms=["tpu"])(*args)
         text = exported.mlir_module()
     except Exception as err:
@@ -120,11 +168,7 @@ def lower_for_tpu(config: BenchConfig, method: str) -> LoweringReport:
 
 def lower_all(config: BenchConfig, methods=PALLAS_METHODS, progress=None) -> list[LoweringReport]:
     """`lower_for_tpu` for each method in turn; `progress(report)` is called as each finishes."""
-    if isinstance(methods, str):
-        methods = (methods,)
-    bad = [m for m in methods if m not in PALLAS_METHODS]
-    if bad:
-        raise ValueError(f"cannot lower {', '.join(map(repr, bad))}; choose from {', '.join(PALLAS_METHODS)}")
+    methods = check_methods(methods, "lower")
     reports = []
     for method in methods:
         report = lower_for_tpu(config, method)
@@ -155,8 +199,8 @@ def _lower_run(args: argparse.Namespace) -> int:
     runtime = detect_runtime()
     print(f"lower for TPU (jax.export, platforms=['tpu']) on {runtime.platform} ({runtime.device_kind}), "
           f"jax {jax.__version__}: {config.describe()}", flush=True)
-    if "splash" in methods and config.tokens > 32_768:
-        print("  (splash classifies its blocks on the host: expect tens of seconds at this size)", flush=True)
+    if splash_note(config, methods):
+        print(splash_note(config, methods), flush=True)
     reports = lower_all(config, methods, progress=lambda r: print(r.line(), flush=True))
     failed = [r.method for r in reports if not r.ok]
     print(f"{len(reports) - len(failed)} of {len(reports)} lowered"

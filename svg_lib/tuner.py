@@ -8,6 +8,10 @@ A candidate is `(block_q, block_kv)` or `(block_q, block_kv, block_kv_compute)`.
 that cannot run here are dropped with the reason recorded (`result.rejected`): not a multiple
 of 128, larger than the token count padded to whole lanes, a `block_kv_compute` that does not
 divide `block_kv`, or more VMEM than the TPU this runs on (a v6e when there is none) can give.
+With `target="v6e"` (any name of svg_lib.compiler.TARGETS) each remaining candidate is also
+compiled for that TPU by the real TPU compiler (libtpu, on this CPU; nothing runs there), and
+those it refuses (a VMEM or SMEM overflow, ...) are dropped with its reason. Compiles are
+slow, so each verdict is cached beside the results, keyed by the libtpu and jax versions.
 
 Each valid candidate is built with `build_attention` (planning, not timed), compiled, warmed
 up and timed `repeats` times; the median counts. Next to the time go what the blog's lesson
@@ -135,6 +139,63 @@ def check_candidates(candidates, *, tokens: int, head_dim: int, method: str = "b
     return valid, rejected
 
 
+# -- the TPU compiler's verdict on a candidate ---------------------------------------------
+
+def compile_check(mask: Mask, *, method: str, heads: int, head_dim: int, dtype, block_q: int, block_kv: int,
+                  block_kv_compute: int | None, target: str, cache: bool = True) -> dict:
+    """Whether the TPU compiler accepts `method` at these blocks for `target`: a dict with
+    "ok", "stage", "summary" (why it refused), "compile_s" and "from_cache".
+
+    Built with interpret=False and compiled for a compile-only `target` chip (see
+    svg_lib.compiler). The verdict is cached in `cache_dir() / "compile"`, keyed by the libtpu
+    and jax versions, the target, the problem and the blocks.
+    """
+    import jax
+
+    from .attention import build_attention
+    from .compiler import check_target, compile_verdict, first_lines, libtpu_version, require_libtpu
+
+    require_libtpu()
+    spec = check_target(target)
+    key = {"format": CACHE_FORMAT, "libtpu": libtpu_version(), "jax": jax.__version__, "target": spec.name,
+           "method": method, "problem": {"mask": describe_mask(mask), "heads": heads, "head_dim": head_dim,
+                                         "dtype": np.dtype(dtype).name if not isinstance(dtype, str) else dtype},
+           "blocks": [block_q, block_kv, block_kv_compute]}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    path = cache_dir() / "compile" / f"{digest}.json"
+    if cache and path.is_file():
+        try:
+            stored = json.loads(path.read_text(encoding="utf-8"))
+            if stored.get("key") == key:
+                return dict(stored["verdict"], from_cache=True)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # unreadable: compile again and overwrite
+    try:
+        fn = build_attention(mask, method=method, heads=heads, tokens=mask.tokens, head_dim=head_dim, dtype=dtype,
+                             block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=False)
+    except Exception as err:  # a verdict, not a crash
+        verdict = {"ok": False, "stage": "build", "summary": first_lines(err, 1), "compile_s": None}
+    else:
+        full = compile_verdict(fn, [((heads, mask.tokens, head_dim), dtype)] * 3, spec.name)
+        verdict = {name: full[name] for name in ("ok", "stage", "summary", "compile_s")}
+    if cache:
+        _write_json_atomic(path, {"key": key, "verdict": verdict})
+    return dict(verdict, from_cache=False)
+
+
+def _write_json_atomic(path: Path, data: dict) -> bool:
+    """Write `data` to `path` so that a reader never sees half a file; False (and a note) on failure."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+        tmp.replace(path)
+        return True
+    except OSError as err:  # a read-only home must not lose the result
+        print(f"tune: could not write the cache ({err}); results not cached", file=sys.stderr)
+        return False
+
+
 # -- the problem, for the cache key --------------------------------------------------------
 
 def describe_mask(mask: Mask) -> dict:
@@ -191,6 +252,7 @@ class TuneResult:
     warmup: int = 1
     from_cache: bool = False
     cache_path: str | None = None
+    target: dict | None = None  # {"name", "libtpu"}: candidates were compile-checked for this TPU
 
     ROW_KEYS = ("block_q", "block_kv", "block_kv_compute", "median_ms", "min_ms", "times_ms", "masked_fraction",
                 "visited_fraction", "tiles_visited", "tiles_masked", "grid_steps", "vmem_bytes", "build_s",
@@ -208,8 +270,10 @@ class TuneResult:
     def header(self) -> str:
         r, p = self.runtime, self.problem
         source = " (from cache)" if self.from_cache else ""
+        checked = (f" | compile-checked for {self.target['name']} (libtpu {self.target['libtpu']})"
+                   if self.target else "")
         return (f"tune {self.method} on {r['platform']} ({r['device_kind']}) | {r['mode']} mode | jax {r['jax']} | "
-                f"{p['mask']['tokens']:,} tokens x {p['heads']} heads x {p['head_dim']}, {p['dtype']}{source}")
+                f"{p['mask']['tokens']:,} tokens x {p['heads']} heads x {p['head_dim']}, {p['dtype']}{checked}{source}")
 
     def table(self) -> str:
         """Fixed-width text: one line per candidate (fastest first), then the best and the rejected."""
@@ -251,13 +315,13 @@ class TuneResult:
     def to_json(self) -> dict:
         return {"method": self.method, "problem": self.problem, "runtime": self.runtime,
                 "rows": [dict(r) for r in self.rows], "rejected": [dict(r) for r in self.rejected],
-                "repeats": self.repeats, "warmup": self.warmup}
+                "repeats": self.repeats, "warmup": self.warmup, "target": self.target}
 
     @classmethod
     def from_json(cls, data: dict, **extra) -> "TuneResult":
         return cls(method=data["method"], problem=data["problem"], runtime=data["runtime"],
                    rows=[dict(r) for r in data["rows"]], rejected=[dict(r) for r in data.get("rejected", [])],
-                   repeats=data.get("repeats", 3), warmup=data.get("warmup", 1), **extra)
+                   repeats=data.get("repeats", 3), warmup=data.get("warmup", 1), target=data.get("target"), **extra)
 
     def _where(self) -> str:
         r = self.runtime
@@ -399,7 +463,7 @@ def _check_positive(name, value, low=1):
 
 def tune(mask: Mask, *, heads: int, head_dim: int, method: str = "b2", candidates=None, dtype="bfloat16",
          repeats: int = 3, warmup: int = 1, interpret=None, cache: bool = True, progress=True,
-         seed: int = 0) -> TuneResult:
+         seed: int = 0, target: str | None = None) -> TuneResult:
     """Time `method` at each candidate tile size on this device; see the module docstring.
 
     q, k, v: `[heads, mask.tokens, head_dim]` standard normal in `dtype`. `candidates`: a list of
@@ -407,6 +471,8 @@ def tune(mask: Mask, *, heads: int, head_dim: int, method: str = "b2", candidate
     `progress`: True (a bar in a notebook, a line on stderr elsewhere), False, or a callable
     `(done, total, text)`. With `cache`, a result stored for the same device kind, jax version,
     problem, candidates, repeats and warm-up is returned at once (`from_cache=True`).
+    `target` (e.g. "v6e"): also compile each candidate for that TPU (libtpu) and drop those the
+    compiler refuses, with its reason in `rejected`; VMEM is then estimated for that chip.
     """
     import jax
     import jax.numpy as jnp
@@ -434,11 +500,19 @@ def tune(mask: Mask, *, heads: int, head_dim: int, method: str = "b2", candidate
         raise ValueError("candidates is empty; give (block_q, block_kv) pairs or None for the default grid")
     if interpret is None:
         interpret = default_interpret()
+    target_key = None
+    if target is not None:
+        from .compiler import check_target, libtpu_version, require_libtpu
+        spec = check_target(target)
+        require_libtpu()
+        target_key = {"name": spec.name, "libtpu": libtpu_version()}
 
     problem = {"mask": describe_mask(mask), "heads": heads, "head_dim": head_dim, "dtype": dtype.name}
     runtime = _runtime_key(interpret)
     key = {"format": CACHE_FORMAT, "runtime": runtime, "problem": problem, "method": method,
            "candidates": [list(c) for c in candidates], "repeats": repeats, "warmup": warmup, "seed": seed}
+    if target_key is not None:  # only then, so that results cached without a target keep their keys
+        key["target"] = target_key
     path = _cache_file(key)
     if cache and path.is_file():
         try:
@@ -449,7 +523,10 @@ def tune(mask: Mask, *, heads: int, head_dim: int, method: str = "b2", candidate
             pass  # unreadable or stale: measure again and overwrite
 
     valid, rejected = check_candidates(candidates, tokens=mask.tokens, head_dim=head_dim, method=method,
-                                       dtype=dtype)
+                                       dtype=dtype, generation=spec.vmem_generation if target else None)
+    if target is not None:
+        valid = _compile_filter(valid, rejected, mask, method=method, heads=heads, head_dim=head_dim, dtype=dtype,
+                                target=spec.name, cache=cache, progress=progress)
     keys = jax.random.split(jax.random.key(seed), 3)
     shape = (heads, mask.tokens, head_dim)
     q, k, v = (jax.random.normal(kk, shape, dtype) for kk in keys)
@@ -488,17 +565,34 @@ def tune(mask: Mask, *, heads: int, head_dim: int, method: str = "b2", candidate
         bar.close()
 
     result = TuneResult(method=method, problem=problem, runtime=runtime, rows=rows, rejected=rejected,
-                        repeats=repeats, warmup=warmup, from_cache=False)
-    if cache:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"key": key, "result": result.to_json()}, indent=1), encoding="utf-8")
-            tmp.replace(path)  # atomic: a reader never sees half a file
-            result.cache_path = str(path)
-        except OSError as err:  # a read-only home must not lose the measurement
-            print(f"tune: could not write the cache ({err}); results not cached", file=sys.stderr)
+                        repeats=repeats, warmup=warmup, from_cache=False, target=target_key)
+    if cache and _write_json_atomic(path, {"key": key, "result": result.to_json()}):
+        result.cache_path = str(path)
     return result
+
+
+def _compile_filter(valid, rejected, mask, *, method, heads, head_dim, dtype, target, cache, progress) -> list:
+    """The candidates of `valid` that the TPU compiler accepts for `target`; the others are
+    appended to `rejected` with the compiler's reason."""
+    from .compiler import libtpu_version
+
+    kept = []
+    bar = _Progress(len(valid), progress)
+    try:
+        for done, (bq, bkv, bkvc) in enumerate(valid):
+            bar.update(done, f"compile {bq} x {bkv} for {target}")
+            verdict = compile_check(mask, method=method, heads=heads, head_dim=head_dim, dtype=dtype, block_q=bq,
+                                    block_kv=bkv, block_kv_compute=bkvc, target=target, cache=cache)
+            if verdict["ok"]:
+                kept.append((bq, bkv, bkvc))
+            else:
+                who = "build_attention" if verdict["stage"] == "build" else f"the TPU compiler (libtpu {libtpu_version()})"
+                rejected.append({"block_q": bq, "block_kv": bkv, "block_kv_compute": bkvc,
+                                 "reason": f"refused for {target} by {who}: {verdict['summary']}"})
+        bar.update(len(valid), "compiled")
+    finally:
+        bar.close()
+    return kept
 
 
 # -- command line ----------------------------------------------------------------------------
@@ -517,6 +611,7 @@ def _int_list(flag):
 
 def _tune_arguments(parser: argparse.ArgumentParser) -> None:
     from .cli import add_problem_arguments
+    from .compiler import TARGETS
 
     add_problem_arguments(parser, blocks=False)  # tune takes lists of block sizes instead
     parser.add_argument("--method", default="b2", choices=TUNE_METHODS, help="the method to tune (default b2)")
@@ -527,6 +622,9 @@ def _tune_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, metavar="N", help="timed calls per candidate (default 3)")
     parser.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed calls first (default 1)")
     parser.add_argument("--no-cache", action="store_true", help="measure again even when a cached result exists")
+    parser.add_argument("--target", metavar="NAME",
+                        help=f"also compile each candidate for this TPU ({', '.join(TARGETS)}) with libtpu and "
+                             "drop those the compiler refuses")
     parser.add_argument("--json", metavar="PATH", help="also write the result as JSON to PATH")
     parser.add_argument("--force", action="store_true",
                         help="run even when interpret mode would take hours (e.g. --preset blog on a CPU)")
@@ -556,6 +654,15 @@ def _tune_run(args: argparse.Namespace) -> int:
         bqs = args.block_q or sorted({c[0] for c in default})
         bkvs = args.block_kv or sorted({c[1] for c in default})
         candidates = [(bq, bkv) for bq in bqs for bkv in bkvs]
+    if args.target is not None:
+        from .compiler import INSTALL_HINT, check_target, has_libtpu
+        try:
+            check_target(args.target)
+        except ValueError as err:
+            raise UsageError(f"--target: {err}") from None
+        if not has_libtpu():
+            raise UsageError("--target needs the TPU compiler (libtpu), which is not installed. Install it with: "
+                             + INSTALL_HINT)
     runtime = detect_runtime()
     work = config.heads * float(config.tokens) ** 2
     if not runtime.compiled and work > INTERPRET_WORK_LIMIT and not args.force:
@@ -565,7 +672,7 @@ def _tune_run(args: argparse.Namespace) -> int:
           f"{config.density}; method {args.method}", file=sys.stderr, flush=True)
     result = tune(mask, heads=config.heads, head_dim=config.head_dim, method=args.method, candidates=candidates,
                   dtype=config.dtype, repeats=args.repeats, warmup=args.warmup, cache=not args.no_cache,
-                  progress=True)
+                  progress=True, target=args.target)
     print(result.table())
     if result.from_cache:
         print(f"(from cache: {result.cache_path}; --no-cache measures again)", file=sys.stderr)

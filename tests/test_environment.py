@@ -2,7 +2,8 @@
 
 Three files say what the series runs on:
 
-* pyproject.toml: runtime dependencies plus the `dev` extra (`make lab`, `make test`);
+* pyproject.toml: runtime dependencies plus the `dev` extra (`make lab`, `make test`), which
+  pulls in the `tpu-compile` extra (libtpu, the TPU compiler) by naming svg-lib[tpu-compile];
 * environment.yml: the conda route;
 * binder/environment.yml + binder/postBuild: the Binder (repo2docker) route.
 
@@ -126,15 +127,34 @@ def conda_pip(env: dict, label: str):
     return requirements, options
 
 
+def extra_requirements(pyproject: dict, extra: str, seen=()) -> list[str]:
+    """The requirement lines of an extra, with the project's own extras it names expanded
+    (`svg-lib[tpu-compile]` in `dev` stands for the tpu-compile extra's lines)."""
+    project = canonicalize_name(pyproject["project"]["name"])
+    extras = pyproject["project"]["optional-dependencies"]
+    assert extra in extras, f"pyproject.toml has no [{extra}] extra (has {', '.join(extras)})"
+    lines = []
+    for line in extras[extra]:
+        req = Requirement(line)
+        if canonicalize_name(req.name) != project:
+            lines.append(line)
+            continue
+        for sub in sorted(req.extras):
+            assert sub not in seen, f"extras of {project} include each other: {seen + (sub,)}"
+            lines.extend(extra_requirements(pyproject, sub, seen + (extra,)))
+    return lines
+
+
 def expected_requirements(pyproject: dict, python_version: str) -> dict:
     """Runtime dependencies overlaid with the dev extra, for an environment on `python_version`.
 
-    A dev entry replaces the runtime entry of the same package (jax>=0.6 becomes jax==0.10.2).
-    Entries whose marker excludes that Python (tomli on 3.11+) are left out.
+    A dev entry replaces the runtime entry of the same package (jax>=0.6 becomes jax==0.10.2);
+    the project's own extras that dev names are expanded. Entries whose marker excludes that
+    Python (tomli on 3.11+) are left out.
     """
     marker_env = {"python_version": python_version, "python_full_version": python_version + ".0"}
     expected = {}
-    for line in pyproject["project"]["dependencies"] + pyproject["project"]["optional-dependencies"]["dev"]:
+    for line in pyproject["project"]["dependencies"] + extra_requirements(pyproject, "dev"):
         req = Requirement(line)
         if req.marker is None or req.marker.evaluate(marker_env):
             expected[canonicalize_name(req.name)] = req
@@ -193,6 +213,26 @@ def test_runtime_jax_is_a_lower_bound_that_admits_the_pin(pyproject):
     assert next(iter(pinned.specifier)).version in runtime["jax"].specifier
 
 
+def test_dev_extra_installs_the_tpu_compiler_pinned_as_jax_tpu_pins_it(pyproject):
+    # libtpu must match the jax driving it: the tpu-compile extra pins what jax[tpu] declares.
+    libtpu = [Requirement(r) for r in pyproject["project"]["optional-dependencies"]["tpu-compile"]]
+    assert [canonicalize_name(r.name) for r in libtpu] == ["libtpu"], libtpu
+    assert "libtpu" in expected_requirements(pyproject, "3.11"), "the dev extra should pull in svg-lib[tpu-compile]"
+    pinned = next(iter(expected_requirements(pyproject, "3.11")["jax"].specifier)).version
+    try:
+        installed = metadata.metadata("jax")
+    except metadata.PackageNotFoundError:
+        pytest.skip("jax is not installed")
+    if installed["Version"] != pinned:
+        pytest.skip(f"installed jax {installed['Version']} is not the pinned {pinned}")
+    declared = [Requirement(r) for r in installed.get_all("Requires-Dist") or []]
+    declared = [r for r in declared if canonicalize_name(r.name) == "libtpu" and r.marker is not None
+                and r.marker.evaluate({"extra": "tpu"})]
+    assert declared, f"jax {pinned} declares no libtpu for its [tpu] extra"
+    assert {str(r.specifier) for r in declared} == {str(libtpu[0].specifier)}, \
+        f"jax[tpu]=={pinned} wants {declared[0].specifier}, the tpu-compile extra pins {libtpu[0].specifier}"
+
+
 @pytest.mark.parametrize("path", [CONDA_ENV, BINDER_ENV], ids=["environment.yml", "binder/environment.yml"])
 def test_environment_file_matches_pyproject(pyproject, path):
     label = str(path.relative_to(ROOT))
@@ -209,12 +249,14 @@ def test_comparison_reports_drift(pyproject):
     drifted = read(BINDER_ENV)
     for pattern, replacement in [(r"(?m)^(\s*- )jax==\S+$", r"\1jax==0.10.1"),
                                  (r"(?m)^\s*- hypothesis\s*\n", ""),
+                                 (r"(?m)^\s*- libtpu\S*\s*\n", ""),
                                  (r"(?m)^(\s*- )python=\S+$", r"\1python=3.9")]:
         drifted, count = re.subn(pattern, replacement, drifted)
         assert count == 1, f"binder/environment.yml no longer has a line matching {pattern!r}"
     problems = disagreements(pyproject, parse_conda_env(drifted), "drifted")
     assert any("jax==0.10.1" in p for p in problems), problems
     assert any("missing hypothesis" in p for p in problems), problems
+    assert any("missing libtpu" in p for p in problems), problems
     assert any("python=3.9" in p for p in problems), problems
 
 

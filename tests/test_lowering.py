@@ -7,8 +7,9 @@ tiles), the scalar-prefetch schedule baked in as constants, and the scoped-VMEM 
 
 No illegal-configuration test here: with jax 0.10.2 the Mosaic lowering accepted every odd
 configuration tried (head_dim 1, 8, 96, 100; blocks of 64 or 200 passed straight to the
-kernels), i.e. those would only fail in libtpu's compiler, which needs a TPU. svg_lib's own
-checks (tests/test_kernels.py, tests/test_vmem.py) are what stop them.
+kernels), i.e. those would only fail in libtpu's compiler. That compiler runs on this CPU too
+(tests/test_compiler.py compiles every kernel at this size and checks its refusals); svg_lib's
+own checks (tests/test_kernels.py, tests/test_vmem.py) are what stop such configurations first.
 """
 import functools
 import re

@@ -159,3 +159,58 @@ def test_cli_tune_in_process(tmp_path, capsys):
     if not detect_runtime().compiled:  # on a TPU the blog size is a real (long) sweep: not for a unit test
         assert main(["tune", "--preset", "blog"]) == 2  # hours in interpret mode: refused with a hint
         assert "--force" in capsys.readouterr().err
+
+
+# -- the TPU compiler as a check (libtpu) ----------------------------------------------------
+# A problem on which the compiler refuses a candidate that every other check accepts: 149,850
+# tokens with a narrow band and no sink. With 128-row query tiles the two int32 schedule tables
+# (1,171 query tiles x at least 128 lanes each) need 1.15 MiB of SMEM, more than the 1 MiB a
+# TPU core has; 256-row tiles halve them. The surviving candidate is cheap to time here.
+SMEM_GEOMETRY = (37, 45, 90)
+
+
+@pytest.fixture(scope="module")
+def smem_mask():
+    from svg_lib import VideoGeometry
+    return SVGMask.spatial(VideoGeometry(*SMEM_GEOMETRY), 0.003, first_frame_sink=False)
+
+
+def test_tune_drops_candidates_the_compiler_refuses(tpu_compiler, smem_mask, private_cache):
+    from svg_lib.tuner import compile_check
+
+    refused, accepted = (128, 256), (256, 256)
+    result = tune(smem_mask, heads=1, head_dim=128, method="b2", candidates=[refused, accepted], dtype="float32",
+                  repeats=1, warmup=0, progress=False, target="v6e")
+    assert [(r["block_q"], r["block_kv"]) for r in result.rows] == [accepted]
+    assert [(r["block_q"], r["block_kv"]) for r in result.rejected] == [refused]
+    reason = result.rejected[0]["reason"]
+    assert reason.startswith("refused for v6e by the TPU compiler (libtpu ") and "SMEM overflow" in reason
+    assert result.target == {"name": "v6e", "libtpu": tpu_compiler.libtpu_version()}
+    assert "compile-checked for v6e" in result.table() and reason in result.table()
+    # the verdicts are cached beside the results: asking again compiles nothing
+    verdict = compile_check(smem_mask, method="b2", heads=1, head_dim=128, dtype="float32", block_q=128,
+                            block_kv=256, block_kv_compute=None, target="v6e")
+    assert verdict["from_cache"] and not verdict["ok"] and verdict["stage"] == "smem"
+    assert len(list((cache_dir() / "compile").glob("*.json"))) == 2
+    # without a target the same candidates both run: the refusal is the compiler's alone
+    valid, rejected = check_candidates([refused, accepted], tokens=smem_mask.tokens, head_dim=128, method="b2",
+                                       dtype="float32", generation="v6e")
+    assert len(valid) == 2 and not rejected
+
+
+def test_tune_target_bad_input(tiny_mask, capsys):
+    with pytest.raises(ValueError, match="unknown TPU target 'v9'"):
+        tune(tiny_mask, heads=1, head_dim=128, candidates=[(128, 128)], target="v9")
+    assert main(["tune", "--preset", "tiny", "--block-q", "128", "--block-kv", "128", "--target", "v9"]) == 2
+    assert "--target" in capsys.readouterr().err
+
+
+def test_cli_tune_target(tpu_compiler, tmp_path, capsys):
+    path = tmp_path / "tune.json"
+    status = main(["tune", "--preset", "tiny", "--heads", "1", "--block-q", "128", "--block-kv", "128,384",
+                   "--repeats", "1", "--warmup", "0", "--target", "v5e", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    data = json.loads(path.read_text())
+    assert data["target"]["name"] == "v5e" and len(data["rows"]) == 2
+    assert "compile-checked for v5e" in out

@@ -1,0 +1,196 @@
+"""Every Pallas kernel compiled for TPU at the blog's size, by the real TPU compiler, on this CPU.
+
+`svg_lib.compile_for_tpu` hands a kernel to libtpu for a compile-only chip (nothing runs):
+Mosaic compiles it, VMEM and SMEM are allocated and checked. These tests compile every
+method at the case study's size (75,600 tokens, 10 heads of 128, bf16, 3328 x 1536 tiles) for
+a v6e and a v5e, and check that a configuration the compiler refuses comes back as a report
+saying where and why, never as an exception.
+
+Time: each blog-size compile takes 10 to 20 s on a CPU core, and Splash with the exact mask
+builds its mask info on the host for about 35 s, so "splash" is compiled for the v6e only
+(the build is shared across targets; a second compile of it adds nothing the others do not
+test).
+
+One refusal is expected, and asserted: Splash with a full mask (`splash_dense`, the blog's
+B0) does not compile for a v5e at the blog's tiles. `make_splash_mha` takes no VMEM limit,
+so its kernel must fit the chip's default scoped VMEM, 16 MiB on a v5e (32 MiB on a v6e), and
+at 3328 x 1536 it needs about 25 MiB (libtpu 0.0.42.1). Our own kernels ask for what their
+estimate says they need (`vmem_limit_bytes`) and compile on both.
+
+Tests take the `tpu_compiler` fixture: they skip without libtpu, except under
+`make test`, which sets SVG_LIB_REQUIRE_TPU_COMPILER=1.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from svg_lib import TARGETS, BenchConfig, CompileReport, compile_for_tpu
+from svg_lib.bench import PALLAS_METHODS
+from svg_lib.cli import main
+from svg_lib.compiler import check_targets, compile_all
+
+BLOG = BenchConfig.from_preset("blog")
+TWO_GENERATIONS = ("v6e", "v5e")
+ONE_TARGET_ONLY = {"splash": "v6e"}  # see the module docstring
+REFUSED = {("splash_dense", "v5e")}  # Splash's kernel is held to the default scoped VMEM; see above
+
+
+@pytest.fixture(scope="module")
+def blog_reports(tpu_compiler):
+    """{(method, target): CompileReport} at the blog's size; each method built once."""
+    reports = {}
+    for method in PALLAS_METHODS:
+        targets = (ONE_TARGET_ONLY[method],) if method in ONE_TARGET_ONLY else TWO_GENERATIONS
+        for r in compile_all(BLOG, (method,), targets):
+            reports[(r.method, r.target)] = r
+    return reports
+
+
+def test_every_pallas_kernel_compiles_at_the_blog_size(blog_reports):
+    expected = {(m, t) for m in PALLAS_METHODS for t in TWO_GENERATIONS if ONE_TARGET_ONLY.get(m, t) == t}
+    assert set(blog_reports) == expected
+    assert {t for (_, t) in blog_reports} == set(TWO_GENERATIONS)
+    failed = [r.line() for key, r in blog_reports.items() if not r.ok and key not in REFUSED]
+    assert not failed, "\n".join(failed)
+
+
+def test_splash_is_held_to_the_default_scoped_vmem(blog_reports):
+    for method, target in REFUSED:
+        r = blog_reports[(method, target)]
+        assert (r.ok, r.stage) == (False, "vmem"), r.line()
+        assert r.vmem_limit_bytes is None and r.default_scoped_vmem == TARGETS[target].default_scoped_vmem
+        if r.refused_by != "estimate":  # an estimate that knows Splash's limit may refuse it first
+            assert r.refused_by == "compiler"
+            assert f"exceeds the limit {r.default_scoped_vmem // 2**20}.00M" in r.summary, r.summary
+        assert blog_reports[(method, "v6e")].ok  # the v6e's default scoped limit is twice as large
+
+
+def test_compiled_memory_analysis_is_the_problems_own(blog_reports):
+    # the compiled program's HBM arguments are q, k, v and its output one more array of that shape
+    heads, tokens, head_dim = BLOG.shape
+    array_bytes = heads * tokens * head_dim * 2  # bfloat16
+    for (method, target), r in blog_reports.items():
+        if (method, target) in REFUSED:
+            continue
+        assert r.device_kind == TARGETS[target].device_kind
+        assert r.argument_bytes == 3 * array_bytes, (method, target)
+        assert r.output_bytes == array_bytes, (method, target)
+        assert r.code_bytes > 0 and r.compile_s > 0 and r.build_s >= 0
+        assert r.stage is None and r.error is None and r.refused_by is None
+        assert r.vmem_fits and r.vmem_bytes <= r.vmem_budget < r.vmem_capacity == TARGETS[target].vmem_bytes
+        assert (r.block_q, r.block_kv, r.block_kv_compute) == (3328, 1536, 512)
+        assert r.libtpu and r.line().split()[:4] == [method, target, "3328x1536", "ok"]
+
+
+def test_one_build_serves_every_target(blog_reports):
+    for method in PALLAS_METHODS:
+        builds = {r.build_s for (m, _), r in blog_reports.items() if m == method}
+        assert len(builds) == 1, f"{method} was built more than once: {builds}"
+
+
+def test_smem_overflow_is_reported_not_raised(tpu_compiler):
+    # 128 x 128 tiles at 75,600 tokens: the schedule tables (591 query tiles x ~300 steps, two
+    # of them) outgrow the 1 MiB of SMEM. Our VMEM estimate has nothing to object to; the
+    # compiler refuses, quickly.
+    config = BenchConfig.from_preset("blog", heads=1, block_q=128, block_kv=128)
+    r = compile_for_tpu(config, "b2", "v6e")
+    assert isinstance(r, CompileReport)
+    assert r.vmem_fits
+    assert (r.ok, r.stage, r.refused_by) == (False, "smem", "compiler")
+    assert "memory space smem" in r.error and r.error.count("\n") < 4
+    assert r.summary.startswith("SMEM overflow") and r.argument_bytes is None
+    assert "FAILED" in r.line() and "the TPU compiler (smem)" in r.line()
+
+
+def test_vmem_estimate_refusal_skips_the_compiler(tpu_compiler):
+    # a v4 TensorCore has 16 MiB of VMEM; the blog's tiles need about 40 MiB
+    r = compile_for_tpu(BenchConfig.from_preset("blog", heads=1), "b2", "v4")
+    assert (r.ok, r.stage, r.refused_by) == (False, "vmem", "estimate")
+    assert r.compile_s is None and not r.vmem_fits and r.vmem_capacity == 16 * 2**20
+    assert "fits" in r.error  # check_fits suggests a configuration that does
+
+
+def test_bad_arguments_raise(tpu_compiler):
+    with pytest.raises(TypeError, match="BenchConfig"):
+        compile_for_tpu("blog", "b2")
+    with pytest.raises(ValueError, match="Pallas kernel"):
+        compile_for_tpu(BLOG, "reference")
+    with pytest.raises(ValueError, match="unknown TPU target 'v9'.*v6e"):
+        compile_for_tpu(BLOG, "b2", "v9")
+    with pytest.raises(ValueError, match="'flash' for TPU: choose Pallas kernels"):
+        compile_all(BLOG, ("b2", "flash"))
+
+
+def test_targets(tpu_compiler):
+    assert check_targets("all") == tuple(TARGETS.values())
+    assert check_targets(["v6e", "v5e", "v6e"]) == (TARGETS["v6e"], TARGETS["v5e"])
+    with pytest.raises(ValueError, match="no target"):
+        check_targets([])
+
+
+def test_target_table_agrees_with_jax(tpu_compiler):
+    # the same facts as jax's own TPU table, where this jax has one
+    tpu_info = pytest.importorskip("jax._src.pallas.mosaic.tpu_info")
+    chips = {"v4": "v4", "v5e": "v5e", "v5p": "v5p", "v6e": "v6e", "v7x": "7x"}
+    assert set(chips) == set(TARGETS)
+    for name, chip in chips.items():
+        info = tpu_info.get_tpu_info_for_chip(tpu_info.ChipVersion(chip), 1)
+        t = TARGETS[name]
+        assert (t.vmem_bytes, t.smem_bytes, t.mxu, t.mxus_per_core) == (
+            info.vmem_capacity_bytes, info.smem_capacity_bytes, info.mxu_column_size, info.num_mxus), name
+
+
+def test_every_target_compiles_a_small_kernel(tpu_compiler):
+    # the topology names of TARGETS (tpu7x for the v7x included) give compile-only devices
+    config = BenchConfig.from_preset("tiny", heads=1)
+    reports = compile_all(config, ("b2",), "all")
+    assert [r.target for r in reports] == list(TARGETS)
+    assert all(r.ok for r in reports), [r.line() for r in reports if not r.ok]
+    assert [r.device_kind for r in reports] == [t.device_kind for t in TARGETS.values()]
+
+
+# -- command line ----------------------------------------------------------------------------
+
+def test_cli_compiles_and_writes_json(tpu_compiler, tmp_path, capsys):
+    path = tmp_path / "compile.json"
+    status = main(["compile", "--preset", "tiny", "--methods", "b3", "--target", "v6e", "--target", "v5e",
+                   "--sweep-block-q", "128,256", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    data = json.loads(path.read_text())
+    assert [(r["method"], r["block_q"], r["target"]) for r in data["reports"]] == [
+        ("b3", 128, "v6e"), ("b3", 128, "v5e"), ("b3", 256, "v6e"), ("b3", 256, "v5e")]
+    assert all(r["ok"] for r in data["reports"]) and data["libtpu"] == data["reports"][0]["libtpu"]
+    assert data["config"]["tokens"] == BenchConfig.from_preset("tiny").tokens and data["sweep_block_q"] == [128, 256]
+    assert "4 of 4 compiled" in out and "no speed measured" in out
+
+
+def test_cli_exit_status_1_when_a_method_fails(tpu_compiler, tmp_path, capsys):
+    # the blog's tiles on a v4 (16 MiB of VMEM): refused by the estimate, before any compile
+    path = tmp_path / "refused.json"
+    status = main(["compile", "--preset", "blog", "--methods", "b2,b3", "--target", "v4", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert status == 1
+    assert "FAILED: b2 on v4, b3 on v4" in out and "refused by our VMEM estimate" in out
+    assert [r["refused_by"] for r in json.loads(path.read_text())["reports"]] == ["estimate", "estimate"]
+
+
+def test_cli_bad_input(tpu_compiler, capsys):
+    assert main(["compile", "--preset", "tiny", "--target", "v9"]) == 2
+    assert "v9" in capsys.readouterr().err
+    assert main(["compile", "--preset", "tiny", "--methods", "reference"]) == 2
+    assert main(["compile", "--list-targets"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in TARGETS) and "VMEM" in out and "MXU" in out
+
+
+def test_cli_without_libtpu_names_the_extra(monkeypatch, capsys):
+    from svg_lib import compiler
+
+    monkeypatch.setattr(compiler, "has_libtpu", lambda: False)
+    assert main(["compile", "--preset", "tiny"]) == 2
+    assert "tpu-compile" in capsys.readouterr().err
+    with pytest.raises(RuntimeError, match="tpu-compile"):
+        compile_for_tpu(BenchConfig.from_preset("tiny"), "b2")
