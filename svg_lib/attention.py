@@ -61,11 +61,16 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
     block_q = check_block_size("block_q", block_q)
     block_kv = check_block_size("block_kv", block_kv)
     block_kv_compute = check_block_kv_compute(block_kv, block_kv_compute, block_q)
-    vmem = check_fits(estimate_vmem(method, block_q, block_kv, head_dim, dtype, block_kv_compute))
-    if interpret is None:
-        interpret = default_interpret()
     nq, nk = -(-tokens // block_q), -(-tokens // block_kv)
     q_len, kv_len = nq * block_q, nk * block_kv
+    splash_mask = None
+    if method in ("splash_dense", "splash"):
+        from .splash import splash_mask_form  # Splash's mask blocks take VMEM (see vmem.py)
+        splash_mask = splash_mask_form(mask, tokens, kv_len)
+    vmem = check_fits(estimate_vmem(method, block_q, block_kv, head_dim, dtype, block_kv_compute,
+                                    splash_mask=splash_mask))
+    if interpret is None:
+        interpret = default_interpret()
     scale = 1.0 / math.sqrt(head_dim)
 
     if method in ("splash_dense", "splash"):
@@ -105,6 +110,9 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
         out = run(jnp.pad(qs, pad_q), jnp.pad(k, pad_kv), jnp.pad(v, pad_kv))
         return out[:, :tokens]
 
+    if splash_mask is not None and interpret is False and vmem.compiler_options:
+        # Splash takes no vmem_limit_bytes; this raises the default scoped limit it runs under
+        return jax.jit(f, compiler_options=vmem.compiler_options)
     return jax.jit(f)
 
 
