@@ -31,8 +31,12 @@ def b3_mask(mask: Mask, block_q: int, block_kv: int) -> TileAlignedMask:
 
 
 def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, head_dim: int, dtype,
-                    block_q: int, block_kv: int, block_kv_compute: int | None = None, interpret=None):
+                    block_q: int, block_kv: int, block_kv_compute: int | None = None, interpret=None,
+                    generation: str | None = None):
     """A jitted `f(q, k, v) -> out` for `[heads, tokens, head_dim]` arrays of `dtype`.
+
+    `generation` ("v6e", "v5e", ...) is the TPU whose VMEM the kernel is planned for: None
+    means the attached TPU, or a v6e off TPU; name one to compile for another (svg_lib.compiler).
 
     Planning (tile classes, schedule tables, Splash's mask info) happens here, once; the
     returned function only pads, runs the kernel and slices.
@@ -67,7 +71,7 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
     if method in ("splash_dense", "splash"):
         from .splash import splash_mask_form  # Splash's mask blocks take VMEM (see vmem.py)
         splash_mask = splash_mask_form(mask, tokens, kv_len)
-    vmem = check_fits(estimate_vmem(method, block_q, block_kv, head_dim, dtype, block_kv_compute,
+    vmem = check_fits(estimate_vmem(method, block_q, block_kv, head_dim, dtype, block_kv_compute, generation,
                                     splash_mask=splash_mask))
     if interpret is None:
         interpret = default_interpret()

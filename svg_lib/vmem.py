@@ -1,7 +1,43 @@
-"""VMEM estimates for the attention kernels, checked against the TPU they will run on.
+"""VMEM estimates for the attention kernels, and how they compare with the TPU compiler.
 
-`jax.export` lowers a kernel for TPU on any machine but cannot tell whether its blocks
-fit in VMEM; this module does that arithmetic. Off a TPU, budgets are those of a v6e.
+`jax.export` lowers a kernel for TPU on any machine but cannot tell whether its blocks fit in
+VMEM; this module does that arithmetic, and checks it against the real TPU compiler (libtpu,
+compile-only, on this CPU: `compile_check`, `verify_against_compiler`, `largest_block_q`).
+
+Capacities come from one table, `svg_lib.compiler.TARGETS` (v4, v5e, v5p, v6e); on a TPU, from
+`pltpu.get_tpu_info()` where jax has it. Off a TPU we plan for a v6e (the blog's chip); on a
+TPU whose device kind we do not recognise we refuse to guess (`attached_tpu_memory`).
+
+The estimate (`estimate_vmem`) counts, per kernel instance:
+  pipeline       q, out, k, v blocks, double-buffered (Splash adds its mask: a [block_q,
+                 block_kv] int32 block double-buffered for a mask given as blocks, a
+                 [block_q, 128] int32 index block for a computable one);
+  scratch        running max and sum ([block_q, 128] f32 each) and the f32 accumulator;
+  intermediates  the score slice [block_q, block_kv_compute] in f32 twice, in the input dtype
+                 once, and for masking tiles two int32 index arrays and a bool mask.
+It fits when the total is within 85 % of the chip's VMEM, and asks for a scoped limit of 1.25 x
+the total + 2 MiB (capped there) when that exceeds the chip's default scoped limit: our kernels
+through `CompilerParams(vmem_limit_bytes=...)`, Splash (which takes none) through the jit's
+`compiler_options` (`xla_tpu_scoped_vmem_limit_kib`, `VmemEstimate.compiler_options`).
+
+What the compiler does (libtpu 0.0.42.1, jax 0.10.2, compiled for TPU, nothing run):
+  * It checks the kernel's *scoped* allocation against the scoped limit (the default, or
+    what the kernel asks for; any value is accepted, the chip's VMEM is the ceiling), and
+    refuses with "CompileTimeScopedVmemOom ... Scoped allocation with size X and limit Y".
+  * Its scoped allocation is the pipeline and scratch alone: dense 3328 x 1536 bf16 needs
+    9.62 MiB with block_kv_compute 512 and with 1536 alike (ours: 4.75 + 4.88 = 9.63 MiB).
+    The intermediates are not part of it. So the estimate is conservative by exactly its
+    intermediates term (30.9 MiB at the blog's tiles, 92.6 MiB at block_kv_compute 1536):
+    where it says "fits", the kernel compiles; where the compiler refuses, the estimate has
+    refused long before; in between it refuses tiles the compiler would take.
+  * Splash's partial-mask block (the "blocks" form, which `splash_dense` uses whenever the
+    tokens need key padding) is an int32 [block_q, block_kv] block, double-buffered: 39 MiB at
+    3328 x 1536, more than a v6e's 32 MiB default scoped limit (refused: 43.88 MiB at 6,000
+    tokens). At 75,600 tokens on a v6e it compiled anyway: XLA chose to keep the whole mask
+    table resident in VMEM (an S(1) operand), so the kernel did not double-buffer it. That is
+    XLA's memory-space heuristic, not a promise: on a v5e the same call was refused (20.12 MiB
+    over its 16 MiB default). The estimate counts the mask block double-buffered, and
+    `build_attention` raises Splash's limit to cover it.
 """
 from __future__ import annotations
 
@@ -259,16 +295,21 @@ def check_fits(estimate: VmemEstimate) -> VmemEstimate:
 
 # -- the estimate against the TPU compiler ---------------------------------------------------
 
-_SCOPED = re.compile(r"Scoped allocation with size ([\d.]+)([KMG]?) and limit ([\d.]+)([KMG]?)")
+# The compiler refuses in one of two ways: a kernel's scoped allocation over its limit, or the
+# whole program's VMEM (scoped allocations plus what Mosaic keeps of a kernel's intermediate
+# values) over the chip's capacity.
+_SCOPED = re.compile(r"Scoped allocation with size ([\d.]+)([KMG]?) and limit ([\d.]+)([KMG]?)"
+                     r"|Used ([\d.]+)([KMG]?) of ([\d.]+)([KMG]?) vmem")
 _UNITS = {"": 1, "K": KiB, "M": MiB, "G": 2**30}
 
 
 def reported_scoped_bytes(err: BaseException | str) -> tuple[int, int] | None:
-    """(size, limit) in bytes from a CompileTimeScopedVmemOom message, or None if it has none."""
+    """(size, limit) in bytes from the compiler's VMEM refusal, or None if it names none."""
     m = _SCOPED.search(str(err))
     if m is None:
         return None
-    return (int(float(m.group(1)) * _UNITS[m.group(2)]), int(float(m.group(3)) * _UNITS[m.group(4)]))
+    size, unit, limit, limit_unit = (g for g in m.groups() if g is not None) if m.group(1) is None else m.groups()[:4]
+    return int(float(size) * _UNITS[unit]), int(float(limit) * _UNITS[limit_unit])
 
 
 @dataclass(frozen=True)
@@ -405,3 +446,133 @@ def verify_against_compiler(methods=("dense", "b1", "b2", "b3", "splash_dense", 
                 if log:
                     log(str(checks[-1]))
     return checks
+
+
+def scoped_need(method: str, block_q: int, block_kv: int, dtype="bfloat16", target: str = "v6e",
+                head_dim: int = 128, splash_mask: str | None = None, block_kv_compute: int | None = None) -> int:
+    """The compiler's own count of a kernel's scoped VMEM, in bytes (one compile).
+
+    Compiled under a limit below its pipeline, the kernel is refused with a message that
+    names its whole scoped allocation. (A limit below the scratch buffers alone would name
+    only those, so the probe limit sits just above them.)"""
+    e = estimate_vmem(method, block_q, block_kv, head_dim, dtype, block_kv_compute, target, splash_mask=splash_mask)
+    probe = -(-(e.scratch + MiB) // MiB) * MiB
+    check = compile_check(e, target, limit=probe)
+    if check.compiled or check.reported is None:
+        raise RuntimeError(f"{e.method} {e.block_q}x{e.block_kv} compiled under {probe / MiB:.0f} MiB: "
+                           "no size to read; use larger blocks")
+    return check.reported
+
+
+def largest_block_q(method: str, target: str, block_kv: int = 1536, dtype="bfloat16", head_dim: int = 128,
+                    splash_mask: str | None = None, step: int = 256, probes=(1024, 2048),
+                    limit: int | None = None, log=None) -> dict:
+    """The largest multiple of `step` for block_q that the compiler accepts for `target` at
+    `block_kv`, under `limit` (default: the chip's whole VMEM, the most a kernel can be given).
+
+    Compiling near the limit is slow (minutes at large tiles), so the search is guided: the
+    compiler's scoped need at two `probes` fixes a line in block_q (it is affine: blocks and
+    per-row scratch), the line predicts the boundary, and two compiles confirm it (the
+    prediction compiles, one step more is refused), walking a step at a time if they do not."""
+    memory = tpu_memory(target)
+    limit = memory.vmem_bytes if limit is None else limit
+    say = log or (lambda _: None)
+    needs = {bq: scoped_need(method, bq, block_kv, dtype, target, head_dim, splash_mask) for bq in probes}
+    (q0, n0), (q1, n1) = sorted(needs.items())
+    per_row = (n1 - n0) / (q1 - q0)
+    fixed = n0 - per_row * q0
+    predicted = int((limit - fixed) // per_row) // step * step
+    say(f"{target} {method}: scoped need {n0 / MiB:.2f} MiB at {q0}, {n1 / MiB:.2f} MiB at {q1} "
+        f"-> {per_row:.0f} B per query row + {fixed / MiB:.2f} MiB; predicted largest block_q {predicted}")
+
+    def compiles(bq):
+        e = estimate_vmem(method, bq, block_kv, head_dim, dtype, None, target, splash_mask=splash_mask)
+        check = compile_check(e, target, limit=limit)
+        say(f"  {check}")
+        return check
+
+    bq, tried = predicted, {}
+    for _ in range(8):  # the line is close; a few compiles at most
+        if bq not in tried:
+            tried[bq] = compiles(bq)
+        if not tried[bq].compiled:
+            # the refusal names the size: step back by the excess (the whole program's VMEM
+            # can exceed the scoped line, since it also holds the kernel's intermediates)
+            over = (tried[bq].reported or limit + per_row * step) - limit
+            bq = min(bq - step, int((bq - over / per_row) // step) * step)
+            continue
+        if bq + step not in tried:
+            tried[bq + step] = compiles(bq + step)
+        if tried[bq + step].compiled:
+            bq += step
+            continue
+        break
+    else:
+        raise RuntimeError(f"no boundary found near {predicted}: {sorted((b, c.compiled) for b, c in tried.items())}")
+    return {"method": method, "target": target, "block_kv": block_kv, "dtype": jnp_name(dtype), "head_dim": head_dim,
+            "splash_mask": splash_mask if method in SPLASH_METHODS else None, "limit_mib": limit / MiB,
+            "largest_block_q": bq, "step": step, "refused_block_q": bq + step,
+            "refused_scoped_mib": None if tried[bq + step].reported is None else round(tried[bq + step].reported / MiB, 2),
+            "probe_scoped_mib": {str(k): round(v / MiB, 3) for k, v in needs.items()},
+            "estimate_largest_block_q": max((b for b in range(step, bq + 20 * step, step)
+                                             if estimate_vmem(method, b, block_kv, head_dim, dtype, None, target,
+                                                              splash_mask=splash_mask).fits), default=0),
+            "compile_seconds": round(sum(c.seconds for c in tried.values()), 1)}
+
+
+def jnp_name(dtype) -> str:
+    import jax.numpy as jnp
+    return jnp.dtype(dtype).name
+
+
+LARGEST_BLOCK_Q_FILE = "data/largest_block_q.json"  # compiled-for-TPU evidence, beside this module
+
+
+def load_largest_block_q() -> dict:
+    """The recorded `largest_block_q` results (compiled for TPU, libtpu compile-only; see the file)."""
+    import json
+    from pathlib import Path
+    return json.loads((Path(__file__).parent / LARGEST_BLOCK_Q_FILE).read_text())
+
+
+def main(argv=None) -> int:
+    """`python -m svg_lib.vmem --sweep` (estimate vs compiler on a small grid) or `--largest`
+    (the largest block_q at block_kv 1536 per method and target). Needs libtpu."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m svg_lib.vmem", description=main.__doc__)
+    parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--largest", action="store_true")
+    parser.add_argument("--methods", nargs="+", default=["dense", "b1", "b2", "b3", "splash_dense", "splash"])
+    parser.add_argument("--targets", nargs="+", default=["v6e", "v5e"])
+    parser.add_argument("--blocks", nargs="+", default=["512x512", "1024x512", "2048x1536"],
+                        help="block_q x block_kv pairs")
+    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    parser.add_argument("--block-kv-compute", nargs="+", type=int, default=None)
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    if not (args.sweep or args.largest):
+        parser.error("say --sweep or --largest")
+    rows = []
+    if args.sweep:
+        blocks = [tuple(int(x) for x in b.split("x")) for b in args.blocks]
+        checks = verify_against_compiler(args.methods, blocks, args.dtypes, args.targets,
+                                         block_kv_computes=args.block_kv_compute or (None,), log=print)
+        rows += [c.row() for c in checks]
+        bad = [c for c in checks if not c.agrees]
+        print(f"{len(checks)} points, {len(bad)} disagreements, "
+              f"{sum(c.conservative for c in checks)} where the estimate is conservative")
+    if args.largest:
+        for target in args.targets:
+            for method in args.methods:
+                rows.append(largest_block_q(method, target, splash_mask="blocks" if method in SPLASH_METHODS else None,
+                                            log=print))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 1 if args.sweep and bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -294,3 +294,77 @@ def test_attention_refuses_overflow_before_running(method, monkeypatch):
     q = jnp.zeros((1, mask.tokens, 128), jnp.bfloat16)
     with pytest.raises(ValueError, match=r"overflows VMEM.*block_q=\d+, block_kv=8192, block_kv_compute=\d+ fits"):
         attention(q, q, q, mask, method=method, block_q=8192, block_kv=8192, block_kv_compute=8192)
+
+
+# -- the estimate against the TPU compiler (libtpu on this CPU, compile-only, nothing run) ----
+# One head on a 2 x 2 grid of tiles per point (VMEM depends on the blocks, not the tokens).
+# Each point says what the estimate must say and what the compiler must do, so both sides of
+# each limit are covered: the estimate's budget (85 % of the chip), the compiler's scoped limit
+# (the default, or what the kernel asks for), and the chip's whole VMEM.
+#   (target, method, block_q, block_kv, block_kv_compute, dtype, splash_mask, estimate fits, compiles)
+COMPILER_POINTS = [
+    # every Pallas method at a mid tile on the blog's chip
+    ("v6e", "dense", 1024, 512, None, "bfloat16", None, True, True),
+    ("v6e", "b1", 1024, 512, None, "bfloat16", None, True, True),
+    ("v6e", "b2", 1024, 512, None, "bfloat16", None, True, True),
+    ("v6e", "b3", 1024, 512, None, "bfloat16", None, True, True),
+    ("v6e", "splash_dense", 1024, 512, None, "bfloat16", "blocks", True, True),
+    ("v6e", "splash", 1024, 512, None, "bfloat16", "computable", True, True),
+    # float32 and two compute slices on a v5e
+    ("v5e", "b2", 512, 1024, 256, "float32", None, True, True),
+    ("v5e", "b2", 512, 1024, 1024, "float32", None, True, True),
+    # k and v blocks alone exceed a v5e's 16 MiB default scoped limit: compiles only under the
+    # limit the estimate asks for (see test_default_limit_is_not_enough)
+    ("v5e", "dense", 256, 8192, None, "float32", None, True, True),
+    ("v5e", "splash_dense", 1024, 2048, None, "bfloat16", "blocks", True, True),
+    # v4: 16 MiB in all. The estimate refuses the first three. The compiler refuses the first
+    # (its blocks alone need more than 16 MiB: "Scoped allocation ... limit") and the second
+    # (blocks and mask block fit, but the program with Splash's intermediates does not: "Used
+    # 22.39M of 16.00M vmem"), and accepts the third: there the estimate is conservative.
+    ("v4", "dense", 256, 8192, None, "float32", None, False, False),
+    ("v4", "splash_dense", 1024, 1536, None, "bfloat16", "blocks", False, False),
+    ("v4", "b1", 768, 1024, 1024, "bfloat16", None, False, True),
+    ("v4", "b1", 512, 1024, 1024, "bfloat16", None, True, True),
+]
+
+
+def _point_id(p):
+    return f"{p[0]}-{p[1]}{'-' + p[6] if p[6] else ''}-{p[2]}x{p[3]}-c{p[4]}-{p[5]}"
+
+
+@pytest.mark.parametrize("point", COMPILER_POINTS, ids=[_point_id(p) for p in COMPILER_POINTS])
+def test_estimate_agrees_with_the_compiler(tpu_compiler, point):
+    target, method, bq, bkv, c, dtype, form, fits, compiles = point
+    e = estimate_vmem(method, bq, bkv, 128, dtype, c, target, splash_mask=form)
+    assert e.fits == fits, e
+    check = vmem_module.compile_check(e)
+    assert check.compiled == compiles, check.error
+    assert check.agrees  # where the estimate fits, it compiles; where the compiler refuses, so does it
+    if check.reported is not None:  # the compiler's own count of scoped VMEM never exceeds ours
+        assert check.reported <= e.total
+        assert check.reported > check.limit
+
+
+@pytest.mark.parametrize("target,method,bq,bkv,dtype,form", [
+    ("v5e", "dense", 256, 8192, "float32", None),
+    ("v5e", "splash_dense", 1024, 2048, "bfloat16", "blocks"),
+])
+def test_default_limit_is_not_enough(tpu_compiler, target, method, bq, bkv, dtype, form):
+    # the same kernels as above, under the chip's default scoped limit: the compiler refuses,
+    # so the limit the estimate asks for (vmem_limit_bytes, or Splash's compiler_options) is needed
+    e = estimate_vmem(method, bq, bkv, 128, dtype, None, target, splash_mask=form)
+    assert e.vmem_limit_bytes is not None
+    check = vmem_module.compile_check(e, limit=None)
+    assert not check.compiled
+    assert check.limit == TARGETS[target].default_scoped_vmem
+    assert check.limit < check.reported <= e.vmem_limit_bytes
+
+
+def test_build_attention_raises_splash_limit(tpu_compiler):
+    # build_attention hands Splash its limit through the jit's compiler options
+    from svg_lib import build_attention
+
+    tokens = 2 * 2048 - 128  # key padding: Splash gets a mask block of 1024 x 2048
+    fn = build_attention(None, method="splash_dense", heads=1, tokens=tokens, head_dim=128, dtype="bfloat16",
+                         block_q=1024, block_kv=2048, interpret=False, generation="v5e")
+    tpu_compiler.compile_fn(fn, [((1, tokens, 128), "bfloat16")] * 3, target="v5e")
