@@ -21,15 +21,22 @@ through `CompilerParams(vmem_limit_bytes=...)`, Splash (which takes none) throug
 `compiler_options` (`xla_tpu_scoped_vmem_limit_kib`, `VmemEstimate.compiler_options`).
 
 What the compiler does (libtpu 0.0.42.1, jax 0.10.2, compiled for TPU, nothing run):
-  * It checks the kernel's *scoped* allocation against the scoped limit (the default, or
-    what the kernel asks for; any value is accepted, the chip's VMEM is the ceiling), and
+  * It checks each kernel's *scoped* allocation against its scoped limit (the chip's default,
+    or what the kernel asks for: any value is accepted, only allocations are checked) and
     refuses with "CompileTimeScopedVmemOom ... Scoped allocation with size X and limit Y".
-  * Its scoped allocation is the pipeline and scratch alone: dense 3328 x 1536 bf16 needs
-    9.62 MiB with block_kv_compute 512 and with 1536 alike (ours: 4.75 + 4.88 = 9.63 MiB).
-    The intermediates are not part of it. So the estimate is conservative by exactly its
-    intermediates term (30.9 MiB at the blog's tiles, 92.6 MiB at block_kv_compute 1536):
-    where it says "fits", the kernel compiles; where the compiler refuses, the estimate has
-    refused long before; in between it refuses tiles the compiler would take.
+    That allocation is the pipeline and scratch alone: dense 3328 x 1536 bf16 needs 9.62 MiB
+    with block_kv_compute 512 and 1536 alike (ours: 4.75 + 4.88 = 9.63 MiB).
+  * Then it checks the whole program's VMEM (scoped allocations plus what Mosaic keeps of a
+    kernel's intermediate values) against the chip's capacity: "Ran out of memory in memory
+    space vmem. Used X of Y vmem". On a v4 (16 MiB) B2 at 2048 x 1536 with block_kv_compute
+    1024 fails there (17.21 MiB) although its blocks and scratch take 6.5 MiB; Splash at
+    1024 x 1536 (compute 1536) fails with 22.39 MiB. The intermediates cost it about 5 bytes
+    per element of the score slice; the estimate counts 19 to 21.
+  * So the estimate is conservative, and by its intermediates term mostly: where it says
+    "fits", the kernel compiles (the limit it asks for covers the scoped allocation with room
+    to spare); where the compiler refuses, the estimate refuses too; in between it refuses
+    tiles the compiler would take (tests/test_vmem.py holds points on each side;
+    `largest_block_q` and data/largest_block_q.json give the compiler's boundary).
   * Splash's partial-mask block (the "blocks" form, which `splash_dense` uses whenever the
     tokens need key padding) is an int32 [block_q, block_kv] block, double-buffered: 39 MiB at
     3328 x 1536, more than a v6e's 32 MiB default scoped limit (refused: 43.88 MiB at 6,000
@@ -448,76 +455,55 @@ def verify_against_compiler(methods=("dense", "b1", "b2", "b3", "splash_dense", 
     return checks
 
 
-def scoped_need(method: str, block_q: int, block_kv: int, dtype="bfloat16", target: str = "v6e",
-                head_dim: int = 128, splash_mask: str | None = None, block_kv_compute: int | None = None) -> int:
-    """The compiler's own count of a kernel's scoped VMEM, in bytes (one compile).
-
-    Compiled under a limit below its pipeline, the kernel is refused with a message that
-    names its whole scoped allocation. (A limit below the scratch buffers alone would name
-    only those, so the probe limit sits just above them.)"""
-    e = estimate_vmem(method, block_q, block_kv, head_dim, dtype, block_kv_compute, target, splash_mask=splash_mask)
-    probe = -(-(e.scratch + MiB) // MiB) * MiB
-    check = compile_check(e, target, limit=probe)
-    if check.compiled or check.reported is None:
-        raise RuntimeError(f"{e.method} {e.block_q}x{e.block_kv} compiled under {probe / MiB:.0f} MiB: "
-                           "no size to read; use larger blocks")
-    return check.reported
-
-
 def largest_block_q(method: str, target: str, block_kv: int = 1536, dtype="bfloat16", head_dim: int = 128,
-                    splash_mask: str | None = None, step: int = 256, probes=(1024, 2048),
-                    limit: int | None = None, log=None) -> dict:
+                    splash_mask: str | None = None, block_kv_compute: int | None = None, step: int = 256,
+                    lo: int | None = None, hi: int | None = None, limit: int | None = None, log=None) -> dict:
     """The largest multiple of `step` for block_q that the compiler accepts for `target` at
-    `block_kv`, under `limit` (default: the chip's whole VMEM, the most a kernel can be given).
+    `block_kv`, under the scoped `limit` (default: the chip's whole VMEM, the most a kernel
+    can be given), with `block_kv_compute` (default: the kernel's default for each block_q).
 
-    Compiling near the limit is slow (minutes at large tiles), so the search is guided: the
-    compiler's scoped need at two `probes` fixes a line in block_q (it is affine: blocks and
-    per-row scratch), the line predicts the boundary, and two compiles confirm it (the
-    prediction compiles, one step more is refused), walking a step at a time if they do not."""
+    A bisection between `lo` (compiles) and `hi` (refused). Without `hi`, the first block_q
+    whose double-buffered blocks and scratch alone exceed the limit (the compiler's scoped
+    allocation is at least that). Compiles near the limit are slow at large tiles (minutes),
+    so give a tight bracket where one is known."""
     memory = tpu_memory(target)
     limit = memory.vmem_bytes if limit is None else limit
     say = log or (lambda _: None)
-    needs = {bq: scoped_need(method, bq, block_kv, dtype, target, head_dim, splash_mask) for bq in probes}
-    (q0, n0), (q1, n1) = sorted(needs.items())
-    per_row = (n1 - n0) / (q1 - q0)
-    fixed = n0 - per_row * q0
-    predicted = int((limit - fixed) // per_row) // step * step
-    say(f"{target} {method}: scoped need {n0 / MiB:.2f} MiB at {q0}, {n1 / MiB:.2f} MiB at {q1} "
-        f"-> {per_row:.0f} B per query row + {fixed / MiB:.2f} MiB; predicted largest block_q {predicted}")
+
+    def estimate(bq):
+        return estimate_vmem(method, bq, block_kv, head_dim, dtype, block_kv_compute, target, splash_mask=splash_mask)
+
+    if hi is None:
+        hi = step
+        while estimate(hi).pipeline + estimate(hi).scratch <= limit:
+            hi += step
+    lo = lo or step
+    tried = {}
 
     def compiles(bq):
-        e = estimate_vmem(method, bq, block_kv, head_dim, dtype, None, target, splash_mask=splash_mask)
-        check = compile_check(e, target, limit=limit)
-        say(f"  {check}")
-        return check
+        tried[bq] = compile_check(estimate(bq), target, limit=limit)
+        say(f"  {tried[bq]}")
+        return tried[bq].compiled
 
-    bq, tried = predicted, {}
-    for _ in range(8):  # the line is close; a few compiles at most
-        if bq not in tried:
-            tried[bq] = compiles(bq)
-        if not tried[bq].compiled:
-            # the refusal names the size: step back by the excess (the whole program's VMEM
-            # can exceed the scoped line, since it also holds the kernel's intermediates)
-            over = (tried[bq].reported or limit + per_row * step) - limit
-            bq = min(bq - step, int((bq - over / per_row) // step) * step)
-            continue
-        if bq + step not in tried:
-            tried[bq + step] = compiles(bq + step)
-        if tried[bq + step].compiled:
-            bq += step
-            continue
-        break
-    else:
-        raise RuntimeError(f"no boundary found near {predicted}: {sorted((b, c.compiled) for b, c in tried.items())}")
+    if not compiles(lo):
+        raise RuntimeError(f"block_q={lo} is already refused: give a smaller lo")
+    if compiles(hi):
+        raise RuntimeError(f"block_q={hi} compiles: give a larger hi")
+    while hi - lo > step:
+        mid = (lo + hi) // 2 // step * step
+        if compiles(mid):
+            lo = mid
+        else:
+            hi = mid
+    fitting = [b for b in range(step, hi + 1, step) if estimate(b).fits]
     return {"method": method, "target": target, "block_kv": block_kv, "dtype": jnp_name(dtype), "head_dim": head_dim,
-            "splash_mask": splash_mask if method in SPLASH_METHODS else None, "limit_mib": limit / MiB,
-            "largest_block_q": bq, "step": step, "refused_block_q": bq + step,
-            "refused_scoped_mib": None if tried[bq + step].reported is None else round(tried[bq + step].reported / MiB, 2),
-            "probe_scoped_mib": {str(k): round(v / MiB, 3) for k, v in needs.items()},
-            "estimate_largest_block_q": max((b for b in range(step, bq + 20 * step, step)
-                                             if estimate_vmem(method, b, block_kv, head_dim, dtype, None, target,
-                                                              splash_mask=splash_mask).fits), default=0),
-            "compile_seconds": round(sum(c.seconds for c in tried.values()), 1)}
+            "splash_mask": splash_mask if method in SPLASH_METHODS else None,
+            "block_kv_compute": block_kv_compute or "default", "limit_mib": limit / MiB,
+            "largest_block_q": lo, "refused_block_q": hi,
+            "refused_mib": None if tried[hi].reported is None else round(tried[hi].reported / MiB, 2),
+            "refusal": (tried[hi].error or "").splitlines()[-1][:160],
+            "estimate_largest_block_q": max(fitting, default=0),
+            "compiles": len(tried), "compile_seconds": round(sum(c.seconds for c in tried.values()), 1)}
 
 
 def jnp_name(dtype) -> str:

@@ -368,3 +368,24 @@ def test_build_attention_raises_splash_limit(tpu_compiler):
     fn = build_attention(None, method="splash_dense", heads=1, tokens=tokens, head_dim=128, dtype="bfloat16",
                          block_q=1024, block_kv=2048, interpret=False, generation="v5e")
     tpu_compiler.compile_fn(fn, [((1, tokens, 128), "bfloat16")] * 3, target="v5e")
+
+
+# -- reading the compiler's verdicts (no compiler needed) -----------------------------------
+
+def test_reported_sizes_from_both_kinds_of_refusal():
+    scoped = ("RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom: ... Scoped allocation with size 43.88M "
+              "and limit 32.00M exceeded scoped vmem limit by 11.88M.")
+    program = "XLA:TPU compile permanent error. Ran out of memory in memory space vmem. Used 22.39M of 16.00M vmem."
+    assert vmem_module.reported_scoped_bytes(scoped) == (int(43.88 * MiB), 32 * MiB)
+    assert vmem_module.reported_scoped_bytes(program) == (int(22.39 * MiB), 16 * MiB)
+    assert vmem_module.reported_scoped_bytes("Ran out of memory in memory space smem") is None
+
+
+@pytest.mark.parametrize("fits,compiled,agrees,conservative", [
+    (True, True, True, False), (True, False, False, False), (False, False, True, False), (False, True, True, True)])
+def test_compiler_check_verdicts(fits, compiled, agrees, conservative):
+    e = estimate_vmem("b2", **BLOG, generation="v4" if not fits else "v6e")
+    assert e.fits == fits
+    check = vmem_module.CompilerCheck(e, e.generation, 16 * MiB, compiled, None, None, 1.0)
+    assert (check.agrees, check.conservative) == (agrees, conservative)
+    assert check.row()["agrees"] == agrees and ("DISAGREES" in str(check)) == (not agrees)
