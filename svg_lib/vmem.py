@@ -29,9 +29,10 @@ What the compiler does (libtpu 0.0.42.1, jax 0.10.2, compiled for TPU, nothing r
   * Then it checks the whole program's VMEM (scoped allocations plus what Mosaic keeps of a
     kernel's intermediate values) against the chip's capacity: "Ran out of memory in memory
     space vmem. Used X of Y vmem". On a v4 (16 MiB) B2 at 2048 x 1536 with block_kv_compute
-    1024 fails there (17.21 MiB) although its blocks and scratch take 6.5 MiB; Splash at
-    1024 x 1536 (compute 1536) fails with 22.39 MiB. The intermediates cost it about 5 bytes
-    per element of the score slice; the estimate counts 19 to 21.
+    768 fails there (17.21 MiB) although its blocks and scratch take 6.5 MiB, and compiles
+    with block_kv_compute 256; Splash at 1024 x 1536 (compute 1536) fails with 22.39 MiB.
+    The intermediates cost it about 4 to 7 bytes per element of the score slice
+    [block_q, block_kv_compute]; the estimate counts 19 to 21.
   * So the estimate is conservative, and by its intermediates term mostly: where it says
     "fits", the kernel compiles (the limit it asks for covers the scoped allocation with room
     to spare); where the compiler refuses, the estimate refuses too; in between it refuses
