@@ -327,7 +327,9 @@ class CompilerCheck:
     `limit` is the scoped VMEM the kernel was compiled under: the limit the estimate asks for
     (the chip's default when it asks for none) where the estimate says it fits, the chip's
     whole VMEM where the estimate refuses (could the compiler have fitted it at all?).
-    `reported` is the compiler's own scoped allocation, read from its refusal."""
+    `reported` is the size the compiler names in its refusal: the kernel's scoped allocation,
+    or the whole program's VMEM (see the module docstring). `agrees` and `conservative` judge
+    the estimate, so they mean something only under that limit (`compile_check`'s default)."""
 
     estimate: VmemEstimate
     target: str
