@@ -389,3 +389,19 @@ def test_compiler_check_verdicts(fits, compiled, agrees, conservative):
     check = vmem_module.CompilerCheck(e, e.generation, 16 * MiB, compiled, None, None, 1.0)
     assert (check.agrees, check.conservative) == (agrees, conservative)
     assert check.row()["agrees"] == agrees and ("DISAGREES" in str(check)) == (not agrees)
+
+
+# -- the recorded compiler boundary (svg_lib/data/largest_block_q.json) ----------------------
+
+def test_recorded_largest_block_q_is_labelled_and_above_the_estimate():
+    doc = vmem_module.load_largest_block_q()
+    assert doc["evidence"].startswith("compiled for TPU") and doc["libtpu"] and doc["jax"] and doc["date"]
+    assert doc["results"]
+    for r in doc["results"]:
+        assert r["refused_block_q"] - r["largest_block_q"] == 256, r
+        assert r["refused_mib"] > r["limit_mib"], r  # the refusal named a size over the limit
+        # recomputed here: the estimate never fits a block_q the compiler refused
+        fitting = [bq for bq in range(256, r["refused_block_q"] + 1, 256)
+                   if estimate_vmem(r["method"], bq, r["block_kv"], r["head_dim"], r["dtype"], None, r["target"],
+                                    splash_mask=r["splash_mask"]).fits]
+        assert max(fitting, default=0) <= r["largest_block_q"], r
