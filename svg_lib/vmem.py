@@ -45,7 +45,19 @@ What the compiler does (libtpu 0.0.42.1, jax 0.10.2, compiled for TPU, nothing r
     table resident in VMEM (an S(1) operand), so the kernel did not double-buffer it. That is
     XLA's memory-space heuristic, not a promise: on a v5e the same call was refused (20.12 MiB
     over its 16 MiB default). The estimate counts the mask block double-buffered, and
-    `build_attention` raises Splash's limit to cover it.
+    `build_attention` raises Splash's limit to cover it. (With that, the blog's splash_dense,
+    75,600 tokens at 3328 x 1536, compiles for a v5e too.)
+
+Largest block_q at block_kv 1536, bf16, head_dim 128, default block_kv_compute, scoped limit at
+the chip's whole VMEM (compiled for TPU, libtpu 0.0.42.1 compile-only; data/largest_block_q.json;
+in brackets the largest the estimate lets through):
+    v4   B2 1792 (256)    splash_dense with mask blocks 512 (256)
+    v5p                   splash_dense with mask blocks 3072 (1792): the blog's 3328 is refused
+    v6e                   splash_dense with mask blocks: not bisected yet (5632)
+B2 on v5e, v5p and v6e is not bisected: its boundary lies at block_q in the tens of
+thousands (compiles of many minutes each). The estimate is most conservative on a v4: its
+default compute slice (2M score elements, 38 MiB of intermediates by our count) alone exceeds
+a v4's budget; a smaller block_kv_compute is what fits there.
 """
 from __future__ import annotations
 
