@@ -32,8 +32,12 @@ def b3_mask(mask: Mask, block_q: int, block_kv: int) -> TileAlignedMask:
 
 
 def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, head_dim: int, dtype,
-                    block_q: int, block_kv: int, block_kv_compute: int | None = None, interpret=None):
+                    block_q: int, block_kv: int, block_kv_compute: int | None = None, interpret=None,
+                    generation: str | None = None):
     """A jitted `f(q, k, v) -> out` for `[heads, tokens, head_dim]` arrays of `dtype`.
+
+    `generation` ("v6e", "v5e", ...) is the TPU whose VMEM the kernel is planned for: None
+    means the attached TPU, or a v6e off TPU; name one to compile for another (svg_lib.compiler).
 
     Planning (tile classes, schedule tables, Splash's mask info) happens here, once; the
     returned function only pads, runs the kernel and slices.
@@ -62,11 +66,16 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
     block_q = check_block_size("block_q", block_q)
     block_kv = check_block_size("block_kv", block_kv)
     block_kv_compute = check_block_kv_compute(block_kv, block_kv_compute, block_q)
-    vmem = check_fits(estimate_vmem(method, block_q, block_kv, head_dim, dtype, block_kv_compute))
-    if interpret is None:
-        interpret = default_interpret()
     nq, nk = -(-tokens // block_q), -(-tokens // block_kv)
     q_len, kv_len = nq * block_q, nk * block_kv
+    splash_mask = None
+    if method in ("splash_dense", "splash"):
+        from .splash import splash_mask_form  # Splash's mask blocks take VMEM (see vmem.py)
+        splash_mask = splash_mask_form(mask, tokens, kv_len)
+    vmem = check_fits(estimate_vmem(method, block_q, block_kv, head_dim, dtype, block_kv_compute, generation,
+                                    splash_mask=splash_mask))
+    if interpret is None:
+        interpret = default_interpret()
     if method in ("splash_dense", "splash"):
         from .splash import make_splash
         kernel = make_splash(mask, tokens=tokens, heads=heads, q_len=q_len, kv_len=kv_len, block_q=block_q,
@@ -99,7 +108,11 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
                                           block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
                                           interpret=interpret, vmem_limit_bytes=vmem.vmem_limit_bytes)
 
-    return jax.jit(scaled_and_padded(run, tokens=tokens, head_dim=head_dim, q_len=q_len, kv_len=kv_len))
+    f = scaled_and_padded(run, tokens=tokens, head_dim=head_dim, q_len=q_len, kv_len=kv_len)
+    if splash_mask is not None and interpret is False and vmem.compiler_options:
+        # Splash takes no vmem_limit_bytes; this raises the default scoped limit it runs under
+        return jax.jit(f, compiler_options=vmem.compiler_options)
+    return jax.jit(f)
 
 
 def scaled_and_padded(run, *, tokens: int, head_dim: int, q_len: int, kv_len: int):

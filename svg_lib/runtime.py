@@ -17,21 +17,67 @@ from .geometry import VideoGeometry
 from .masks import SVGMask, check_block_size
 
 
-def parse_tpu_generation(device_kind: str) -> str | None:
-    """The TPU generation named by a jax `device_kind` string, or None if it names no TPU.
+# The series' names for the TPU generations jax knows, keyed by jax's ChipVersion value.
+# jax names v7 and later without the "v" ("7x"); we keep one spelling for all of them.
+_JAX_CHIP_NAMES = {"v2": "v2", "v3": "v3", "v4": "v4", "v4i": "v4i", "v5e": "v5e", "v5p": "v5p",
+                   "v6e": "v6e", "7": "v7", "7x": "v7x", "8i": "v8i"}
+TPU_GENERATIONS = tuple(_JAX_CHIP_NAMES.values())
 
-    >>> [parse_tpu_generation(s) for s in ("TPU v6 lite", "TPU v5 lite", "TPU v5p", "TPU v4", "cpu")]
-    ['v6e', 'v5e', 'v5p', 'v4', None]
-    """
-    match = re.search(r"\bTPU\s*v?(\d+)\s*(lite|e|p)?\b", str(device_kind), flags=re.IGNORECASE)
+
+def _jax_chip_version(device_kind: str) -> str | None:
+    """jax's own reading of `device_kind` ("v4i", "7x", ...), or None where this jax has none.
+
+    `chip_version_from_device_kind` lives in a private module of recent jax (0.10 has it);
+    older jax, down to our floor, may lack the function or the whole module."""
+    try:
+        from jax._src.pallas.mosaic import tpu_info
+        version = tpu_info.chip_version_from_device_kind(device_kind)
+    except (ImportError, AttributeError):
+        return None
+    return None if version is None else str(getattr(version, "value", version))
+
+
+# Our own reading, for a jax without the function above. The strings jax reports:
+# "TPU v2", "TPU v3", "TPU v4", "TPU v4 lite" (v4i), "TPU v5 lite" or "TPU v5e", "TPU v5" or
+# "TPU v5p", "TPU v6 lite" or "TPU v6e", then "TPU7", "TPU7x", "TPU8i" from v7 on.
+_DEVICE_KIND = re.compile(r"^\s*TPU\s*v?(\d+)\s*(lite|[a-z])?\s*$", flags=re.IGNORECASE)
+
+
+def _parse_device_kind(device_kind: str) -> str | None:
+    match = _DEVICE_KIND.match(str(device_kind))
     if match is None:
         return None
-    number, suffix = match.group(1), (match.group(2) or "").lower()
-    if suffix in ("lite", "e"):
-        return f"v{number}e"  # jax reports the "e" (efficiency) chips as "lite"
-    if suffix == "p" or number == "5":
-        return f"v{number}p"  # a bare "TPU v5" is the v5p (the v5e always says "lite")
-    return f"v{number}"
+    number, suffix = int(match.group(1)), (match.group(2) or "").lower()
+    if number in (2, 3) and not suffix:
+        return f"v{number}"
+    if number == 4:
+        return {"": "v4", "lite": "v4i", "i": "v4i"}.get(suffix)
+    if number == 5:
+        return {"lite": "v5e", "e": "v5e", "": "v5p", "p": "v5p"}.get(suffix)
+    if number == 6:
+        return {"lite": "v6e", "e": "v6e"}.get(suffix)
+    if number == 7:
+        return {"": "v7", "x": "v7x"}.get(suffix)
+    if number == 8:
+        return {"i": "v8i"}.get(suffix)
+    return None
+
+
+def parse_tpu_generation(device_kind: str) -> str | None:
+    """The TPU generation named by a jax `device_kind` string, or None if it names none we know.
+
+    Uses jax's own table where the installed jax has one, our parser otherwise (both agree on
+    every name below; tests check that). None for a CPU or GPU, and also for a TPU name that
+    neither knows: callers that plan memory must treat that as an error, never as a v6e.
+
+    >>> [parse_tpu_generation(s) for s in ("TPU v6 lite", "TPU v5 lite", "TPU v5", "TPU v4 lite",
+    ...                                    "TPU7x", "cpu")]
+    ['v6e', 'v5e', 'v5p', 'v4i', 'v7x', None]
+    """
+    chip = _jax_chip_version(str(device_kind))
+    if chip is not None and chip in _JAX_CHIP_NAMES:
+        return _JAX_CHIP_NAMES[chip]
+    return _parse_device_kind(device_kind)
 
 
 @dataclass(frozen=True)
@@ -51,7 +97,8 @@ class Runtime:
 
     @property
     def tpu_generation(self) -> str | None:
-        """e.g. "v6e" on a TPU v6e ("TPU v6 lite"); None off TPU or for an unknown name."""
+        """e.g. "v6e" on a TPU v6e ("TPU v6 lite"); None off TPU or for a TPU name we do not know
+        (see `svg_lib.vmem.tpu_generation`, which refuses to plan for such a chip)."""
         return parse_tpu_generation(self.device_kind) if self.platform == "tpu" else None
 
     def banner(self) -> str:

@@ -1,29 +1,168 @@
-"""VMEM estimates for the attention kernels, checked against the TPU they will run on.
+"""VMEM estimates for the attention kernels, and how they compare with the TPU compiler.
 
-`jax.export` lowers a kernel for TPU on any machine but cannot tell whether its blocks
-fit in VMEM; this module does that arithmetic. Off a TPU, budgets are those of a v6e.
+`jax.export` lowers a kernel for TPU on any machine but cannot tell whether its blocks fit in
+VMEM; this module does that arithmetic, and checks it against the real TPU compiler (libtpu,
+compile-only, on this CPU: `compile_check`, `verify_against_compiler`, `largest_block_q`).
+
+Capacities come from one table, `svg_lib.compiler.TARGETS` (v4, v5e, v5p, v6e); on a TPU, from
+`pltpu.get_tpu_info()` where jax has it. Off a TPU we plan for a v6e (the blog's chip); on a
+TPU whose device kind we do not recognise we refuse to guess (`attached_tpu_memory`).
+
+The estimate (`estimate_vmem`) counts, per kernel instance:
+  pipeline       q, out, k, v blocks, double-buffered (Splash adds its mask: a [block_q,
+                 block_kv] int32 block double-buffered for a mask given as blocks, a
+                 [block_q, 128] int32 index block for a computable one);
+  scratch        running max and sum ([block_q, 128] f32 each) and the f32 accumulator;
+  intermediates  the score slice [block_q, block_kv_compute] in f32 twice, in the input dtype
+                 once, and for masking tiles two int32 index arrays and a bool mask.
+It fits when the total is within 85 % of the chip's VMEM, and asks for a scoped limit of 1.25 x
+the total + 2 MiB (capped there) when that exceeds the chip's default scoped limit: our kernels
+through `CompilerParams(vmem_limit_bytes=...)`, Splash (which takes none) through the jit's
+`compiler_options` (`xla_tpu_scoped_vmem_limit_kib`, `VmemEstimate.compiler_options`).
+
+What the compiler does (libtpu 0.0.42.1, jax 0.10.2, compiled for TPU, nothing run):
+  * It checks each kernel's *scoped* allocation against its scoped limit (the chip's default,
+    or what the kernel asks for: any value is accepted, only allocations are checked) and
+    refuses with "CompileTimeScopedVmemOom ... Scoped allocation with size X and limit Y".
+    That allocation is the pipeline and scratch alone: dense 3328 x 1536 bf16 needs 9.62 MiB
+    with block_kv_compute 512 and 1536 alike (ours: 4.75 + 4.88 = 9.63 MiB).
+  * Then it checks the whole program's VMEM (scoped allocations plus what Mosaic keeps of a
+    kernel's intermediate values) against the chip's capacity: "Ran out of memory in memory
+    space vmem. Used X of Y vmem". On a v4 (16 MiB) B2 at 2048 x 1536 with block_kv_compute
+    768 fails there (17.21 MiB) although its blocks and scratch take 6.5 MiB, and compiles
+    with block_kv_compute 256; Splash at 1024 x 1536 (compute 1536) fails with 22.39 MiB.
+    The intermediates cost it about 4 to 7 bytes per element of the score slice
+    [block_q, block_kv_compute]; the estimate counts 19 to 21.
+  * So the estimate is conservative, and by its intermediates term mostly: where it says
+    "fits", the kernel compiles (the limit it asks for covers the scoped allocation with room
+    to spare); where the compiler refuses, the estimate refuses too; in between it refuses
+    tiles the compiler would take (tests/test_vmem.py holds points on each side;
+    `largest_block_q` and data/largest_block_q.json give the compiler's boundary).
+  * Splash's partial-mask block (the "blocks" form, which `splash_dense` uses whenever the
+    tokens need key padding) is an int32 [block_q, block_kv] block, double-buffered: 39 MiB at
+    3328 x 1536, more than a v6e's 32 MiB default scoped limit (refused: 43.88 MiB at 6,000
+    tokens). At 75,600 tokens on a v6e it compiled anyway: XLA chose to keep the whole mask
+    table resident in VMEM (an S(1) operand), so the kernel did not double-buffer it. That is
+    XLA's memory-space heuristic, not a promise: on a v5e the same call was refused (20.12 MiB
+    over its 16 MiB default). The estimate counts the mask block double-buffered, and
+    `build_attention` raises Splash's limit to cover it. (With that, the blog's splash_dense,
+    75,600 tokens at 3328 x 1536, compiles for a v5e too.)
+
+Largest block_q at block_kv 1536, bf16, head_dim 128, default block_kv_compute, scoped limit at
+the chip's whole VMEM (compiled for TPU, libtpu 0.0.42.1 compile-only; data/largest_block_q.json;
+in brackets the largest the estimate lets through):
+    v4   B2 1792 (256)    splash_dense with mask blocks 512 (256)
+    v5p                   splash_dense with mask blocks 3072 (1792): the blog's 3328 is refused
+    v6e                   splash_dense with mask blocks: not bisected yet (5632)
+B2 on v5e, v5p and v6e is not bisected: its boundary lies at block_q in the tens of
+thousands (compiles of many minutes each). The estimate is most conservative on a v4: its
+default compute slice (2M score elements, 38 MiB of intermediates by our count) alone exceeds
+a v4's budget; a smaller block_kv_compute is what fits there.
 """
 from __future__ import annotations
 
+import itertools
+import re
+import time
 from dataclasses import dataclass
 
 from .masks import LANES, check_block_size
 
 MiB = 2**20
-# VMEM per TensorCore and the compiler's default scoped limit per kernel, by generation.
-# Capacities as listed by jax's own TPU info table; the default scoped limit is what a
-# kernel gets unless it asks for more with CompilerParams(vmem_limit_bytes=...).
-VMEM_BYTES = {"v4": 16 * MiB, "v5e": 128 * MiB, "v5p": 64 * MiB, "v6e": 128 * MiB, "v7": 64 * MiB}
-DEFAULT_SCOPED_BYTES = {"v4": 16 * MiB, "v5e": 16 * MiB, "v5p": 16 * MiB, "v6e": 32 * MiB, "v7": 32 * MiB}
+KiB = 2**10
 OFFLINE_GENERATION = "v6e"  # what we plan for when no TPU is attached (the blog's chip)
 HEADROOM = 0.85  # leave room for Mosaic's internal scratch and alignment padding
 
 _MASKED_METHODS = ("b1", "b2", "b3", "dense")
+SPLASH_METHODS = ("splash_dense", "splash")
+SPLASH_MASK_FORMS = ("full", "blocks", "computable")  # see splash.splash_mask_form
+
+
+@dataclass(frozen=True)
+class TpuMemory:
+    """Per-TensorCore memory of one TPU generation, and where the numbers came from."""
+
+    generation: str
+    vmem_bytes: int
+    default_scoped: int | None  # a kernel's VMEM limit unless it asks; None: not known for this chip
+    smem_bytes: int | None
+    source: str  # "compile targets (svg_lib.compiler.TARGETS)" or "pltpu.get_tpu_info() on this TPU"
+
+
+def _from_target(generation: str) -> TpuMemory:
+    from .compiler import TARGETS
+    t = TARGETS[generation]
+    return TpuMemory(generation, t.vmem_bytes, t.default_scoped_vmem, t.smem_bytes,
+                     "compile targets (svg_lib.compiler.TARGETS)")
+
+
+def attached_tpu_memory(runtime=None) -> TpuMemory:
+    """The attached TPU's generation and memory; a RuntimeError for a TPU we cannot plan for.
+
+    Capacities come from `pltpu.get_tpu_info()` where the installed jax has it, else from the
+    compile-target table. A TPU whose device kind we do not recognise is an error: planning it
+    as a v6e (128 MiB) would overflow chips with 64 MiB or less."""
+    from .compiler import TARGETS
+    from .runtime import detect_runtime
+    runtime = runtime or detect_runtime()
+    if runtime.platform != "tpu":
+        raise RuntimeError(f"no TPU attached (jax reports {runtime.platform} {runtime.device_kind!r})")
+    generation = runtime.tpu_generation
+    if generation is None:
+        raise RuntimeError(f"this TPU reports device_kind {runtime.device_kind!r}, which svg_lib does not "
+                           f"recognise (jax {runtime.jax_version}); it will not guess its VMEM. Known "
+                           f"generations: {', '.join(_known_generations())}. Pass generation=... to "
+                           "estimate_vmem explicitly, or upgrade jax and svg_lib.")
+    info = _tpu_info()
+    default = TARGETS[generation].default_scoped_vmem if generation in TARGETS else None
+    if info is not None:
+        return TpuMemory(generation, int(info.vmem_capacity_bytes), default,
+                         int(getattr(info, "smem_capacity_bytes", 0)) or None, "pltpu.get_tpu_info() on this TPU")
+    if generation in TARGETS:
+        return _from_target(generation)
+    raise RuntimeError(f"this TPU is a {generation}, but the installed jax {runtime.jax_version} has no "
+                       "pltpu.get_tpu_info() to report its VMEM and svg_lib has no table entry for it; "
+                       "upgrade jax (0.10 has it) or pass generation=... explicitly")
+
+
+def _tpu_info():
+    """pltpu.get_tpu_info() for the attached TPU, or None where this jax lacks it."""
+    try:
+        from jax.experimental.pallas import tpu as pltpu
+        get = pltpu.get_tpu_info
+    except (ImportError, AttributeError):
+        return None
+    return get()
+
+
+def _known_generations():
+    from .compiler import TARGETS
+    return tuple(TARGETS)
+
+
+def tpu_memory(generation: str | None = None) -> TpuMemory:
+    """Memory facts for `generation` ("v6e", ...); None means the attached TPU, or the offline v6e.
+
+    Named generations come from `svg_lib.compiler.TARGETS` (the chips the compiler on this
+    machine builds for: one table for both); another name is accepted only when it is the
+    attached TPU's, with its capacity from `pltpu.get_tpu_info()`."""
+    from .compiler import TARGETS
+    from .runtime import detect_runtime
+    if generation is None:
+        runtime = detect_runtime()
+        return attached_tpu_memory(runtime) if runtime.platform == "tpu" else _from_target(OFFLINE_GENERATION)
+    if generation in TARGETS:
+        return _from_target(generation)
+    runtime = detect_runtime()
+    if runtime.platform == "tpu" and runtime.tpu_generation == generation:
+        return attached_tpu_memory(runtime)
+    raise ValueError(f"unknown TPU generation {generation!r}; known: {', '.join(TARGETS)}"
+                     + (f" and the attached {runtime.tpu_generation}" if runtime.tpu_generation else ""))
 
 
 @dataclass(frozen=True)
 class VmemEstimate:
-    """Bytes of VMEM one kernel instance needs, by kind of buffer."""
+    """Bytes of VMEM one kernel instance needs, by kind of buffer, and what it asks the compiler for."""
 
     method: str
     block_q: int
@@ -31,12 +170,14 @@ class VmemEstimate:
     block_kv_compute: int
     head_dim: int
     dtype: str
-    pipeline: int       # double-buffered q, k, v and output blocks
+    pipeline: int       # double-buffered q, k, v and output blocks (+ Splash's mask blocks, `mask_table`)
     scratch: int        # running max, sum (lane-replicated) and f32 accumulator
     intermediates: int  # scores, probabilities, and (for masking tiles) index and mask arrays
     generation: str
     capacity: int
-    default_scoped: int
+    default_scoped: int | None
+    splash_mask: str | None = None  # how Splash holds its mask: "full", "blocks", "computable"
+    mask_table: int = 0             # the part of `pipeline` that is Splash's mask blocks / q indices
 
     @property
     def total(self) -> int:
@@ -52,24 +193,39 @@ class VmemEstimate:
 
     @property
     def vmem_limit_bytes(self) -> int | None:
-        """What to pass as CompilerParams(vmem_limit_bytes=...); None when the default suffices."""
+        """The scoped VMEM limit to ask for (CompilerParams(vmem_limit_bytes=...), or for Splash
+        `compiler_options`); None when the chip's default scoped limit already covers it."""
         want = int(self.total * 1.25) + 2 * MiB
         limit = int(min(-(-want // MiB) * MiB, self.budget))
+        if self.default_scoped is None:  # a chip whose default we do not know: always say
+            return limit
         # asking for no more than the default would only ever lower it (v4's budget is below it)
         return limit if limit > self.default_scoped else None
 
+    @property
+    def compiler_options(self) -> dict:
+        """XLA options for `jax.jit(..., compiler_options=...)` that give a Splash kernel its limit.
+
+        Splash builds its own CompilerParams with no vmem_limit_bytes, so it runs under the
+        chip's default scoped limit (32 MiB on a v6e, 16 MiB on a v5e). The TPU compiler's
+        `xla_tpu_scoped_vmem_limit_kib` raises that default for one compiled function; our own
+        kernels set vmem_limit_bytes themselves and are not affected."""
+        limit = self.vmem_limit_bytes
+        return {} if limit is None else {"xla_tpu_scoped_vmem_limit_kib": str(limit // KiB)}
+
     def __str__(self) -> str:
-        return (f"{self.method} {self.block_q}x{self.block_kv} (compute {self.block_kv_compute}), head_dim "
+        form = f", mask {self.splash_mask}" if self.splash_mask else ""
+        return (f"{self.method} {self.block_q}x{self.block_kv} (compute {self.block_kv_compute}{form}), head_dim "
                 f"{self.head_dim}: {self.total / MiB:.1f} MiB of VMEM (pipeline {self.pipeline / MiB:.1f}, "
                 f"scratch {self.scratch / MiB:.1f}, intermediates {self.intermediates / MiB:.1f}); "
                 f"{self.generation} budget {self.budget / MiB:.0f} MiB")
 
 
 def tpu_generation() -> str:
-    """The attached TPU's generation ("v6e", ...), or the offline default when there is none."""
-    from .runtime import detect_runtime
-    gen = detect_runtime().tpu_generation
-    return gen if gen in VMEM_BYTES else OFFLINE_GENERATION
+    """The attached TPU's generation ("v6e", ...), or the offline default when there is none.
+
+    Raises a RuntimeError on a TPU we do not recognise (see `attached_tpu_memory`)."""
+    return tpu_memory(None).generation
 
 
 def default_block_kv_compute(block_q: int, block_kv: int) -> int:
@@ -86,24 +242,42 @@ def default_block_kv_compute(block_q: int, block_kv: int) -> int:
 
 
 def estimate_vmem(method: str, block_q: int, block_kv: int, head_dim: int, dtype,
-                  block_kv_compute: int | None = None, generation: str | None = None) -> VmemEstimate:
-    """Estimate the VMEM of one kernel of `method` ("dense", "b1", "b2", "b3", "splash*")."""
+                  block_kv_compute: int | None = None, generation: str | None = None, *,
+                  splash_mask: str | None = None) -> VmemEstimate:
+    """Estimate the VMEM of one kernel of `method` ("dense", "b1", "b2", "b3", "splash_dense", "splash").
+
+    `splash_mask` says how a Splash method holds its mask (`splash.splash_mask_form`): "blocks"
+    (the default, the costliest: a `[block_q, block_kv]` int32 mask block, double-buffered),
+    "computable" (a `[block_q, 128]` int32 index block) or "full" (nothing).
+    """
     block_q = check_block_size("block_q", block_q)
     block_kv = check_block_size("block_kv", block_kv)
     block_kv_compute = check_block_kv_compute(block_kv, block_kv_compute, block_q)
-    generation = generation or tpu_generation()
-    if generation not in VMEM_BYTES:
-        raise ValueError(f"unknown TPU generation {generation!r}; known: {', '.join(VMEM_BYTES)}")
+    memory = tpu_memory(generation)
+    splash = method in SPLASH_METHODS
+    if splash:
+        splash_mask = splash_mask or "blocks"
+        if splash_mask not in SPLASH_MASK_FORMS:
+            raise ValueError(f"splash_mask must be one of {SPLASH_MASK_FORMS}, got {splash_mask!r}")
+    elif splash_mask is not None:
+        raise ValueError(f"splash_mask applies to {SPLASH_METHODS} only, not {method!r}")
     import jax.numpy as jnp  # bfloat16 is a jax dtype
     itemsize = jnp.dtype(dtype).itemsize
-    pipeline = 2 * itemsize * head_dim * (2 * block_q + 2 * block_kv)  # q, out, k, v; two buffers each
+    # Splash's mask buffers, double-buffered like q, k, v (a bool block is int32 in VMEM)
+    mask_table = {None: 0, "full": 0, "blocks": 2 * 4 * block_q * block_kv,
+                  "computable": 2 * 4 * block_q * LANES}[splash_mask]
+    pipeline = 2 * itemsize * head_dim * (2 * block_q + 2 * block_kv) + mask_table  # q, out, k, v
     scratch = 4 * block_q * (2 * LANES + head_dim)
     chunk = block_q * block_kv_compute
     # s and p in f32 plus p in the input dtype; tiles that mask add two int32 index arrays
-    # and a bool mask. Splash's computable masks build the same index arrays.
-    per_element = 8 + itemsize + (9 if method in _MASKED_METHODS or method.startswith("splash") else 0)
-    return VmemEstimate(method, block_q, block_kv, block_kv_compute, head_dim, jnp.dtype(dtype).name, pipeline, scratch,
-                        chunk * per_element, generation, VMEM_BYTES[generation], DEFAULT_SCOPED_BYTES[generation])
+    # and a bool mask (Splash: a slice of its int32 mask block and a bool, or two index arrays
+    # and a bool). Splash multiplies p by v in f32, so it also holds a f32 copy of a v chunk.
+    masks = splash_mask != "full" if splash else method in _MASKED_METHODS
+    per_element = 8 + itemsize + (9 if masks else 0)
+    intermediates = chunk * per_element + (4 * block_kv_compute * head_dim if splash else 0)
+    return VmemEstimate(method, block_q, block_kv, block_kv_compute, head_dim, jnp.dtype(dtype).name, pipeline,
+                        scratch, intermediates, memory.generation, memory.vmem_bytes, memory.default_scoped,
+                        splash_mask, mask_table)
 
 
 def check_block_kv_compute(block_kv: int, block_kv_compute: int | None, block_q: int) -> int:
@@ -126,7 +300,8 @@ def check_fits(estimate: VmemEstimate) -> VmemEstimate:
     suggestion = None
     for bq in range(e.block_q, LANES - 1, -LANES):
         for c in sorted((c for c in range(LANES, e.block_kv + 1, LANES) if e.block_kv % c == 0), reverse=True):
-            trial = estimate_vmem(e.method, bq, e.block_kv, e.head_dim, e.dtype, c, e.generation)
+            trial = estimate_vmem(e.method, bq, e.block_kv, e.head_dim, e.dtype, c, e.generation,
+                                  splash_mask=e.splash_mask)
             if trial.fits:
                 suggestion = trial
                 break
@@ -136,3 +311,269 @@ def check_fits(estimate: VmemEstimate) -> VmemEstimate:
             f"block_kv_compute={suggestion.block_kv_compute} fits ({suggestion.total / MiB:.1f} MiB)"
             if suggestion else "; reduce block_kv")
     raise ValueError(f"tile configuration overflows VMEM: {e}{hint}")
+
+
+# -- the estimate against the TPU compiler ---------------------------------------------------
+
+# The compiler refuses in one of two ways: a kernel's scoped allocation over its limit, or the
+# whole program's VMEM (scoped allocations plus what Mosaic keeps of a kernel's intermediate
+# values) over the chip's capacity.
+_SCOPED = re.compile(r"Scoped allocation with size ([\d.]+)([KMG]?) and limit ([\d.]+)([KMG]?)"
+                     r"|Used ([\d.]+)([KMG]?) of ([\d.]+)([KMG]?) vmem")
+_UNITS = {"": 1, "K": KiB, "M": MiB, "G": 2**30}
+
+
+def reported_scoped_bytes(err: BaseException | str) -> tuple[int, int] | None:
+    """(size, limit) in bytes from the compiler's VMEM refusal, or None if it names none."""
+    m = _SCOPED.search(str(err))
+    if m is None:
+        return None
+    size, unit, limit, limit_unit = (g for g in m.groups() if g is not None) if m.group(1) is None else m.groups()[:4]
+    return int(float(size) * _UNITS[unit]), int(float(limit) * _UNITS[limit_unit])
+
+
+@dataclass(frozen=True)
+class CompilerCheck:
+    """One kernel compiled for a TPU target next to our estimate of it.
+
+    `limit` is the scoped VMEM the kernel was compiled under: the limit the estimate asks for
+    (the chip's default when it asks for none) where the estimate says it fits, the chip's
+    whole VMEM where the estimate refuses (could the compiler have fitted it at all?).
+    `reported` is the size the compiler names in its refusal: the kernel's scoped allocation,
+    or the whole program's VMEM (see the module docstring). `agrees` and `conservative` judge
+    the estimate, so they mean something only under that limit (`compile_check`'s default)."""
+
+    estimate: VmemEstimate
+    target: str
+    limit: int
+    compiled: bool
+    reported: int | None
+    error: str | None
+    seconds: float
+
+    @property
+    def agrees(self) -> bool:
+        """False only when the estimate said "fits" and the compiler refused."""
+        return self.compiled or not self.estimate.fits
+
+    @property
+    def conservative(self) -> bool:
+        """The estimate refused what the compiler accepted (allowed; reported)."""
+        return self.compiled and not self.estimate.fits
+
+    def row(self) -> dict:
+        e = self.estimate
+        return {"method": e.method, "target": self.target, "block_q": e.block_q, "block_kv": e.block_kv,
+                "block_kv_compute": e.block_kv_compute, "dtype": e.dtype, "splash_mask": e.splash_mask,
+                "estimate_mib": round(e.total / MiB, 2), "estimate_fits": e.fits,
+                "limit_mib": round(self.limit / MiB, 2), "compiled": self.compiled,
+                "reported_mib": None if self.reported is None else round(self.reported / MiB, 2),
+                "agrees": self.agrees, "seconds": round(self.seconds, 1)}
+
+    def __str__(self) -> str:
+        e = self.estimate
+        verdict = "compiles" if self.compiled else ("refused" + (f" (scoped {self.reported / MiB:.2f} MiB)"
+                                                                 if self.reported else ""))
+        flag = "" if self.agrees else "  <-- DISAGREES"
+        method = f"{e.method}[{e.splash_mask}]" if e.splash_mask else e.method
+        return (f"{self.target:4} {method:23} {e.block_q:>5}x{e.block_kv:<5} c{e.block_kv_compute:<5} "
+                f"{e.dtype:8} estimate {e.total / MiB:6.1f} MiB {'fits' if e.fits else 'refuses':7} | "
+                f"limit {self.limit / MiB:6.1f} MiB: {verdict}{flag}")
+
+
+def _check_kernel(estimate: VmemEstimate, limit: int | None):
+    """`(fn, shapes)`: the pallas_call of `estimate`'s method at its blocks, one head, a 2 x 2 grid
+    of tiles, compiled under the scoped VMEM `limit` (None: the chip's default)."""
+    import jax
+    import jax.numpy as jnp
+
+    e = estimate
+    bq, bkv, c = e.block_q, e.block_kv, e.block_kv_compute
+    q_len, kv_len = 2 * bq, 2 * bkv
+    tokens = kv_len - LANES  # a padded key column, so the kernels' masked paths exist
+    shapes = [((1, q_len, e.head_dim), e.dtype), ((1, kv_len, e.head_dim), e.dtype),
+              ((1, kv_len, e.head_dim), e.dtype)]
+
+    def band(q_ids, k_ids):  # numpy on the host (Splash's blocks), jnp in a kernel
+        return (abs(q_ids - k_ids) <= bkv) & (k_ids < tokens)
+
+    if e.method == "dense":
+        from .kernels import dense_flash_attention
+        return (lambda q, k, v: dense_flash_attention(q, k, v, tokens=tokens, block_q=bq, block_kv=bkv,
+                                                      block_kv_compute=c, interpret=False,
+                                                      vmem_limit_bytes=limit)), shapes
+    if e.method in ("b1", "b2", "b3"):
+        from .kernels import block_sparse_attention
+        from .planner import FULL, PARTIAL
+        classes = [[PARTIAL, PARTIAL], [PARTIAL, PARTIAL]] if e.method == "b1" else [[FULL, PARTIAL], [PARTIAL, FULL]]
+        kv_index, step_class = jnp.asarray([[0, 1], [0, 1]], jnp.int32), jnp.asarray(classes, jnp.int32)
+        return (lambda q, k, v: block_sparse_attention(q, k, v, kv_index, step_class, stage=e.method, keep=band,
+                                                       block_q=bq, block_kv=bkv, block_kv_compute=c,
+                                                       interpret=False, vmem_limit_bytes=limit)), shapes
+    from .splash import _block_mask, _computable_mask, _splash
+    sa, sm = _splash()
+    shape = (q_len, kv_len)
+    mask = {"full": lambda: sm.FullMask(shape),
+            "blocks": lambda: _block_mask(shape, band, ("vmem-check", shape, tokens)),
+            "computable": lambda: _computable_mask(shape, band, ("vmem-check", shape, tokens))}[e.splash_mask]()
+    kernel = sa.make_splash_mha_single_device(
+        sm.MultiHeadMask([mask]), block_sizes=sa.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=c),
+        interpret=False)
+    options = {} if limit is None else {"xla_tpu_scoped_vmem_limit_kib": str(limit // KiB)}
+    return jax.jit(kernel, compiler_options=options), shapes
+
+
+def compile_check(estimate: VmemEstimate, target: str | None = None, limit: int | None = -1) -> CompilerCheck:
+    """Compile `estimate`'s kernel for `target` (default: the estimate's generation) and compare.
+
+    `limit=-1` picks the limit described in `CompilerCheck`; pass bytes (or None for the chip's
+    default) to compile under another. Needs libtpu (see `svg_lib.compiler`)."""
+    from .compiler import classify_error, compile_fn, first_lines
+    target = target or estimate.generation
+    memory = tpu_memory(target)
+    if limit == -1:
+        limit = estimate.vmem_limit_bytes if estimate.fits else memory.vmem_bytes
+    fn, shapes = _check_kernel(estimate, limit)
+    effective = limit if limit is not None else memory.default_scoped
+    start = time.perf_counter()
+    try:
+        compile_fn(fn, shapes, target)
+    except Exception as err:  # the compiler's refusals arrive as JaxRuntimeError
+        if classify_error(err) != "vmem":
+            raise
+        sizes = reported_scoped_bytes(err)
+        return CompilerCheck(estimate, target, effective, False, sizes[0] if sizes else None,
+                             first_lines(err, 2), time.perf_counter() - start)
+    return CompilerCheck(estimate, target, effective, True, None, None, time.perf_counter() - start)
+
+
+def verify_against_compiler(methods=("dense", "b1", "b2", "b3", "splash_dense", "splash"),
+                            blocks=((1024, 512),), dtypes=("bfloat16",), targets=("v6e",),
+                            block_kv_computes=(None,), splash_masks=("blocks",), head_dim: int = 128,
+                            log=None) -> list[CompilerCheck]:
+    """Compile every combination and return one `CompilerCheck` each (see `agrees`).
+
+    `blocks` are (block_q, block_kv) pairs; a block_kv_compute that does not divide block_kv
+    is skipped. Each point compiles one head on a 2 x 2 grid of tiles: VMEM depends on the
+    blocks, not on the token count. `log` (e.g. print) is called with each result."""
+    checks = []
+    for target in targets:
+        for method in methods:
+            forms = splash_masks if method in SPLASH_METHODS else (None,)
+            for (bq, bkv), dtype, c, form in itertools.product(blocks, dtypes, block_kv_computes, forms):
+                if c is not None and bkv % c:
+                    continue
+                e = estimate_vmem(method, bq, bkv, head_dim, dtype, c, target, splash_mask=form)
+                checks.append(compile_check(e, target))
+                if log:
+                    log(str(checks[-1]))
+    return checks
+
+
+def largest_block_q(method: str, target: str, block_kv: int = 1536, dtype="bfloat16", head_dim: int = 128,
+                    splash_mask: str | None = None, block_kv_compute: int | None = None, step: int = 256,
+                    lo: int | None = None, hi: int | None = None, limit: int | None = None, log=None) -> dict:
+    """The largest multiple of `step` for block_q that the compiler accepts for `target` at
+    `block_kv`, under the scoped `limit` (default: the chip's whole VMEM, the most a kernel
+    can be given), with `block_kv_compute` (default: the kernel's default for each block_q).
+
+    A bisection between `lo` (compiles) and `hi` (refused). Without `hi`, the first block_q
+    whose double-buffered blocks and scratch alone exceed the limit (the compiler's scoped
+    allocation is at least that). Compiles near the limit are slow at large tiles (minutes),
+    so give a tight bracket where one is known."""
+    memory = tpu_memory(target)
+    limit = memory.vmem_bytes if limit is None else limit
+    say = log or (lambda _: None)
+
+    def estimate(bq):
+        return estimate_vmem(method, bq, block_kv, head_dim, dtype, block_kv_compute, target, splash_mask=splash_mask)
+
+    if hi is None:
+        hi = step
+        while estimate(hi).pipeline + estimate(hi).scratch <= limit:
+            hi += step
+    lo = lo or step
+    tried = {}
+
+    def compiles(bq):
+        tried[bq] = compile_check(estimate(bq), target, limit=limit)
+        say(f"  {tried[bq]}")
+        return tried[bq].compiled
+
+    if not compiles(lo):
+        raise RuntimeError(f"block_q={lo} is already refused: give a smaller lo")
+    if compiles(hi):
+        raise RuntimeError(f"block_q={hi} compiles: give a larger hi")
+    while hi - lo > step:
+        mid = (lo + hi) // 2 // step * step
+        if compiles(mid):
+            lo = mid
+        else:
+            hi = mid
+    fitting = [b for b in range(step, hi + 1, step) if estimate(b).fits]
+    return {"method": method, "target": target, "block_kv": block_kv, "dtype": jnp_name(dtype), "head_dim": head_dim,
+            "splash_mask": splash_mask if method in SPLASH_METHODS else None,
+            "block_kv_compute": block_kv_compute or "default", "limit_mib": limit / MiB,
+            "largest_block_q": lo, "refused_block_q": hi,
+            "refused_mib": None if tried[hi].reported is None else round(tried[hi].reported / MiB, 2),
+            "refusal": (tried[hi].error or "").splitlines()[-1][:160],
+            "estimate_largest_block_q": max(fitting, default=0),
+            "compiles": len(tried), "compile_seconds": round(sum(c.seconds for c in tried.values()), 1)}
+
+
+def jnp_name(dtype) -> str:
+    import jax.numpy as jnp
+    return jnp.dtype(dtype).name
+
+
+LARGEST_BLOCK_Q_FILE = "data/largest_block_q.json"  # compiled-for-TPU evidence, beside this module
+
+
+def load_largest_block_q() -> dict:
+    """The recorded `largest_block_q` results (compiled for TPU, libtpu compile-only; see the file)."""
+    import json
+    from pathlib import Path
+    return json.loads((Path(__file__).parent / LARGEST_BLOCK_Q_FILE).read_text())
+
+
+def main(argv=None) -> int:
+    """`python -m svg_lib.vmem --sweep` (estimate vs compiler on a small grid) or `--largest`
+    (the largest block_q at block_kv 1536 per method and target). Needs libtpu."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m svg_lib.vmem", description=main.__doc__)
+    parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--largest", action="store_true")
+    parser.add_argument("--methods", nargs="+", default=["dense", "b1", "b2", "b3", "splash_dense", "splash"])
+    parser.add_argument("--targets", nargs="+", default=["v6e", "v5e"])
+    parser.add_argument("--blocks", nargs="+", default=["512x512", "1024x512", "2048x1536"],
+                        help="block_q x block_kv pairs")
+    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    parser.add_argument("--block-kv-compute", nargs="+", type=int, default=None)
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    if not (args.sweep or args.largest):
+        parser.error("say --sweep or --largest")
+    rows = []
+    if args.sweep:
+        blocks = [tuple(int(x) for x in b.split("x")) for b in args.blocks]
+        checks = verify_against_compiler(args.methods, blocks, args.dtypes, args.targets,
+                                         block_kv_computes=args.block_kv_compute or (None,), log=print)
+        rows += [c.row() for c in checks]
+        bad = [c for c in checks if not c.agrees]
+        print(f"{len(checks)} points, {len(bad)} disagreements, "
+              f"{sum(c.conservative for c in checks)} where the estimate is conservative")
+    if args.largest:
+        for target in args.targets:
+            for method in args.methods:
+                rows.append(largest_block_q(method, target, splash_mask="blocks" if method in SPLASH_METHODS else None,
+                                            log=print))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 1 if args.sweep and bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -9,6 +9,7 @@ import pytest
 
 from svg_lib.geometry import VideoGeometry
 from svg_lib.masks import SVGMask
+import svg_lib.runtime as runtime_module
 from svg_lib.runtime import (PRESETS, Preset, Runtime, default_interpret, detect_runtime, get_preset,
                              parse_tpu_generation)
 
@@ -62,20 +63,54 @@ def test_runtime_is_frozen():
         r.platform = "tpu"
 
 
-@pytest.mark.parametrize("kind, generation", [
-    ("TPU v6 lite", "v6e"),
+# Every device_kind jax reports (jax/_src/pallas/mosaic/tpu_info.py, chip_version_from_device_kind).
+DEVICE_KINDS = [
+    ("TPU v2", "v2"),
+    ("TPU v3", "v3"),
+    ("TPU v4", "v4"),
+    ("TPU v4 lite", "v4i"),
     ("TPU v5 lite", "v5e"),
     ("TPU v5e", "v5e"),
-    ("TPU v5p", "v5p"),
     ("TPU v5", "v5p"),
-    ("TPU v4", "v4"),
-    ("TPU v3", "v3"),
-    ("cpu", None),
-    ("NVIDIA H100 80GB HBM3", None),
-    ("", None),
-])
+    ("TPU v5p", "v5p"),
+    ("TPU v6 lite", "v6e"),
+    ("TPU v6e", "v6e"),
+    ("TPU7", "v7"),
+    ("TPU7x", "v7x"),
+    ("TPU8i", "v8i"),
+]
+NOT_A_KNOWN_TPU = ["cpu", "NVIDIA H100 80GB HBM3", "", "TPU v9 lite", "TPU v6 pro", "TPU"]
+
+
+@pytest.mark.parametrize("kind, generation", DEVICE_KINDS + [(k, None) for k in NOT_A_KNOWN_TPU])
 def test_parse_tpu_generation(kind, generation):
     assert parse_tpu_generation(kind) == generation
+
+
+@pytest.mark.parametrize("kind, generation", DEVICE_KINDS + [(k, None) for k in NOT_A_KNOWN_TPU])
+def test_our_parser_alone_handles_every_generation(kind, generation, monkeypatch):
+    # an older jax (our floor is 0.6.2) may have no chip_version_from_device_kind
+    monkeypatch.setattr(runtime_module, "_jax_chip_version", lambda device_kind: None)
+    assert parse_tpu_generation(kind) == generation
+
+
+def test_our_parser_agrees_with_jax_where_jax_has_one():
+    tpu_info = pytest.importorskip("jax._src.pallas.mosaic.tpu_info")
+    if not hasattr(tpu_info, "chip_version_from_device_kind"):
+        pytest.skip("this jax has no chip_version_from_device_kind")
+    for kind, generation in DEVICE_KINDS:
+        chip = tpu_info.chip_version_from_device_kind(kind)
+        assert chip is not None, kind
+        assert generation.lstrip("v") == chip.value.lstrip("v"), kind
+        assert runtime_module._parse_device_kind(kind) == generation
+    # every chip jax knows has a name here
+    assert {c.value for c in tpu_info.ChipVersion} == set(runtime_module._JAX_CHIP_NAMES)
+
+
+def test_banner_on_an_unknown_tpu_names_no_generation():
+    r = Runtime(platform="tpu", device_kind="TPU v9 lite", device_count=1, jax_version="0.10.2", compiled=True)
+    assert r.tpu_generation is None
+    assert "TPU v9 lite" in r.banner() and "compiled (Mosaic)" in r.banner()
 
 
 # -- presets -------------------------------------------------------------------------------

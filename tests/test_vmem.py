@@ -7,12 +7,15 @@ numbers they name and for suggestions that really fit.
 import importlib
 import re
 
+import jax
 import jax.numpy as jnp
 import pytest
 
 from svg_lib import SVGMask, VideoGeometry, attention
-from svg_lib.vmem import (DEFAULT_SCOPED_BYTES, HEADROOM, VMEM_BYTES, check_block_kv_compute, check_fits,
-                          estimate_vmem)
+import svg_lib.vmem as vmem_module
+from svg_lib.compiler import TARGETS
+from svg_lib.runtime import Runtime
+from svg_lib.vmem import HEADROOM, check_block_kv_compute, check_fits, estimate_vmem, tpu_memory
 
 MiB = 2**20
 BLOG = dict(block_q=3328, block_kv=1536, head_dim=128, dtype=jnp.bfloat16)
@@ -32,7 +35,7 @@ def expected_bytes(block_q, block_kv, block_kv_compute, head_dim, itemsize):
     return pipeline, scratch, scores + probs_f32 + probs_cast + q_ids + k_ids + keep
 
 
-@pytest.mark.parametrize("method", ["dense", "b1", "b2", "b3", "splash", "splash_dense"])
+@pytest.mark.parametrize("method", ["dense", "b1", "b2", "b3"])
 def test_blog_configuration_bytes(method):
     e = estimate_vmem(method, **BLOG, generation="v6e")
     # default compute slice: the largest multiple of 128 dividing 1536 whose score slice
@@ -58,25 +61,111 @@ def test_smaller_compute_slice_shrinks_only_intermediates():
     assert big.intermediates == 6 * small.intermediates
 
 
-def test_capacities_match_jax_tpu_table():
-    # jax's own per-chip table (private module of the pinned jax version)
-    tpu_info = importlib.import_module("jax._src.pallas.mosaic.tpu_info")
-    names = {"v4": "v4", "v5e": "v5e", "v5p": "v5p", "v6e": "v6e", "v7": "7"}
-    for gen, chip in names.items():
-        info = tpu_info._get_tpu_info_impl(tpu_info.ChipVersion(chip), 1)
-        assert VMEM_BYTES[gen] == info.vmem_capacity_bytes, gen
-    assert set(VMEM_BYTES) == set(DEFAULT_SCOPED_BYTES) == set(names)
+@pytest.mark.parametrize("form", ["full", "blocks", "computable"])
+def test_splash_bytes_by_mask_form(form):
+    e = estimate_vmem("splash_dense", **BLOG, generation="v6e", splash_mask=form)
+    pipeline, scratch, inter = expected_bytes(3328, 1536, 512, 128, 2)
+    # Splash's mask travels with q, k, v: a [block_q, block_kv] block of bools (int32 in VMEM), or
+    # a [block_q, 128] int32 block of query indices for a computable mask; double-buffered
+    table = {"full": 0, "blocks": 2 * 3328 * 1536 * 4, "computable": 2 * 3328 * 128 * 4}[form]
+    n = 3328 * 512
+    if form == "full":
+        inter -= 9 * n                     # no index arrays, no mask
+    inter += 512 * 128 * 4                 # Splash multiplies p by a f32 copy of the v chunk
+    assert (e.pipeline, e.scratch, e.intermediates, e.mask_table) == (pipeline + table, scratch, inter, table)
+    assert e.splash_mask == form and f"mask {form}" in str(e)
+
+
+def test_splash_defaults_to_its_costliest_mask_form():
+    assert estimate_vmem("splash", **BLOG, generation="v6e").splash_mask == "blocks"
+    with pytest.raises(ValueError, match="splash_mask must be one of"):
+        estimate_vmem("splash", **BLOG, generation="v6e", splash_mask="dense")
+    with pytest.raises(ValueError, match="splash_mask applies to"):
+        estimate_vmem("b2", **BLOG, generation="v6e", splash_mask="full")
+
+
+def test_splash_limit_is_raised_through_compiler_options():
+    # Splash takes no vmem_limit_bytes: the limit becomes XLA's default scoped limit for the jit
+    e = estimate_vmem("splash_dense", **BLOG, generation="v6e")
+    assert e.vmem_limit_bytes > TARGETS["v6e"].default_scoped_vmem
+    assert e.compiler_options == {"xla_tpu_scoped_vmem_limit_kib": str(e.vmem_limit_bytes // 2**10)}
+    small = estimate_vmem("splash_dense", 512, 256, 128, jnp.bfloat16, generation="v6e")
+    assert small.vmem_limit_bytes is None and small.compiler_options == {}
+
+
+def test_capacities_come_from_the_compile_targets():
+    for gen, target in TARGETS.items():
+        memory = tpu_memory(gen)
+        assert (memory.vmem_bytes, memory.default_scoped, memory.smem_bytes) == (
+            target.vmem_bytes, target.default_scoped_vmem, target.smem_bytes)
+        e = estimate_vmem("b2", **BLOG, generation=gen)
+        assert (e.capacity, e.default_scoped) == (target.vmem_bytes, target.default_scoped_vmem)
+
+
+def test_compile_targets_match_jax_tpu_table():
+    tpu_info = pytest.importorskip("jax._src.pallas.mosaic.tpu_info")
+    if not hasattr(tpu_info, "get_tpu_info_for_chip"):
+        pytest.skip("this jax has no get_tpu_info_for_chip")
+    for gen, target in TARGETS.items():
+        info = tpu_info.get_tpu_info_for_chip(tpu_info.ChipVersion(gen), 1)
+        assert target.vmem_bytes == info.vmem_capacity_bytes, gen
+        assert target.smem_bytes == info.smem_capacity_bytes, gen
 
 
 def test_budget_and_fits_per_generation():
     fits = {}
-    for gen in VMEM_BYTES:
+    for gen in TARGETS:
         e = estimate_vmem("b2", **BLOG, generation=gen)
-        assert e.capacity == VMEM_BYTES[gen] and e.budget == int(VMEM_BYTES[gen] * HEADROOM)
+        assert e.budget == int(TARGETS[gen].vmem_bytes * HEADROOM)
         assert e.fits == (e.total <= e.budget)
         fits[gen] = e.fits
-    # 40.5 MiB: fits in 128 MiB (v5e, v6e) and 64 MiB (v5p, v7) chips, not in v4's 16 MiB
-    assert fits == {"v4": False, "v5e": True, "v5p": True, "v6e": True, "v7": True}
+    # 40.5 MiB: fits in 128 MiB (v5e, v6e) and 64 MiB (v5p) chips, not in v4's 16 MiB
+    assert fits == {"v4": False, "v5e": True, "v5p": True, "v6e": True}
+
+
+# -- which TPU we plan for -----------------------------------------------------------------
+
+class FakeInfo:
+    def __init__(self, vmem, smem):
+        self.vmem_capacity_bytes, self.smem_capacity_bytes = vmem, smem
+
+
+def on_tpu(monkeypatch, device_kind, info):
+    """Pretend jax reports a TPU of `device_kind` whose get_tpu_info() is `info` (None: no such function)."""
+    runtime = Runtime(platform="tpu", device_kind=device_kind, device_count=1, jax_version="0.10.2", compiled=True)
+    monkeypatch.setattr("svg_lib.runtime.detect_runtime", lambda: runtime)
+    monkeypatch.setattr(vmem_module, "_tpu_info", lambda: info)
+
+
+def test_attached_tpu_capacity_comes_from_get_tpu_info(monkeypatch):
+    on_tpu(monkeypatch, "TPU7x", FakeInfo(64 * MiB, MiB))
+    memory = tpu_memory()
+    assert (memory.generation, memory.vmem_bytes, memory.smem_bytes) == ("v7x", 64 * MiB, MiB)
+    assert "get_tpu_info" in memory.source
+    e = estimate_vmem("b2", **BLOG)
+    assert (e.generation, e.capacity, e.budget) == ("v7x", 64 * MiB, int(64 * MiB * HEADROOM))
+    # no default scoped limit known for this chip: the kernel always states its limit
+    assert e.default_scoped is None and e.vmem_limit_bytes is not None
+    assert estimate_vmem("b2", **BLOG, generation="v7x").capacity == 64 * MiB
+
+
+def test_attached_known_tpu_without_get_tpu_info_uses_the_table(monkeypatch):
+    on_tpu(monkeypatch, "TPU v5", None)
+    memory = tpu_memory()
+    assert (memory.generation, memory.vmem_bytes) == ("v5p", TARGETS["v5p"].vmem_bytes)
+    assert estimate_vmem("b2", **BLOG).budget == int(64 * MiB * HEADROOM)
+
+
+@pytest.mark.parametrize("kind,info,match", [
+    ("TPU v9 lite", FakeInfo(256 * MiB, MiB), "device_kind 'TPU v9 lite'.*does not recognise"),
+    ("TPU7x", None, "v7x.*no pltpu.get_tpu_info"),
+])
+def test_unknown_tpu_is_an_error_not_a_v6e(monkeypatch, kind, info, match):
+    on_tpu(monkeypatch, kind, info)
+    with pytest.raises(RuntimeError, match=match):
+        estimate_vmem("b2", **BLOG)
+    with pytest.raises(RuntimeError, match=match):
+        vmem_module.tpu_generation()
 
 
 def test_unknown_generation():
@@ -84,9 +173,11 @@ def test_unknown_generation():
         estimate_vmem("b2", **BLOG, generation="v9")
 
 
+@pytest.mark.skipif(jax.devices()[0].platform == "tpu", reason="checks the plan off TPU")
 def test_offline_generation_is_v6e():
     # no TPU here: plans are made for the blog's chip
     assert estimate_vmem("b2", **BLOG).generation == "v6e"
+    assert vmem_module.tpu_generation() == "v6e"
 
 
 # -- vmem_limit_bytes ----------------------------------------------------------------------
@@ -109,7 +200,7 @@ def test_limit_is_set_above_the_default(gen, config):
     assert e.fits
     limit = e.vmem_limit_bytes
     assert limit is not None
-    assert limit > DEFAULT_SCOPED_BYTES[gen]  # asking for it raises the default ...
+    assert limit > TARGETS[gen].default_scoped_vmem  # asking for it raises the default ...
     assert e.total < limit <= e.budget         # ... enough for the estimate, never past the budget
     assert limit % MiB == 0
 
@@ -126,7 +217,7 @@ def test_limit_is_capped_at_the_budget():
 def test_limit_never_lowers_the_default():
     e = estimate_vmem("b2", **MID, generation="v4")
     assert e.fits
-    assert e.vmem_limit_bytes is None or e.vmem_limit_bytes > DEFAULT_SCOPED_BYTES["v4"]
+    assert e.vmem_limit_bytes is None or e.vmem_limit_bytes > TARGETS["v4"].default_scoped_vmem
 
 
 # -- check_fits ----------------------------------------------------------------------------
@@ -203,3 +294,114 @@ def test_attention_refuses_overflow_before_running(method, monkeypatch):
     q = jnp.zeros((1, mask.tokens, 128), jnp.bfloat16)
     with pytest.raises(ValueError, match=r"overflows VMEM.*block_q=\d+, block_kv=8192, block_kv_compute=\d+ fits"):
         attention(q, q, q, mask, method=method, block_q=8192, block_kv=8192, block_kv_compute=8192)
+
+
+# -- the estimate against the TPU compiler (libtpu on this CPU, compile-only, nothing run) ----
+# One head on a 2 x 2 grid of tiles per point (VMEM depends on the blocks, not the tokens).
+# Each point says what the estimate must say and what the compiler must do, so both sides of
+# each limit are covered: the estimate's budget (85 % of the chip), the compiler's scoped limit
+# (the default, or what the kernel asks for), and the chip's whole VMEM.
+#   (target, method, block_q, block_kv, block_kv_compute, dtype, splash_mask, estimate fits, compiles)
+COMPILER_POINTS = [
+    # every Pallas method at a mid tile on the blog's chip
+    ("v6e", "dense", 1024, 512, None, "bfloat16", None, True, True),
+    ("v6e", "b1", 1024, 512, None, "bfloat16", None, True, True),
+    ("v6e", "b2", 1024, 512, None, "bfloat16", None, True, True),
+    ("v6e", "b3", 1024, 512, None, "bfloat16", None, True, True),
+    ("v6e", "splash_dense", 1024, 512, None, "bfloat16", "blocks", True, True),
+    ("v6e", "splash", 1024, 512, None, "bfloat16", "computable", True, True),
+    # float32 and two compute slices on a v5e
+    ("v5e", "b2", 512, 1024, 256, "float32", None, True, True),
+    ("v5e", "b2", 512, 1024, 1024, "float32", None, True, True),
+    # k and v blocks alone exceed a v5e's 16 MiB default scoped limit: compiles only under the
+    # limit the estimate asks for (see test_default_limit_is_not_enough)
+    ("v5e", "dense", 256, 8192, None, "float32", None, True, True),
+    ("v5e", "splash_dense", 1024, 2048, None, "bfloat16", "blocks", True, True),
+    # v4: 16 MiB in all. The estimate refuses the first three. The compiler refuses the first
+    # (its blocks alone need more than 16 MiB: "Scoped allocation ... limit") and the second
+    # (blocks and mask block fit, but the program with Splash's intermediates does not: "Used
+    # 22.39M of 16.00M vmem"), and accepts the third: there the estimate is conservative.
+    ("v4", "dense", 256, 8192, None, "float32", None, False, False),
+    ("v4", "splash_dense", 1024, 1536, None, "bfloat16", "blocks", False, False),
+    ("v4", "b1", 768, 1024, 1024, "bfloat16", None, False, True),
+    ("v4", "b1", 512, 1024, 1024, "bfloat16", None, True, True),
+]
+
+
+def _point_id(p):
+    return f"{p[0]}-{p[1]}{'-' + p[6] if p[6] else ''}-{p[2]}x{p[3]}-c{p[4]}-{p[5]}"
+
+
+@pytest.mark.parametrize("point", COMPILER_POINTS, ids=[_point_id(p) for p in COMPILER_POINTS])
+def test_estimate_agrees_with_the_compiler(tpu_compiler, point):
+    target, method, bq, bkv, c, dtype, form, fits, compiles = point
+    e = estimate_vmem(method, bq, bkv, 128, dtype, c, target, splash_mask=form)
+    assert e.fits == fits, e
+    check = vmem_module.compile_check(e)
+    assert check.compiled == compiles, check.error
+    assert check.agrees  # where the estimate fits, it compiles; where the compiler refuses, so does it
+    if check.reported is not None:  # the compiler's own count of scoped VMEM never exceeds ours
+        assert check.reported <= e.total
+        assert check.reported > check.limit
+
+
+@pytest.mark.parametrize("target,method,bq,bkv,dtype,form", [
+    ("v5e", "dense", 256, 8192, "float32", None),
+    ("v5e", "splash_dense", 1024, 2048, "bfloat16", "blocks"),
+])
+def test_default_limit_is_not_enough(tpu_compiler, target, method, bq, bkv, dtype, form):
+    # the same kernels as above, under the chip's default scoped limit: the compiler refuses,
+    # so the limit the estimate asks for (vmem_limit_bytes, or Splash's compiler_options) is needed
+    e = estimate_vmem(method, bq, bkv, 128, dtype, None, target, splash_mask=form)
+    assert e.vmem_limit_bytes is not None
+    check = vmem_module.compile_check(e, limit=None)
+    assert not check.compiled
+    assert check.limit == TARGETS[target].default_scoped_vmem
+    assert check.limit < check.reported <= e.vmem_limit_bytes
+
+
+def test_build_attention_raises_splash_limit(tpu_compiler):
+    # build_attention hands Splash its limit through the jit's compiler options
+    from svg_lib import build_attention
+
+    tokens = 2 * 2048 - 128  # key padding: Splash gets a mask block of 1024 x 2048
+    fn = build_attention(None, method="splash_dense", heads=1, tokens=tokens, head_dim=128, dtype="bfloat16",
+                         block_q=1024, block_kv=2048, interpret=False, generation="v5e")
+    tpu_compiler.compile_fn(fn, [((1, tokens, 128), "bfloat16")] * 3, target="v5e")
+
+
+# -- reading the compiler's verdicts (no compiler needed) -----------------------------------
+
+def test_reported_sizes_from_both_kinds_of_refusal():
+    scoped = ("RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom: ... Scoped allocation with size 43.88M "
+              "and limit 32.00M exceeded scoped vmem limit by 11.88M.")
+    program = "XLA:TPU compile permanent error. Ran out of memory in memory space vmem. Used 22.39M of 16.00M vmem."
+    assert vmem_module.reported_scoped_bytes(scoped) == (int(43.88 * MiB), 32 * MiB)
+    assert vmem_module.reported_scoped_bytes(program) == (int(22.39 * MiB), 16 * MiB)
+    assert vmem_module.reported_scoped_bytes("Ran out of memory in memory space smem") is None
+
+
+@pytest.mark.parametrize("fits,compiled,agrees,conservative", [
+    (True, True, True, False), (True, False, False, False), (False, False, True, False), (False, True, True, True)])
+def test_compiler_check_verdicts(fits, compiled, agrees, conservative):
+    e = estimate_vmem("b2", **BLOG, generation="v4" if not fits else "v6e")
+    assert e.fits == fits
+    check = vmem_module.CompilerCheck(e, e.generation, 16 * MiB, compiled, None, None, 1.0)
+    assert (check.agrees, check.conservative) == (agrees, conservative)
+    assert check.row()["agrees"] == agrees and ("DISAGREES" in str(check)) == (not agrees)
+
+
+# -- the recorded compiler boundary (svg_lib/data/largest_block_q.json) ----------------------
+
+def test_recorded_largest_block_q_is_labelled_and_above_the_estimate():
+    doc = vmem_module.load_largest_block_q()
+    assert doc["evidence"].startswith("compiled for TPU") and doc["libtpu"] and doc["jax"] and doc["date"]
+    assert doc["results"]
+    for r in doc["results"]:
+        assert r["refused_block_q"] - r["largest_block_q"] == 256, r
+        assert r["refused_mib"] > r["limit_mib"], r  # the refusal named a size over the limit
+        # recomputed here: the estimate never fits a block_q the compiler refused
+        fitting = [bq for bq in range(256, r["refused_block_q"] + 1, 256)
+                   if estimate_vmem(r["method"], bq, r["block_kv"], r["head_dim"], r["dtype"], None, r["target"],
+                                    splash_mask=r["splash_mask"]).fits]
+        assert max(fitting, default=0) <= r["largest_block_q"], r
