@@ -26,3 +26,5 @@ from .routing import (CompileCounter, build_svg_attention, build_svg_attention_i
 from .profiling import HeadProfile, profile_heads
 from .synthetic import attention_recall, quality_table, relative_l2, structured_qkv
 from .multichip import build_sharded_svg_attention, make_mesh, sharded_svg_attention
+# per-tile cost simulated by the TPU compiler, and the plan's cost model (helper: cost)
+from .cost import TileCost, cost_model, tile_cost

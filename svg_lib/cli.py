@@ -24,7 +24,7 @@ from typing import Callable
 PROG = "python -m svg_lib"
 
 # Modules (relative to svg_lib) that each define COMMAND; "plan" lives in this module.
-COMMAND_MODULES: tuple[str, ...] = ("bench", "lowering", "tuner")
+COMMAND_MODULES: tuple[str, ...] = ("bench", "lowering", "tuner", "cost")
 
 
 class UsageError(ValueError):
