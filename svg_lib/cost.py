@@ -78,8 +78,7 @@ def versions() -> dict:
 
     here = Path(__file__).parent
     digest = hashlib.sha256()
-    for name in ("kernels.py", "cost.py"):
-        digest.update((here / name).read_bytes())
+    digest.update((here / "kernels.py").read_bytes())  # the probes' bodies; CACHE_FORMAT covers the probes
     try:
         libtpu = md.version("libtpu")
     except md.PackageNotFoundError:
@@ -362,7 +361,7 @@ class TileCost:
                 if c is None:
                     continue
                 ref = self.cycles_per_step("splash", kind if kind in SPLASH_KINDS else "free")
-                rel = f"{c / ref:.2f}x" if ref and kernel == "svg_lib" else ""
+                rel = f"{c / ref:.2f}x" if ref and kernel == "svg_lib" and kind != "idle" else ""
                 b = self.bundles.get(kernel, {}).get(kind)
                 bb = self.body_bundles.get(kernel, {}).get(kind)
                 lines.append(f"{kernel:8} {kind:15} {c:12,.0f} {rel:>10} {b or '':>9} {'' if bb is None else bb:>13}")
@@ -380,16 +379,17 @@ def _cache_path(key: dict) -> Path:
 
 
 def probes_for(block_q: int, block_kv: int, block_kv_compute: int, head_dim: int = 128,
-               kernels=COST_KERNELS) -> list[Probe]:
-    """Every probe `tile_cost` compiles for one block size."""
+               kernels=COST_KERNELS, kinds=BODY_KINDS) -> list[Probe]:
+    """Every probe `tile_cost` compiles for one block size (the per-row probe needs "free")."""
     out = []
     for kernel in kernels:
-        kinds = BODY_KINDS if kernel == "svg_lib" else SPLASH_KINDS
-        for kind in kinds:
+        probeable = BODY_KINDS if kernel == "svg_lib" else SPLASH_KINDS
+        for kind in [k for k in probeable if k in kinds]:
             for steps in PROBE_STEPS:
                 out.append(Probe(kernel, kind, block_q, block_kv, block_kv_compute, head_dim, PROBE_ROWS[0], steps))
-        out.append(Probe(kernel, "free", block_q, block_kv, block_kv_compute, head_dim, PROBE_ROWS[1],
-                         PROBE_STEPS[0]))
+        if "free" in kinds:
+            out.append(Probe(kernel, "free", block_q, block_kv, block_kv_compute, head_dim, PROBE_ROWS[1],
+                             PROBE_STEPS[0]))
     return out
 
 
@@ -416,11 +416,12 @@ def _summarise(probes: list[Probe], rows: list[dict]) -> tuple[dict, dict, dict,
 
 
 def tile_cost(target: str = "v6e", *, block_q: int, block_kv: int, block_kv_compute: int | None = None,
-              head_dim: int = 128, kernels=COST_KERNELS, refresh: bool = False) -> TileCost:
+              head_dim: int = 128, kernels=COST_KERNELS, kinds=BODY_KINDS, refresh: bool = False) -> TileCost:
     """Simulated cycles per grid step of each tile-body kind, svg_lib's and Splash's (cached).
 
-    Compiles about 14 small probe kernels in a subprocess the first time (a minute or a few
-    on a CPU; longer at large tiles), then reads the cache."""
+    Compiles up to 14 small probe kernels in a subprocess the first time (a minute or two on
+    a CPU at 512 x 256 tiles, much longer at the blog's 3328 x 1536), then reads the cache.
+    `kernels` and `kinds` limit what is probed (Splash has only "free" and "svg_masked")."""
     from .compiler import check_target
     from .masks import check_block_size
     from .vmem import check_block_kv_compute
@@ -431,15 +432,30 @@ def tile_cost(target: str = "v6e", *, block_q: int, block_kv: int, block_kv_comp
     for k in kernels:
         if k not in COST_KERNELS:
             raise ValueError(f"unknown kernel {k!r}; tile_cost knows {COST_KERNELS}")
+    for k in kinds:
+        if k not in BODY_KINDS:
+            raise ValueError(f"unknown tile-body kind {k!r}; tile_cost knows {BODY_KINDS}")
     v = versions()
+    path = _cache_path(_cache_key(target, block_q, block_kv, block_kv_compute, head_dim, kernels, kinds, v))
+    if path.exists() and not refresh:
+        return TileCost.from_json(json.loads(path.read_text()), from_cache=True, cache_path=str(path))
+    probes = probes_for(block_q, block_kv, block_kv_compute, head_dim, kernels, kinds)
+    rows = run_probes(probes, target)
+    return _store(path, target, probes, rows, v)
+
+
+def _cache_key(target, block_q, block_kv, block_kv_compute, head_dim, kernels, kinds, v) -> dict:
     key = {"format": CACHE_FORMAT, "what": "tile_cost", "target": target, "block_q": block_q,
            "block_kv": block_kv, "block_kv_compute": block_kv_compute, "head_dim": head_dim,
            "kernels": list(kernels), **v}
-    path = _cache_path(key)
-    if path.exists() and not refresh:
-        return TileCost.from_json(json.loads(path.read_text()), from_cache=True, cache_path=str(path))
-    probes = probes_for(block_q, block_kv, block_kv_compute, head_dim, kernels)
-    rows = run_probes(probes, target)
+    if tuple(kinds) != BODY_KINDS:
+        key["kinds"] = list(kinds)
+    return key
+
+
+def _store(path: Path, target: str, probes: list[Probe], rows: list[dict], v: dict) -> TileCost:
+    p0 = probes[0]
+    block_q, block_kv, block_kv_compute, head_dim = p0.block_q, p0.block_kv, p0.block_kv_compute, p0.head_dim
     per_step, per_row, bundles, body_bundles = _summarise(probes, rows)
     raw = [{**p.to_json(), **r} for p, r in zip(probes, rows)]
     result = TileCost(target, block_q, block_kv, block_kv_compute, head_dim, per_step, per_row, bundles,
@@ -498,7 +514,7 @@ def model_cycles(method: str, cost: TileCost, plan=None, b3_plan=None, heads: in
     kinds = step_kinds(method, plan, b3_plan)
     kernel = "splash" if method == "splash_dense" else "svg_lib"
     per_step = cost.per_step[kernel]
-    total = kinds.pop("rows") * cost.per_row[kernel]
+    total = kinds.pop("rows") * cost.per_row.get(kernel, 0.0)  # per-row cost unprobed: left out
     for kind, n in kinds.items():
         total += n * per_step[kind]
     return heads * total
