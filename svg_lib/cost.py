@@ -391,7 +391,7 @@ def _cache_path(key: dict) -> Path:
 
 
 def probes_for(block_q: int, block_kv: int, block_kv_compute: int, head_dim: int = 128,
-               kernels=COST_KERNELS, kinds=BODY_KINDS) -> list[Probe]:
+               kernels=COST_KERNELS, kinds=BODY_KINDS, per_row: bool = True) -> list[Probe]:
     """Every probe `tile_cost` compiles for one block size (the per-row probe needs "free")."""
     out = []
     for kernel in kernels:
@@ -399,7 +399,7 @@ def probes_for(block_q: int, block_kv: int, block_kv_compute: int, head_dim: int
         for kind in [k for k in probeable if k in kinds]:
             for steps in PROBE_STEPS:
                 out.append(Probe(kernel, kind, block_q, block_kv, block_kv_compute, head_dim, PROBE_ROWS[0], steps))
-        if "free" in kinds:
+        if per_row and "free" in kinds:
             out.append(Probe(kernel, "free", block_q, block_kv, block_kv_compute, head_dim, PROBE_ROWS[1],
                              PROBE_STEPS[0]))
     return out
@@ -428,12 +428,14 @@ def _summarise(probes: list[Probe], rows: list[dict]) -> tuple[dict, dict, dict,
 
 
 def tile_cost(target: str = "v6e", *, block_q: int, block_kv: int, block_kv_compute: int | None = None,
-              head_dim: int = 128, kernels=COST_KERNELS, kinds=BODY_KINDS, refresh: bool = False) -> TileCost:
+              head_dim: int = 128, kernels=COST_KERNELS, kinds=BODY_KINDS, per_row: bool = True,
+              refresh: bool = False) -> TileCost:
     """Simulated cycles per grid step of each tile-body kind, svg_lib's and Splash's (cached).
 
     Compiles up to 14 small probe kernels in a subprocess the first time (a minute or two on
     a CPU at 512 x 256 tiles, much longer at the blog's 3328 x 1536), then reads the cache.
-    `kernels` and `kinds` limit what is probed (Splash has only "free" and "svg_masked")."""
+    `kernels` and `kinds` limit what is probed (Splash has only "free" and "svg_masked");
+    `per_row=False` leaves out the per-row probe (the model then counts no per-row cost)."""
     from .compiler import check_target
     from .masks import check_block_size
     from .vmem import check_block_kv_compute
@@ -448,20 +450,22 @@ def tile_cost(target: str = "v6e", *, block_q: int, block_kv: int, block_kv_comp
         if k not in BODY_KINDS:
             raise ValueError(f"unknown tile-body kind {k!r}; tile_cost knows {BODY_KINDS}")
     v = versions()
-    path = _cache_path(_cache_key(target, block_q, block_kv, block_kv_compute, head_dim, kernels, kinds, v))
+    path = _cache_path(_cache_key(target, block_q, block_kv, block_kv_compute, head_dim, kernels, kinds, v, per_row))
     if path.exists() and not refresh:
         return TileCost.from_json(json.loads(path.read_text()), from_cache=True, cache_path=str(path))
-    probes = probes_for(block_q, block_kv, block_kv_compute, head_dim, kernels, kinds)
+    probes = probes_for(block_q, block_kv, block_kv_compute, head_dim, kernels, kinds, per_row)
     rows = run_probes(probes, target)
     return _store(path, target, probes, rows, v)
 
 
-def _cache_key(target, block_q, block_kv, block_kv_compute, head_dim, kernels, kinds, v) -> dict:
+def _cache_key(target, block_q, block_kv, block_kv_compute, head_dim, kernels, kinds, v, per_row=True) -> dict:
     key = {"format": CACHE_FORMAT, "what": "tile_cost", "target": target, "block_q": block_q,
            "block_kv": block_kv, "block_kv_compute": block_kv_compute, "head_dim": head_dim,
            "kernels": list(kernels), **v}
     if tuple(kinds) != BODY_KINDS:
         key["kinds"] = list(kinds)
+    if not per_row:
+        key["per_row"] = False
     return key
 
 
@@ -480,11 +484,60 @@ def _store(path: Path, target: str, probes: list[Probe], rows: list[dict], v: di
 
 
 
+# -- the committed reference measurements ----------------------------------------------------
+# Compiling the probes at the blog's tiles takes many minutes on a CPU, so the series commits one
+# set of results (svg_lib/data/cost_reference.json, written by `save_reference`) that notebooks
+# read; `tile_cost` recomputes any of them on this machine.
+REFERENCE_FILE = Path(__file__).parent / "data" / "cost_reference.json"
+
+
+def save_reference(groups: dict, path: Path = REFERENCE_FILE, note: str = "") -> Path:
+    """Write `{group: [TileCost, ...]}` (e.g. "after" / "before" a kernel change) as the reference."""
+    import datetime
+
+    data = {"evidence": EVIDENCE, "date": datetime.date.today().isoformat(), "versions": versions(), "note": note,
+            "groups": {g: [{k: v for k, v in c.to_json().items() if k != "raw"} for c in costs]
+                       for g, costs in groups.items()}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
+
+
+def load_reference(path: Path = REFERENCE_FILE) -> dict:
+    """The committed reference: {"date", "versions", "evidence", "note", "groups": {group: {(target,
+    block_q, block_kv): TileCost}}}."""
+    data = json.loads(Path(path).read_text())
+    data["groups"] = {g: {(c["target"], c["block_q"], c["block_kv"]): TileCost.from_json(c, from_cache=True,
+                                                                                       cache_path=str(path))
+                          for c in costs} for g, costs in data["groups"].items()}
+    return data
+
+
+def filled_from(cost: TileCost, fallback: TileCost, *, padding_as_free: bool = False) -> TileCost:
+    """`cost` with the kernels, kinds and per-row costs it did not probe taken from `fallback`
+    (the same block size). With `padding_as_free`, a missing padding_masked cost is taken as
+    `cost`'s own mask-free cost instead. Say so wherever the result is shown."""
+    import copy
+
+    if (cost.block_q, cost.block_kv) != (fallback.block_q, fallback.block_kv):
+        raise ValueError(f"block sizes differ: {cost.block_q} x {cost.block_kv} vs {fallback.block_q} x {fallback.block_kv}")
+    out = copy.deepcopy(cost)
+    for kernel, kinds in fallback.per_step.items():
+        mine = out.per_step.setdefault(kernel, {})
+        if padding_as_free and "padding_masked" not in mine and "free" in mine and "padding_masked" in kinds:
+            mine["padding_masked"] = mine["free"]
+        for kind, cycles in kinds.items():
+            mine.setdefault(kind, cycles)
+    for kernel, cycles in fallback.per_row.items():
+        out.per_row.setdefault(kernel, cycles)
+    return out
+
+
 # -- the cost model from the plan -------------------------------------------------------------
 
 MODEL_METHODS = ("splash_dense", "dense", "b1", "b2", "b3")
 # the case study's measured ratios to B0 (one v6e, its problem and blocks), for comparison only
-BLOG_RATIOS = {"b1": 96.37 / 78.70, "b2": 54.12 / 78.70, "b3": 32.76 / 78.70}
+BLOG_RATIOS = {"splash_dense": 1.0, "b1": 96.37 / 78.70, "b2": 54.12 / 78.70, "b3": 32.76 / 78.70}
 
 
 def step_kinds(method: str, plan=None, b3_plan=None, *, tokens: int | None = None) -> dict:
