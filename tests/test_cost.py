@@ -10,8 +10,8 @@ import pytest
 
 from svg_lib import SVGMask, VideoGeometry, plan_tiles
 from svg_lib.attention import b3_mask
-from svg_lib.cost import (BODY_KINDS, Probe, TileCost, cost_model, model_cycles, run_probes, step_kinds,
-                          tile_cost)
+from svg_lib.cost import (BODY_KINDS, Probe, TileCost, cost_model, filled_from, load_reference, model_cycles,
+                          run_probes, step_kinds, tile_cost)
 from svg_lib.planner import EMPTY
 
 BQ = BKV = 256
@@ -122,3 +122,33 @@ def test_tile_cost_refuses_bad_input():
         tile_cost("v6e", block_q=100, block_kv=128)
     with pytest.raises(ValueError, match="unknown kernel"):
         tile_cost("v6e", block_q=128, block_kv=128, kernels=("flash",))
+
+
+def test_filled_from_takes_only_what_is_missing():
+    base = fake_cost()
+    partial = TileCost("v6e", 128, 128, 128, 128, {"svg_lib": {"free": 30.0, "svg_masked": 50.0}}, {}, {}, {}, {})
+    full = filled_from(partial, base, padding_as_free=True)
+    assert full.per_step["svg_lib"] == {"free": 30.0, "svg_masked": 50.0, "padding_masked": 30.0, "idle": 1.0}
+    assert full.per_step["splash"] == base.per_step["splash"] and full.per_row == base.per_row
+    assert "padding_masked" not in partial.per_step["svg_lib"]  # the input is left alone
+    other = TileCost("v6e", 256, 128, 128, 128, {}, {}, {}, {}, {})
+    with pytest.raises(ValueError, match="block sizes differ"):
+        filled_from(other, base)
+
+
+def test_committed_reference_reads_back():
+    """The reference the notebooks read: every entry parses, and at the blog's tiles on a v6e
+    svg_lib's mask-free body is no slower than Splash's (the claim the series makes from it)."""
+    ref = load_reference()
+    assert ref["versions"]["libtpu"] and ref["date"]
+    after = ref["groups"]["after"]
+    blog = after[("v6e", 3328, 1536)]
+    assert blog.cycles_per_step("svg_lib", "free") <= blog.cycles_per_step("splash", "free")
+    assert blog.cycles_per_step("svg_lib", "svg_masked") > blog.cycles_per_step("svg_lib", "free")
+
+
+def test_cli_refuses_a_bad_block_size(capsys):
+    from svg_lib.cli import main
+
+    assert main(["cost", "--preset", "small", "--block-q", "100"]) == 2
+    assert "multiple of 128" in capsys.readouterr().err
