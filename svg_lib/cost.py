@@ -130,7 +130,7 @@ def _svg_predicate(block_q: int, tokens: int):
     return SVGMask.spatial(g, 0.35).kernel_predicate(block_q, block_q)
 
 
-def _svg_lib_probe(p: Probe, name: str):
+def _svg_lib_probe(p: Probe, name: str, target: str = "v6e"):
     """A kernel built on svg_lib's tile body whose step class comes from the program id."""
     import functools
 
@@ -183,10 +183,19 @@ def _svg_lib_probe(p: Probe, name: str):
         out_specs=pl.BlockSpec((None, p.block_q, p.head_dim), lambda h, i, s: (h, i, 0)),
         out_shape=jax.ShapeDtypeStruct((1, p.rows * p.block_q, p.head_dim), jnp.bfloat16),
         scratch_shapes=kernels._scratch(p.block_q, p.head_dim),
-        compiler_params=kernels._compiler_params(None),
+        compiler_params=kernels._compiler_params(_probe_vmem_limit(target)),
         name=name,
     )
     return call
+
+
+def _probe_vmem_limit(target: str) -> int | None:
+    """None (the compiler's default) where that default is a v6e's 32 MiB or more; else 3/4 of the
+    chip's VMEM, so that large tiles compile on a chip whose default scoped VMEM is smaller."""
+    from .compiler import check_target
+
+    t = check_target(target)
+    return None if t.default_scoped_vmem >= 32 * 2**20 else t.vmem_bytes * 3 // 4
 
 
 def _splash_probe(p: Probe, name: str):
@@ -222,7 +231,7 @@ def _compile_probe(p: Probe, target: str, name: str):
     from .compiler import compile_fn
 
     if p.kernel == "svg_lib":
-        fn = _svg_lib_probe(p, name)
+        fn = _svg_lib_probe(p, name, target)
     elif p.kernel == "splash":
         fn = _splash_probe(p, name)
     else:
