@@ -198,7 +198,7 @@ def _probe_vmem_limit(target: str) -> int | None:
     return None if t.default_scoped_vmem >= 32 * 2**20 else t.vmem_bytes * 3 // 4
 
 
-def _splash_probe(p: Probe, name: str):
+def _splash_probe(p: Probe, name: str, target: str = "v6e"):
     """Splash's forward kernel with no mask tables: every step runs (free), or every step runs
     its mask-function path with the SVG predicate (svg_masked)."""
     import jax.numpy as jnp
@@ -216,9 +216,24 @@ def _splash_probe(p: Probe, name: str):
     sizes = sk.BlockSizes(block_q=p.block_q, block_kv=p.block_kv, block_kv_compute=p.block_kv_compute)
     predicate = _svg_predicate(p.block_q, tokens) if masked else None
 
+    limit = _probe_vmem_limit(target)
+
     def call(q, k, v):
-        return sk._splash_attention_forward(info, q, k, v, None, None, kernels_mask_value(), False, sizes,
-                                            None, False, predicate)
+        if limit is None:
+            return sk._splash_attention_forward(info, q, k, v, None, None, kernels_mask_value(), False, sizes,
+                                                None, False, predicate)
+        # Splash sets no VMEM limit of its own, so on a chip with a small default (a v5e's 16 MiB)
+        # it does not compile at large tiles; the probe gives it the same limit as svg_lib's probes.
+        original = sk.pltpu.CompilerParams
+
+        def with_limit(**kwargs):
+            return original(**{"vmem_limit_bytes": limit, **kwargs})
+        sk.pltpu.CompilerParams = with_limit
+        try:
+            return sk._splash_attention_forward(info, q, k, v, None, None, kernels_mask_value(), False, sizes,
+                                                None, False, predicate)
+        finally:
+            sk.pltpu.CompilerParams = original
     return call
 
 
@@ -233,7 +248,7 @@ def _compile_probe(p: Probe, target: str, name: str):
     if p.kernel == "svg_lib":
         fn = _svg_lib_probe(p, name, target)
     elif p.kernel == "splash":
-        fn = _splash_probe(p, name)
+        fn = _splash_probe(p, name, target)
     else:
         raise ValueError(f"unknown kernel {p.kernel!r}; known: {COST_KERNELS}")
     q = ((1, p.rows * p.block_q, p.head_dim), "bfloat16")
@@ -611,6 +626,7 @@ def cost_model(mask, costs, *, block_q: int, block_kv: int, heads: int = 1, meth
 # -- command line: python -m svg_lib cost ----------------------------------------------------
 
 BLOG_SWEEP_BQ = (1024, 3328, 4864)
+SWEEP_KINDS = ("free", "svg_masked", "idle")
 
 
 def _cost_arguments(parser: argparse.ArgumentParser) -> None:
@@ -656,7 +672,10 @@ def _cost_run(args: argparse.Namespace) -> int:
     if args.sweep:
         from .bench import BLOG_SWEEP_V6E_MS
         for sq in BLOG_SWEEP_BQ:
-            c = tile_cost(args.target, block_q=sq, block_kv=1536, head_dim=p.head_dim, refresh=args.refresh)
+            # B2 needs svg_lib's free, masked and idle steps; the per-row cost (well under 1 % here) is left out
+            c = cost if (sq, 1536) == (bq, bkv) else tile_cost(
+                args.target, block_q=sq, block_kv=1536, head_dim=p.head_dim, kernels=("svg_lib",),
+                kinds=SWEEP_KINDS, per_row=False, refresh=args.refresh)
             sweep[sq] = {"model_cycles": cost_model(mask, c, block_q=sq, block_kv=1536, heads=p.heads,
                                                     methods=("b2",))["b2"],
                          "blog_ms": BLOG_SWEEP_V6E_MS.get(sq), "tile_cost": c.to_json()}
