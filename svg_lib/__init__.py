@@ -32,3 +32,5 @@ from .profiling import HeadProfile, profile_heads
 from .synthetic import attention_recall, equal_budget_table, quality_table, relative_l2, structured_qkv
 from .multichip import (ShardedCompileReport, build_sharded_svg_attention, compile_sharded_layer, make_mesh,
                         sharded_svg_attention)
+# per-tile cost simulated by the TPU compiler, and the plan's cost model
+from .cost import TileCost, cost_model, tile_cost

@@ -25,7 +25,7 @@ from typing import Callable
 PROG = "python -m svg_lib"
 
 # Modules (relative to svg_lib) that each define COMMAND; "plan" lives in this module.
-COMMAND_MODULES: tuple[str, ...] = ("bench", "lowering", "compiler", "tuner")
+COMMAND_MODULES: tuple[str, ...] = ("bench", "lowering", "compiler", "tuner", "cost")
 
 
 class UsageError(ValueError):

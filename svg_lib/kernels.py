@@ -17,6 +17,15 @@ one predicate per kind of head.
 
 All arrays here are already padded: q `[heads, nq * block_q, head_dim]`, k and v
 `[heads, nk * block_kv, head_dim]`, q pre-scaled by 1/sqrt(head_dim).
+
+Code size. Every `pl.when` branch is compiled, so a kernel carries one copy of the tile body
+per kind it can run. At the blog's tiles (3328 x 1536, block_kv_compute 512, v6e, libtpu
+0.0.42.1; `svg_lib.cost` probe kernels, final VLIW bundles) a mask-free body is about 13,100
+bundles, an SVG-masked one 25,400, a padding-masked one 14,400, and the grid loop and pipeline
+around them 1,300. Summed per kernel: dense ~28,800 (free + padding), B1 ~26,700 (masked),
+B2 ~39,800 (free + masked), B3 ~28,800 (free + padding); Splash's forward kernel, one body,
+16,050 mask-free. (Before the tile body was tuned with the compiler's profile, the issue that
+asked for it measured 25,948 bundles for the mask-free body and 48,932 for the masked one.)
 """
 from __future__ import annotations
 
@@ -34,24 +43,54 @@ from .planner import CLASS_BITS, EMPTY, FULL, PARTIAL, STEP_BITS
 # unlike -inf it never produces inf - inf = nan in a row that has seen no kept key yet.
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 LANES = 128
+# Unroll the key-chunk loop up to this many chunks. Unrolling is not free: each chunk is one
+# more copy of the body in instruction memory. The TPU compiler's static profile (svg_lib.cost,
+# v6e, libtpu 0.0.42.1) at the blog's 3328 x 1536 tiles, 3 chunks of 512, mask-free probe kernel:
+# rolled 6,114 bundles and 14,895 cycles per step, unrolled 14,380 bundles and 13,284 cycles
+# (Splash, unrolled: 16,050 bundles, 14,411 cycles). Three chunks pay; more are left rolled.
+MAX_UNROLLED_CHUNKS = 3
+
+
+def _lanes(x, width: int, interpret: bool):
+    """A lane-replicated `[rows, 128]` state array, widened to `[rows, width]`.
+
+    On a TPU the state is already one value per row repeated over the 128 lanes, so
+    repeating whole vregs (`jnp.tile`) costs nothing, while `x[:, :1]` asks for a lane
+    broadcast of every vreg: the compiler's profile put that at twice Splash's cycles per
+    tile. The interpreter prefers the [rows, 1] column, which XLA broadcasts for free.
+    """
+    if width == LANES:
+        return x
+    if interpret or (width > LANES and width % LANES):
+        return x[:, :1]
+    return x[:, :width] if width < LANES else jnp.tile(x, (1, width // LANES))
 
 
 def _online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_start, k_start,
-                         block_kv_compute):
+                         block_kv_compute, interpret=False):
     """Fold one key/value tile into the running softmax state of one query tile.
 
     q_ref `[block_q, head_dim]`; k_ref, v_ref `[block_kv, head_dim]`; m_ref, l_ref
     `[block_q, 128]` f32 running max and sum (replicated over lanes, the layout the VPU
     likes); acc_ref `[block_q, head_dim]` f32 unnormalised output. `keep` is None (a
     mask-free tile: the MXU path with no per-element VPU work) or a predicate on global
-    token indices. The tile is processed in `block_kv_compute` slices to bound VMEM.
+    token indices, called with a `[block_q, 1]` column of query indices and a
+    `[1, block_kv_compute]` row of key indices (it must broadcast them): a predicate on keys
+    alone (padding) then costs one row, not a tile. The tile is processed in
+    `block_kv_compute` slices to bound VMEM. `interpret` (known at trace time) picks the
+    broadcasts each backend does cheaply (see `_lanes`).
 
     Kernels call this only under `pl.when`. Together with the fori_loop below that keeps
     the CPU interpreter from copying the whole q, k and v arrays at every grid step (it
     writes each block back after the step, and XLA copies when that write is a plain
-    slice of the same array); on a TPU the loop is unrolled and costs nothing.
+    slice of the same array). On a TPU an unrolled loop does not cost nothing: every chunk is
+    another copy of the body in instruction memory (2.4x the bundles of the rolled loop at the
+    blog's tiles), bought for a shorter step (11 % fewer simulated cycles there), so the loop
+    is unrolled only up to `MAX_UNROLLED_CHUNKS` chunks (numbers beside it).
     """
     block_q = q_ref.shape[0]
+    head_dim = acc_ref.shape[1]
+    chunks = k_ref.shape[0] // block_kv_compute
 
     def chunk(c, carry):
         q = q_ref[...]  # read inside the loop too, for the same interpreter reason
@@ -60,22 +99,26 @@ def _online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_
         v = v_ref[ks, :]
         s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         if keep is not None:
-            shape = (block_q, block_kv_compute)
-            q_ids = q_start + jax.lax.broadcasted_iota(jnp.int32, shape, 0)
-            k_ids = k_start + c * block_kv_compute + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
+            q_ids = q_start + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)
+            k_ids = k_start + c * block_kv_compute + jax.lax.broadcasted_iota(jnp.int32, (1, block_kv_compute), 1)
             s = jnp.where(keep(q_ids, k_ids), s, MASK_VALUE)
         m_prev = m_ref[...]
         m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))  # [block_q, 128]
-        p = jnp.exp(s - m_next[:, :1])
+        p = jnp.exp(s - _lanes(m_next, block_kv_compute, interpret))
         alpha = jnp.exp(m_prev - m_next)
         l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
         m_ref[...] = m_next
         pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
                                  preferred_element_type=jnp.float32)
-        acc_ref[...] = alpha[:, :1] * acc_ref[...] + pv
+        acc_ref[...] = _lanes(alpha, head_dim, interpret) * acc_ref[...] + pv
         return carry
 
-    jax.lax.fori_loop(0, k_ref.shape[0] // block_kv_compute, chunk, None, unroll=True)
+    jax.lax.fori_loop(0, chunks, chunk, None, unroll=chunks <= MAX_UNROLLED_CHUNKS)
+
+
+def _interpreting(interpret) -> bool:
+    """Whether a kernel given `interpret` runs in the CPU interpreter (True or InterpretParams)."""
+    return interpret is not None and interpret is not False
 
 
 def _init_state(m_ref, l_ref, acc_ref):
@@ -84,11 +127,12 @@ def _init_state(m_ref, l_ref, acc_ref):
     acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
 
 
-def _finish(m_ref, l_ref, acc_ref, o_ref):
+def _finish(m_ref, l_ref, acc_ref, o_ref, interpret=False):
     # A row whose max never rose above MASK_VALUE saw no kept key: it gets zeros, like the
     # reference, instead of the average of masked values.
-    seen = m_ref[:, :1] > 0.5 * MASK_VALUE
-    l = l_ref[:, :1]
+    head_dim = acc_ref.shape[1]
+    seen = _lanes(m_ref[...], head_dim, interpret) > 0.5 * MASK_VALUE
+    l = _lanes(l_ref[...], head_dim, interpret)
     o_ref[...] = jnp.where(seen, acc_ref[...] / jnp.where(seen, l, 1.0), 0.0).astype(o_ref.dtype)
 
 
@@ -116,6 +160,7 @@ def dense_flash_attention(q, k, v, *, tokens, block_q, block_kv, block_kv_comput
     """
     heads, nq_pad, head_dim = q.shape
     nq, nk = nq_pad // block_q, k.shape[1] // block_kv
+    on_cpu = _interpreting(interpret)
 
     def not_padding(q_ids, k_ids):
         return k_ids < tokens
@@ -124,7 +169,7 @@ def dense_flash_attention(q, k, v, *, tokens, block_q, block_kv, block_kv_comput
         i, j = pl.program_id(1), pl.program_id(2)
         tile = functools.partial(_online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
                                  q_start=i * block_q, k_start=j * block_kv,
-                                 block_kv_compute=block_kv_compute)
+                                 block_kv_compute=block_kv_compute, interpret=on_cpu)
 
         @pl.when(j == 0)
         def _():
@@ -136,7 +181,7 @@ def dense_flash_attention(q, k, v, *, tokens, block_q, block_kv, block_kv_comput
 
         @pl.when(j == nk - 1)
         def _():
-            _finish(m_ref, l_ref, acc_ref, o_ref)
+            _finish(m_ref, l_ref, acc_ref, o_ref, on_cpu)
 
     return pl.pallas_call(
         kernel,
@@ -191,7 +236,7 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
         kv_tile, cls = step_at(head_kind_ref, schedule_ref, h, i, s)
         tile = functools.partial(_online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
                                  q_start=i * block_q, k_start=kv_tile * block_kv,
-                                 block_kv_compute=block_kv_compute)
+                                 block_kv_compute=block_kv_compute, interpret=_interpreting(interpret))
 
         def masked_tile():  # the predicate of this head's kind (one kind unless routing)
             for kind, keep_kind in enumerate(keeps):
@@ -209,7 +254,7 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
 
         @pl.when(s == steps - 1)
         def _():
-            _finish(m_ref, l_ref, acc_ref, o_ref)
+            _finish(m_ref, l_ref, acc_ref, o_ref, _interpreting(interpret))
 
     def q_map(h, i, s, *_):
         return h, i, 0

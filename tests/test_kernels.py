@@ -381,6 +381,61 @@ def test_no_races_under_the_tpu_interpreter(method):
     np.testing.assert_allclose(got, attention64(*qkv, None if mask is None else mask.to_dense()), **F32)
 
 
+# -- the tile body's two code paths ------------------------------------------------------------
+# The tile body picks its broadcasts at trace time: lane-replicated state widened by whole
+# vregs for the TPU, [rows, 1] columns for the interpreter. Both must compute the same thing,
+# so the TPU path is run here in the interpreter too, with 1 (unrolled), 2 (unrolled) and 3
+# (rolled) key chunks per tile and head dims below, at and above the 128 lanes.
+
+def _tile_body_attention(q, k, v, keep, *, block_q, block_kv, block_kv_compute, body_interpret):
+    """Attention over every tile of one head through `_online_softmax_tile` (masking each
+    tile with `keep`, or none), the body told `interpret=body_interpret`; run in the interpreter."""
+    from svg_lib import kernels
+
+    tokens, head_dim = q.shape
+    nq, nk = tokens // block_q, tokens // block_kv
+
+    def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
+        i, j = pl.program_id(0), pl.program_id(1)
+
+        @pl.when(j == 0)
+        def _():
+            kernels._init_state(m_ref, l_ref, acc_ref)
+
+        pl.when(j >= 0)(lambda: kernels._online_softmax_tile(
+            q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, keep=keep, q_start=i * block_q, k_start=j * block_kv,
+            block_kv_compute=block_kv_compute, interpret=body_interpret))
+
+        @pl.when(j == nk - 1)
+        def _():
+            kernels._finish(m_ref, l_ref, acc_ref, o_ref, body_interpret)
+
+    return pl.pallas_call(
+        kernel, grid=(nq, nk),
+        in_specs=[pl.BlockSpec((block_q, head_dim), lambda i, j: (i, 0)),
+                  pl.BlockSpec((block_kv, head_dim), lambda i, j: (j, 0)),
+                  pl.BlockSpec((block_kv, head_dim), lambda i, j: (j, 0))],
+        out_specs=pl.BlockSpec((block_q, head_dim), lambda i, j: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        scratch_shapes=kernels._scratch(block_q, head_dim),
+        interpret=True)(q * (1.0 / math.sqrt(head_dim)), k, v)
+
+
+@pytest.mark.parametrize("body_interpret", [True, False], ids=["interpreter-path", "tpu-path"])
+@pytest.mark.parametrize("head_dim, block_kv, block_kv_compute", [(64, 384, 384), (128, 256, 128), (256, 384, 128)],
+                         ids=["d64-1chunk", "d128-2chunks", "d256-3chunks"])
+@pytest.mark.parametrize("masked", [False, True], ids=["free", "masked"])
+def test_tile_body_paths_agree_with_float64(body_interpret, head_dim, block_kv, block_kv_compute, masked):
+    tokens = 768
+    mask = SVGMask.spatial(VideoGeometry(6, 8, 16), 0.3)  # 768 tokens, sink and band: partial tiles
+    q, k, v = (x[0] for x in random_qkv(3, 1, tokens, head_dim, "float32"))
+    keep = mask.kernel_predicate(256, block_kv) if masked else None
+    got = _tile_body_attention(q, k, v, keep, block_q=256, block_kv=block_kv, block_kv_compute=block_kv_compute,
+                               body_interpret=body_interpret)
+    want = attention64(q[None], k[None], v[None], mask.to_dense() if masked else None)[0]
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, **F32)
+
+
 # -- bad input to attention() --------------------------------------------------------------
 
 def _qkv(n=256):
