@@ -53,7 +53,7 @@ the chip's whole VMEM (compiled for TPU, libtpu 0.0.42.1 compile-only; data/larg
 in brackets the largest the estimate lets through):
     v4   B2 1792 (256)    splash_dense with mask blocks 512 (256)
     v5p                   splash_dense with mask blocks 3072 (1792): the blog's 3328 is refused
-    v6e                   splash_dense with mask blocks: not bisected yet (5632)
+    v6e                   splash_dense with mask blocks 8192 (5632): 8448 is refused (129.36 MiB)
 B2 on v5e, v5p and v6e is not bisected: its boundary lies at block_q in the tens of
 thousands (compiles of many minutes each). The estimate is most conservative on a v4: its
 default compute slice (2M score elements, 38 MiB of intermediates by our count) alone exceeds
