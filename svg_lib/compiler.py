@@ -475,7 +475,7 @@ def _compile_run(args: argparse.Namespace) -> int:
     for one in configs:
         reports += compile_all(one, methods, targets, progress=lambda r: print(r.line(), flush=True),
                                check_estimate=not args.no_estimate_check)
-    failed = [f"{r.method} on {r.target}" for r in reports if not r.ok]
+    failed = [f"{r.method} {r.block_q}x{r.block_kv} on {r.target}" for r in reports if not r.ok]
     print(f"{len(reports) - len(failed)} of {len(reports)} compiled"
           + (f"; FAILED: {', '.join(failed)}" if failed else "")
           + ". Compiled for TPU by libtpu: VMEM/SMEM allocation and Mosaic checked; no speed measured.",

@@ -173,7 +173,7 @@ def test_cli_exit_status_1_when_a_method_fails(tpu_compiler, tmp_path, capsys):
     status = main(["compile", "--preset", "blog", "--methods", "b2,b3", "--target", "v4", "--json", str(path)])
     out = capsys.readouterr().out
     assert status == 1
-    assert "FAILED: b2 on v4, b3 on v4" in out and "refused by our VMEM estimate" in out
+    assert "FAILED: b2 3328x1536 on v4, b3 3328x1536 on v4" in out and "refused by our VMEM estimate" in out
     assert [r["refused_by"] for r in json.loads(path.read_text())["reports"]] == ["estimate", "estimate"]
 
 
