@@ -57,10 +57,6 @@ class TpuTarget:
     hbm_gbps: float        # HBM bandwidth per chip, GB/s (public spec sheets)
 
     @property
-    def vmem_generation(self) -> str:
-        """This chip's key in svg_lib.vmem's tables ("v7" for the v7x)."""
-        return "v7" if self.name == "v7x" else self.name
-
     def describe(self) -> str:
         return (f"{self.name} ({self.device_kind}): VMEM {self.vmem_bytes // MiB} MiB "
                 f"(default scoped {self.default_scoped_vmem // MiB} MiB), SMEM {self.smem_bytes // KiB} KiB, "
@@ -308,8 +304,8 @@ def compile_all(config, methods=None, targets=(DEFAULT_TARGET,), progress=None, 
                 check_estimate: bool = True) -> list[CompileReport]:
     """`compile_for_tpu` for every method (default: every Pallas kernel) and target, method by method.
 
-    Each method is built once and compiled for each target in turn (Splash's mask info takes
-    tens of seconds at the blog's size). `progress(report)` is called as each one finishes.
+    Each method is built for each target in turn, so that its VMEM limit is that chip's
+    (Splash's mask info takes tens of seconds to build at the blog's size). `progress(report)` is called as each one finishes.
     """
     from .bench import PALLAS_METHODS
     from .lowering import build_failure_stage, build_for_tpu, check_methods, check_tpu_arguments, vmem_facts
@@ -340,12 +336,10 @@ def compile_all(config, methods=None, targets=(DEFAULT_TARGET,), progress=None, 
             progress(r)
 
     for method in methods:
-        # what build_attention gives the kernel; Splash's kernels get none (make_splash_mha takes
-        # no vmem_limit_bytes), so they live within the target's default scoped limit
-        asked = None if method.startswith("splash") else vmem_facts(config, method)["vmem_limit_bytes"]
-        per_target = [(spec, vmem_facts(config, method, spec.vmem_generation)) for spec in targets]
+        per_target = [(spec, vmem_facts(config, method, spec.name)) for spec in targets]
         to_compile = []
         for spec, facts in per_target:
+            asked = None if method.startswith("splash") else facts["vmem_limit_bytes"]
             if check_estimate and not facts["vmem_fits"]:
                 report(method, spec, facts, stage="vmem", refused_by="estimate",
                        error=_estimate_refusal(config, method, spec),
@@ -355,20 +349,21 @@ def compile_all(config, methods=None, targets=(DEFAULT_TARGET,), progress=None, 
                 to_compile.append((spec, facts))
         if not to_compile:
             continue
-        start = time.perf_counter()
-        try:
-            fn, build_s = build_for_tpu(config, method)
-        except Exception as err:  # a report per target, not a crash: every outcome should be seen
-            build_s = time.perf_counter() - start
-            stage = build_failure_stage(vmem_facts(config, method))
-            for spec, facts in to_compile:
-                report(method, spec, facts, stage=stage, refused_by="estimate" if stage == "vmem" else "build",
-                       error=first_lines(err), summary=first_lines(err, 1), build_s=build_s)
-            continue
         for spec, facts in to_compile:
+            # built for this target, so its VMEM limit (and Splash's raised default) is this chip's;
+            # building is cheap except Splash's mask info at large sizes
+            asked = None if method.startswith("splash") else facts["vmem_limit_bytes"]
+            start = time.perf_counter()
+            try:
+                fn, build_s = build_for_tpu(config, method, spec.name)
+            except Exception as err:  # a report, not a crash: every outcome should be seen
+                stage = build_failure_stage(facts)
+                report(method, spec, facts, stage=stage, refused_by="estimate" if stage == "vmem" else "build",
+                       error=first_lines(err), summary=first_lines(err, 1), build_s=time.perf_counter() - start)
+                continue
             report(method, spec, facts, build_s=build_s,
                    **compile_verdict(fn, [(config.shape, config.dtype)] * 3, spec.name))
-        del fn
+            del fn
     return reports
 
 
@@ -397,7 +392,7 @@ def _estimate_refusal(config, method, spec) -> str:
     from .vmem import check_fits, estimate_vmem
 
     estimate = estimate_vmem(method, config.block_q, config.block_kv, config.head_dim, config.dtype,
-                             config.block_kv_compute, spec.vmem_generation)
+                             config.block_kv_compute, spec.name)
     try:
         check_fits(estimate)
     except ValueError as err:

@@ -68,8 +68,9 @@ def vmem_facts(config: BenchConfig, method: str, generation: str | None = None) 
             "vmem_limit_bytes": vmem.vmem_limit_bytes, "generation": vmem.generation}
 
 
-def build_for_tpu(config: BenchConfig, method: str):
-    """`(fn, build_s)`: `method` built for `config` with interpret=False, ready to lower or compile.
+def build_for_tpu(config: BenchConfig, method: str, generation: str | None = None):
+    """`(fn, build_s)`: `method` built for `config` with interpret=False, ready to lower or compile,
+    its VMEM planned for `generation` (None: the attached TPU's, or a v6e's).
 
     Errors propagate (build_attention refuses blocks whose VMEM estimate overflows)."""
     import jax.numpy as jnp
@@ -79,7 +80,8 @@ def build_for_tpu(config: BenchConfig, method: str):
     start = time.perf_counter()
     fn = build_attention(config.mask(), method=method, heads=config.heads, tokens=config.tokens,
                          head_dim=config.head_dim, dtype=jnp.dtype(config.dtype), block_q=config.block_q,
-                         block_kv=config.block_kv, block_kv_compute=config.block_kv_compute, interpret=False)
+                         block_kv=config.block_kv, block_kv_compute=config.block_kv_compute, interpret=False,
+                         generation=generation)
     return fn, time.perf_counter() - start
 
 

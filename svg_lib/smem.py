@@ -60,9 +60,6 @@ TILE_ROWS, TILE_COLS = 8, 128  # a 2-D SMEM array's (rows, cols) tile, in words
 VECTOR_WORDS = 128       # a 1-D SMEM array is padded to a multiple of this many words
 FIXED_BYTES = 3 * KiB    # what else the kernel keeps in SMEM (fitted; see the module docstring)
 
-# SMEM per TensorCore by generation (jax's TPU info table: 1 MiB from v4 on; 16 KiB on v2/v3).
-SMEM_BYTES = {"v4": 1 * MiB, "v4i": 1 * MiB, "v5e": 1 * MiB, "v5p": 1 * MiB, "v6e": 1 * MiB,
-              "v7": 1 * MiB, "v7x": 1 * MiB}
 
 
 def table_bytes(shape) -> int:
@@ -105,14 +102,15 @@ class SmemEstimate:
 
 
 def smem_capacity(generation: str | None = None) -> tuple[str, int]:
-    """(generation, SMEM bytes per core); the attached TPU's generation when None."""
-    if generation is None:
-        from .vmem import tpu_generation
-        generation = tpu_generation()
-    if generation not in SMEM_BYTES:
-        raise ValueError(f"no SMEM capacity known for TPU generation {generation!r}; known: "
-                         f"{', '.join(SMEM_BYTES)}")
-    return generation, SMEM_BYTES[generation]
+    """(generation, SMEM bytes per core); the attached TPU's (or the offline v6e's) when None.
+
+    From the same table as VMEM (`svg_lib.vmem.tpu_memory`: the compile targets, or
+    `pltpu.get_tpu_info()` on an attached TPU)."""
+    from .vmem import tpu_memory
+    memory = tpu_memory(generation)
+    if not memory.smem_bytes:
+        raise ValueError(f"no SMEM capacity known for TPU generation {memory.generation!r} ({memory.source})")
+    return memory.generation, memory.smem_bytes
 
 
 def estimate_smem(tables: dict, generation: str | None = None) -> SmemEstimate:

@@ -523,7 +523,7 @@ def tune(mask: Mask, *, heads: int, head_dim: int, method: str = "b2", candidate
             pass  # unreadable or stale: measure again and overwrite
 
     valid, rejected = check_candidates(candidates, tokens=mask.tokens, head_dim=head_dim, method=method,
-                                       dtype=dtype, generation=spec.vmem_generation if target else None)
+                                       dtype=dtype, generation=spec.name if target else None)
     if target is not None:
         valid = _compile_filter(valid, rejected, mask, method=method, heads=heads, head_dim=head_dim, dtype=dtype,
                                 target=spec.name, cache=cache, progress=progress)
