@@ -16,7 +16,7 @@
 # installs it with apt-get when run as root on Debian, and otherwise says the test will skip.
 
 PYTHON      ?= python3
-# jax needs Python >= 3.11: the dev extra's jax==0.10.2, and the floor (jax>=0.7.1) as well.
+# jax needs Python >= 3.11: the dev extra's jax==0.10.2, and the floor (jax>=0.8.1) as well.
 MIN_PYTHON  := 3.11
 VENV        := .venv
 VENV_PYTHON := $(VENV)/bin/python

@@ -74,7 +74,7 @@ def lower_for_tpu(config: BenchConfig, method: str) -> LoweringReport:
     so (`ok=False`, `stage`, `error`). Bad arguments (not a BenchConfig, a method that is
     not a Pallas kernel) do raise ValueError / TypeError.
     """
-    import jax.export  # binds jax too; jax < 0.8 does not import this submodule by itself
+    import jax
     import jax.numpy as jnp
 
     from .attention import build_attention

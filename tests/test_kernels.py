@@ -344,8 +344,8 @@ def test_query_tile_with_no_kept_tile_gives_zeros(method):
 # keeps a module-level `races` (a RaceDetectionState) that each kernel run under
 # InterpretParams(detect_races=True) recreates; its `races_found` turns True (and a
 # "RACE DETECTED" report is printed) when two accesses to one buffer are not ordered.
-# The module is private and older jax releases (0.7, the floor) keep it elsewhere, so
-# there the two race tests skip; the kernels' outputs are checked by every other test.
+# The module is private and older jax releases (0.7) keep it elsewhere; where it is
+# missing the two race tests skip; the kernels' outputs are checked by every other test.
 try:
     _interp = importlib.import_module("jax._src.pallas.mosaic.interpret.interpret_pallas_call")
 except ImportError:

@@ -14,7 +14,6 @@ import functools
 import re
 
 import jax
-import jax.export  # jax < 0.8 does not import this submodule by itself
 import jax.numpy as jnp
 import numpy as np
 import pytest
