@@ -161,9 +161,11 @@ def recorded_grid_trace(plan: TilePlan, method: str, *, head_dim: int = 128, see
                          f"{RECORD_LIMIT_STEPS}: use a smaller mask or larger blocks (grid_trace needs no run)")
     points = []
 
-    def record(token, grid_point, core_id):
-        points.append(tuple(int(x) for x in np.asarray(grid_point)))
-        return np.asarray(token, dtype=np.int32)  # the interpreter threads this token through its callbacks
+    def record(*args):  # (token, grid_point, core_id); older jax (0.8.1) passes (grid_point, core_id), no token
+        points.append(tuple(int(x) for x in np.asarray(args[-2])))
+        if len(args) == 3:
+            return np.asarray(args[0], dtype=np.int32)  # the interpreter threads this token through its callbacks
+        return ()
 
     params = pltpu.InterpretParams(grid_point_recorder=record, random_seed=random_seed)
     tokens = plan.tokens

@@ -373,3 +373,15 @@ def test_sanitize_patterns_hide_addresses_only():
     assert sanitize(a) == sanitize(b) != a
     for text in ("mask id 0x7f3c", "tokens = 75600", "<Figure size 640x480 with 1 Axes>"):
         assert sanitize(text) == text
+
+
+def test_make_test_runs_the_jax_floor_that_pyproject_and_readme_state(pyproject):
+    # The floor is tested, not assumed: `make test` ends with `make test-floor`, which installs
+    # the version it reads from pyproject's `"jax>=X",` line, and the README names that version.
+    runtime = {canonicalize_name(Requirement(r).name): Requirement(r) for r in pyproject["project"]["dependencies"]}
+    floor = next(iter(runtime["jax"].specifier)).version
+    assert re.search(rf'(?m)^ *"jax>={re.escape(floor)}",', read(PYPROJECT)), \
+        "the Makefile reads the floor from a line '    \"jax>=X\",' in pyproject.toml's dependencies"
+    recipe = re.search(r"(?ms)^test:.*?(?=^\S)", read(ROOT / "Makefile"))
+    assert recipe and "test-floor" in recipe.group(0), "make test should run the floor suite (test-floor)"
+    assert f"`jax>={floor}`" in read(ROOT / "README.md"), f"README should name the tested floor jax>={floor}"

@@ -344,7 +344,15 @@ def test_query_tile_with_no_kept_tile_gives_zeros(method):
 # keeps a module-level `races` (a RaceDetectionState) that each kernel run under
 # InterpretParams(detect_races=True) recreates; its `races_found` turns True (and a
 # "RACE DETECTED" report is printed) when two accesses to one buffer are not ordered.
-_interp = importlib.import_module("jax._src.pallas.mosaic.interpret.interpret_pallas_call")
+# The module is private and older jax releases (0.7) keep it elsewhere; where it is
+# missing the two race tests skip; the kernels' outputs are checked by every other test.
+try:
+    _interp = importlib.import_module("jax._src.pallas.mosaic.interpret.interpret_pallas_call")
+except ImportError:
+    _interp = None
+needs_race_state = pytest.mark.skipif(
+    _interp is None, reason=f"jax {jax.__version__} has no jax._src.pallas.mosaic.interpret."
+                            "interpret_pallas_call (the race-detection state of the pinned jax 0.10.2)")
 
 
 def _races_found_in(run):
@@ -355,6 +363,7 @@ def _races_found_in(run):
     return out, bool(_interp.races.races_found)
 
 
+@needs_race_state
 def test_race_detector_can_fail():
     """Positive control: reading a VMEM buffer while a DMA into it is in flight is a race."""
     def racy(x_ref, o_ref, buf, sem):
@@ -372,6 +381,7 @@ def test_race_detector_can_fail():
     assert found
 
 
+@needs_race_state
 @pytest.mark.parametrize("method", ["dense", "b1", "b2", "b3", "splash_dense", "splash"])
 def test_no_races_under_the_tpu_interpreter(method):
     params = pltpu.InterpretParams(detect_races=True)
