@@ -504,11 +504,12 @@ def b2_exercise_attention(q, k, v, mask: Mask, dispatch, *, block_q: int = 128, 
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
 
-    from .kernels import _finish as finish_tile, _init_state, _online_softmax_tile, _scratch
+    from .kernels import _finish as finish_tile, _init_state, _interpreting, _online_softmax_tile, _scratch
 
     heads, tokens, head_dim = q.shape
     plan = plan_tiles(mask, block_q, block_kv)
-    kv_index, step_class = jnp.asarray(plan.table("kv_index")), jnp.asarray(plan.table("step_class"))
+    # the plan's two tables as they are (the series' kernels read them packed, notebook 03)
+    kv_index, step_class = (jnp.asarray(t, jnp.int32) for t in (plan.kv_index, plan.step_class))
     nq, steps = plan.kv_index.shape
     q_len, kv_len = nq * block_q, plan.grid[1] * block_kv
     keep = mask.kernel_predicate(block_q, block_kv)
@@ -526,7 +527,7 @@ def b2_exercise_attention(q, k, v, mask: Mask, dispatch, *, block_q: int = 128, 
 
         body = functools.partial(_online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
                                  q_start=i * block_q, k_start=kv_index_ref[i, s] * block_kv,
-                                 block_kv_compute=block_kv)
+                                 block_kv_compute=block_kv, interpret=_interpreting(interpret))
 
         def tile(keep=None):
             body(keep=keep)
@@ -536,7 +537,7 @@ def b2_exercise_attention(q, k, v, mask: Mask, dispatch, *, block_q: int = 128, 
 
         @pl.when(s == steps - 1)
         def _():
-            finish_tile(m_ref, l_ref, acc_ref, o_ref)
+            finish_tile(m_ref, l_ref, acc_ref, o_ref, _interpreting(interpret))
 
     def q_map(h, i, s, kv_index_ref, *_):
         return h, i, 0
