@@ -277,7 +277,8 @@ class CompileReport:
             return (f"{head} ok      build {self.build_s:6.2f} s  compile {self.compile_s:5.1f} s  "
                     f"args {self.argument_bytes / MiB:6.1f} MiB  out {self.output_bytes / MiB:5.1f} MiB  "
                     f"temp {self.temp_bytes / MiB:5.1f} MiB  code {self.code_bytes / KiB:5.0f} KiB  {vmem}")
-        who = {"estimate": "our VMEM estimate", "build": "build", "compiler": "the TPU compiler"}[self.refused_by]
+        who = {"estimate": f"our {self.stage.upper()} estimate", "build": "build",
+               "compiler": "the TPU compiler"}[self.refused_by]
         return f"{head} FAILED  refused by {who} ({self.stage}): {self.summary}  [{vmem}]"
 
     def to_json(self) -> dict:
@@ -357,8 +358,8 @@ def compile_all(config, methods=None, targets=(DEFAULT_TARGET,), progress=None, 
             try:
                 fn, build_s = build_for_tpu(config, method, spec.name)
             except Exception as err:  # a report, not a crash: every outcome should be seen
-                stage = build_failure_stage(facts)
-                report(method, spec, facts, stage=stage, refused_by="estimate" if stage == "vmem" else "build",
+                stage = build_failure_stage(facts, err)
+                report(method, spec, facts, stage=stage, refused_by="build" if stage == "build" else "estimate",
                        error=first_lines(err), summary=first_lines(err, 1), build_s=time.perf_counter() - start)
                 continue
             report(method, spec, facts, build_s=build_s,

@@ -85,10 +85,14 @@ def build_for_tpu(config: BenchConfig, method: str, generation: str | None = Non
     return fn, time.perf_counter() - start
 
 
-def build_failure_stage(facts: dict) -> str:
-    """Where a failed build failed: "vmem" when the estimate overflows (build_attention refuses
-    those), else "build"."""
-    return "vmem" if not facts["vmem_fits"] else "build"
+def build_failure_stage(facts: dict, err: BaseException | None = None) -> str:
+    """Where a failed build failed: "vmem" when the VMEM estimate overflows, "smem" when the
+    schedule's SMEM estimate does (build_attention refuses both before any compile), else "build"."""
+    from .smem import SmemOverflowError
+
+    if not facts["vmem_fits"]:
+        return "vmem"
+    return "smem" if isinstance(err, SmemOverflowError) else "build"
 
 
 def splash_note(config: BenchConfig, methods) -> str | None:
@@ -154,7 +158,7 @@ def lower_for_tpu(config: BenchConfig, method: str) -> LoweringReport:
     try:
         fn, build_s = build_for_tpu(config, method)
     except Exception as err:  # a report, not a crash: the caller wants to see every method's outcome
-        return failed(build_failure_stage(facts), err, build_s=time.perf_counter() - start)
+        return failed(build_failure_stage(facts, err), err, build_s=time.perf_counter() - start)
 
     start = time.perf_counter()
     try:

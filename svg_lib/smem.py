@@ -130,6 +130,10 @@ def schedule_smem(heads: int, rows: int, steps: int, generation: str | None = No
     return estimate_smem({"head_kind": (heads,), "schedule": (-(-rows * steps // 2),)}, generation)
 
 
+class SmemOverflowError(ValueError):
+    """A schedule that would not fit SMEM, refused before compiling (a ValueError)."""
+
+
 def check_schedule_fits(plan, *, method: str, heads: int, kinds: int = 1, steps: int | None = None,
                         generation: str | None = None, suggest=None) -> SmemEstimate:
     """Raise a ValueError naming the sizes, the capacity and blocks that fit, if `plan`'s schedule
@@ -160,7 +164,7 @@ def check_schedule_fits(plan, *, method: str, heads: int, kinds: int = 1, steps:
         if trial is not None and trial.fits:
             hint = f"; block_q={bq}, block_kv={bkv} fits ({trial.total / KiB:,.1f} KiB)"
             break
-    raise ValueError(f"{method} schedule of {kinds * nq} rows x {steps} steps "
+    raise SmemOverflowError(f"{method} schedule of {kinds * nq} rows x {steps} steps "
                      f"({plan.block_q}x{plan.block_kv} tiles over {plan.tokens:,} tokens) overflows SMEM: "
                      f"{estimate}{hint}")
 
