@@ -403,12 +403,15 @@ def _check_kernel(estimate: VmemEstimate, limit: int | None):
                                                       block_kv_compute=c, interpret=False,
                                                       vmem_limit_bytes=limit)), shapes
     if e.method in ("b1", "b2", "b3"):
+        import numpy as np
+
         from .kernels import block_sparse_attention
-        from .planner import FULL, PARTIAL
+        from .planner import FULL, PARTIAL, pack_schedule
         classes = [[PARTIAL, PARTIAL], [PARTIAL, PARTIAL]] if e.method == "b1" else [[FULL, PARTIAL], [PARTIAL, FULL]]
-        kv_index, step_class = jnp.asarray([[0, 1], [0, 1]], jnp.int32), jnp.asarray(classes, jnp.int32)
-        return (lambda q, k, v: block_sparse_attention(q, k, v, kv_index, step_class, stage=e.method, keep=band,
-                                                       block_q=bq, block_kv=bkv, block_kv_compute=c,
+        schedule = jnp.asarray(pack_schedule(np.array([[0, 1], [0, 1]]), np.array(classes)))
+        head_kind = jnp.zeros((1,), jnp.int32)
+        return (lambda q, k, v: block_sparse_attention(q, k, v, head_kind, schedule, steps=2, stage=e.method,
+                                                       keep=band, block_q=bq, block_kv=bkv, block_kv_compute=c,
                                                        interpret=False, vmem_limit_bytes=limit)), shapes
     from .splash import _block_mask, _computable_mask, _splash
     sa, sm = _splash()
