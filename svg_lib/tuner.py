@@ -172,9 +172,12 @@ def compile_check(mask: Mask, *, method: str, heads: int, head_dim: int, dtype, 
             pass  # unreadable: compile again and overwrite
     try:
         fn = build_attention(mask, method=method, heads=heads, tokens=mask.tokens, head_dim=head_dim, dtype=dtype,
-                             block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=False)
+                             block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=False,
+                             generation=spec.name)
     except Exception as err:  # a verdict, not a crash
-        verdict = {"ok": False, "stage": "build", "summary": first_lines(err, 1), "compile_s": None}
+        from .smem import SmemOverflowError
+        stage = "smem" if isinstance(err, SmemOverflowError) else "build"  # smem: our estimate, before compiling
+        verdict = {"ok": False, "stage": stage, "summary": first_lines(err, 1), "compile_s": None}
     else:
         full = compile_verdict(fn, [((heads, mask.tokens, head_dim), dtype)] * 3, spec.name)
         verdict = {name: full[name] for name in ("ok", "stage", "summary", "compile_s")}
@@ -586,7 +589,8 @@ def _compile_filter(valid, rejected, mask, *, method, heads, head_dim, dtype, ta
             if verdict["ok"]:
                 kept.append((bq, bkv, bkvc))
             else:
-                who = "build_attention" if verdict["stage"] == "build" else f"the TPU compiler (libtpu {libtpu_version()})"
+                who = {"build": "build_attention", "smem": "the SMEM estimate (before compiling)"}.get(
+                    verdict["stage"], f"the TPU compiler (libtpu {libtpu_version()})")
                 rejected.append({"block_q": bq, "block_kv": bkv, "block_kv_compute": bkvc,
                                  "reason": f"refused for {target} by {who}: {verdict['summary']}"})
         bar.update(len(valid), "compiled")

@@ -48,7 +48,7 @@ def test_forms_order_and_limits():
 
 
 def test_unknown_generation_is_an_error():
-    with pytest.raises(ValueError, match="no SMEM capacity known for TPU generation 'v9'"):
+    with pytest.raises(ValueError, match="unknown TPU generation 'v9'"):
         estimate_smem({"t": (4,)}, "v9")
 
 
