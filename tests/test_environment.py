@@ -192,6 +192,18 @@ def pyproject():
 
 # --- the tests ------------------------------------------------------------------------------
 
+def installed_pinned_jax(pyproject):
+    """The installed jax's metadata, skipping the test unless it is the dev extra's pinned version."""
+    pinned = next(iter(expected_requirements(pyproject, "3.11")["jax"].specifier)).version
+    try:
+        installed = metadata.metadata("jax")
+    except metadata.PackageNotFoundError:
+        pytest.skip("jax is not installed")
+    if installed["Version"] != pinned:
+        pytest.skip(f"installed jax {installed['Version']} is not the pinned {pinned}")
+    return installed
+
+
 def test_dev_extra_pins_jax_and_jaxlib_to_one_version(pyproject):
     dev = {canonicalize_name(Requirement(r).name): Requirement(r) for r in pyproject["project"]["optional-dependencies"]["dev"]}
     versions = []
@@ -218,19 +230,13 @@ def test_dev_extra_installs_the_tpu_compiler_pinned_as_jax_tpu_pins_it(pyproject
     libtpu = [Requirement(r) for r in pyproject["project"]["optional-dependencies"]["tpu-compile"]]
     assert [canonicalize_name(r.name) for r in libtpu] == ["libtpu"], libtpu
     assert "libtpu" in expected_requirements(pyproject, "3.11"), "the dev extra should pull in svg-lib[tpu-compile]"
-    pinned = next(iter(expected_requirements(pyproject, "3.11")["jax"].specifier)).version
-    try:
-        installed = metadata.metadata("jax")
-    except metadata.PackageNotFoundError:
-        pytest.skip("jax is not installed")
-    if installed["Version"] != pinned:
-        pytest.skip(f"installed jax {installed['Version']} is not the pinned {pinned}")
+    installed = installed_pinned_jax(pyproject)
     declared = [Requirement(r) for r in installed.get_all("Requires-Dist") or []]
     declared = [r for r in declared if canonicalize_name(r.name) == "libtpu" and r.marker is not None
                 and r.marker.evaluate({"extra": "tpu"})]
-    assert declared, f"jax {pinned} declares no libtpu for its [tpu] extra"
+    assert declared, f"jax {installed["Version"]} declares no libtpu for its [tpu] extra"
     assert {str(r.specifier) for r in declared} == {str(libtpu[0].specifier)}, \
-        f"jax[tpu]=={pinned} wants {declared[0].specifier}, the tpu-compile extra pins {libtpu[0].specifier}"
+        f"jax[tpu]=={installed["Version"]} wants {declared[0].specifier}, the tpu-compile extra pins {libtpu[0].specifier}"
 
 
 @pytest.mark.parametrize("path", [CONDA_ENV, BINDER_ENV], ids=["environment.yml", "binder/environment.yml"])
@@ -278,13 +284,7 @@ def test_python_minimum_is_stated_consistently():
 def test_pinned_jax_accepts_the_minimum_python(pyproject):
     # Installing the dev extra on a Python the pinned jax refuses fails with a long pip
     # error; MIN_PYTHON exists to say it first. Checked against the installed jax's metadata.
-    pinned = next(iter(expected_requirements(pyproject, "3.11")["jax"].specifier)).version
-    try:
-        installed = metadata.metadata("jax")
-    except metadata.PackageNotFoundError:
-        pytest.skip("jax is not installed")
-    if installed["Version"] != pinned:
-        pytest.skip(f"installed jax {installed['Version']} is not the pinned {pinned}")
+    installed = installed_pinned_jax(pyproject)
     requires = SpecifierSet(installed["Requires-Python"] or "")
     assert make_min_python() + ".0" in requires, \
         f"jax {pinned} requires Python {requires}; raise MIN_PYTHON in the Makefile and README"
