@@ -234,9 +234,9 @@ def test_dev_extra_installs_the_tpu_compiler_pinned_as_jax_tpu_pins_it(pyproject
     declared = [Requirement(r) for r in installed.get_all("Requires-Dist") or []]
     declared = [r for r in declared if canonicalize_name(r.name) == "libtpu" and r.marker is not None
                 and r.marker.evaluate({"extra": "tpu"})]
-    assert declared, f"jax {installed["Version"]} declares no libtpu for its [tpu] extra"
+    assert declared, f"jax {installed['Version']} declares no libtpu for its [tpu] extra"
     assert {str(r.specifier) for r in declared} == {str(libtpu[0].specifier)}, \
-        f"jax[tpu]=={installed["Version"]} wants {declared[0].specifier}, the tpu-compile extra pins {libtpu[0].specifier}"
+        f"jax[tpu]=={installed['Version']} wants {declared[0].specifier}, the tpu-compile extra pins {libtpu[0].specifier}"
 
 
 @pytest.mark.parametrize("path", [CONDA_ENV, BINDER_ENV], ids=["environment.yml", "binder/environment.yml"])
