@@ -89,9 +89,10 @@ class TilePlan:
 
     def __str__(self) -> str:
         s = self.stats
+        b3 = ("B3 refused" if s["b3_refused"] else
+              f"B3 {s['b3_tiles_visited']} visited, {s['b3_tiles_masked']} masked")
         return (f"{self.block_q}x{self.block_kv} tiles over {s['tokens']:,} tokens: "
-                f"{s['tiles_visited']}/{s['tiles_total']} visited, {s['tiles_masked']} masked; "
-                f"B3 {s['b3_tiles_visited']} visited, {s['b3_tiles_masked']} masked")
+                f"{s['tiles_visited']}/{s['tiles_total']} visited, {s['tiles_masked']} masked; {b3}")
 
 
 def plan_tiles(mask: Mask, block_q: int, block_kv: int) -> TilePlan:
@@ -221,7 +222,12 @@ def _plan_stats(plan: TilePlan) -> dict:
         "grid_steps": nq * plan.steps,
         "computed_pairs": int(plan.areas[plan.visited].sum()),
     }
-    b3 = mask.tile_aligned(plan.block_q, plan.block_kv, policy="balanced")
+    try:
+        b3 = mask.tile_aligned(plan.block_q, plan.block_kv, policy="balanced")
+    except ValueError as err:  # B3 cannot run this mask at these blocks (sliding tiles cut through padding)
+        stats.update(dict.fromkeys(("b3_tiles_visited", "b3_tiles_masked", "b3_visited_fraction", "b3_pairs",
+                                    "b3_budget_error"), None), b3_refused=str(err))
+        return stats
     b3_plan = plan if b3 is mask else plan_tiles(b3, plan.block_q, plan.block_kv)
     b3_visited = int(b3_plan.visited.sum())
     stats.update({
@@ -230,5 +236,6 @@ def _plan_stats(plan: TilePlan) -> dict:
         "b3_visited_fraction": b3_visited / (nq * nk),
         "b3_pairs": int(b3_plan.counts.sum()),
         "b3_budget_error": (int(b3_plan.counts.sum()) - exact_pairs) / max(exact_pairs, 1),
+        "b3_refused": None,  # or why B3 cannot run the mask at these blocks (then the b3_ values are None)
     })
     return stats

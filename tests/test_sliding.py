@@ -140,6 +140,10 @@ def test_unaligned_blocks_with_padding_are_refused_by_b3():
     assert not mask.aligned(256, 128)
     with pytest.raises(ValueError, match="do not divide the 128-token cube"):
         mask.tile_aligned(256, 128)
+    stats = plan_tiles(mask, 256, 128).stats  # B2's plan stands; its statistics say why B3 has none
+    assert "do not divide the 128-token cube" in stats["b3_refused"] and stats["b3_tiles_visited"] is None
+    assert stats["tiles_visited"] > 0 and "B3 refused" in str(plan_tiles(mask, 256, 128))
+    assert plan_tiles(mask, 128, 128).stats["b3_refused"] is None
     no_pad = SlidingTileMask(VideoGeometry(2, 4, 32), (1, 4, 32), (1, 1, 1))
     assert no_pad.tile_aligned(256, 128).report.block_q == 256  # ordinary rounding without padding
 
