@@ -4,6 +4,7 @@ The expected mask is rebuilt here with plain loops over cubes (window shifted in
 padding never kept, text always kept); counts are checked against sums over that dense mask.
 """
 import itertools
+import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -176,6 +177,23 @@ def test_blog_size_plan_counts_windows_of_real_tokens():
     plan = plan_tiles(mask, 384, 384)
     assert plan.counts.sum() == mask.pair_count == total
     assert plan.stats["tiles_visited"] == layout.num_cubes * 27  # every query cube, 27 key cubes
+
+
+def test_blog_size_best_window_plans_fast_and_masks_only_padded_keys():
+    # notebook 10's pick: 1920-token cubes, the last cube row holding the 3 padded rows of 45 -> 48
+    g = VideoGeometry(21, 45, 80)
+    mask = SlidingTileMask(g, (3, 8, 80), (3, 5, 1))
+    start = time.perf_counter()
+    plan = plan_tiles(mask, 1920, 1920)
+    stats = plan.stats
+    assert time.perf_counter() - start < 1.0
+    last_row = (np.arange(mask.layout.num_cubes) // mask.layout.cubes[2]) % mask.layout.cubes[1] == 5
+    np.testing.assert_array_equal(plan.needs_mask, plan.visited & last_row[None, :])  # padded keys only
+    assert (plan.classes[last_row] == FULL).any()  # padded query rows: no mask
+    # every query cube visits 3 frame cubes x 5 row cubes; the query cubes of the 3 cube rows whose
+    # shifted window reaches the last row (7 frame cubes x 3 rows) each visit 3 key cubes there
+    assert stats["tiles_visited"] == mask.layout.num_cubes * 3 * 5
+    assert stats["tiles_masked"] == int(last_row.sum()) * 3 * 3
 
 
 # -- kernels in interpret mode -------------------------------------------------------------------
