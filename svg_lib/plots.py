@@ -434,12 +434,13 @@ def plot_query_frames(masks: dict, geometry, query: int, max_frames: int | None 
 # -- the per-tile cost lesson -----------------------------------------------------------------------
 
 def plot_stage_costs(counts: dict, costs, measured: dict | None = None, ax=None, title: str | None = None,
-                     unit: str = "ms"):
+                     unit: str = "ms", measured_label: str = "measured"):
     """Per stage, a stacked bar of full tiles x a + masked tiles x b; returns the Figure.
 
     counts: {stage label: (full tiles, masked tiles)}, in bar order; costs: (a, b), the cost of one
     mask-free (full) tile and of one masked tile, in `unit`; measured: optional {stage label:
-    latency in unit}, drawn as a black tick across that stage's bar and written above it.
+    latency in unit}, drawn as a black tick across that stage's bar, its value beside it, and named
+    `measured_label` in the legend (say whose measurement it is).
     """
     fig, ax = _new_axes(ax, figsize=(7.2, 4.2))
     try:
@@ -466,12 +467,13 @@ def plot_stage_costs(counts: dict, costs, measured: dict | None = None, ax=None,
         mx = [x[labels.index(s)] for s in measured]
         my = [float(v) for v in measured.values()]
         ax.hlines(my, np.array(mx) - 0.38, np.array(mx) + 0.38, colors="black", linewidths=2.2,
-                  label=f"measured ({unit})", gid="measured")
+                  label=f"{measured_label} ({unit})", gid="measured")
         for xi, yi in zip(mx, my):
             ax.annotate(f"{yi:.2f}", (xi + 0.38, yi), xytext=(3, 0), textcoords="offset points", va="center",
                         fontsize=8)
         top = np.maximum(top, [float(measured.get(s, 0.0)) for s in labels])
     ax.set_xticks(x, labels)
+    ax.set_xlim(-0.6, len(labels) - 0.4 + (0.5 if measured else 0.0))  # room for the values beside the ticks
     ax.set_ylabel(unit)
     ax.set_ylim(0, top.max() * 1.3)
     ax.legend(loc="upper right", fontsize="small")

@@ -276,7 +276,7 @@ def test_stage_costs_stack_full_and_masked_tiles_and_mark_the_measurements():
     counts = {"B0": (1150, 0), "B1": (0, 509), "B2": (374, 135)}
     a, b = 0.07, 0.2
     measured = {"B0": 78.7, "B2": 54.12}
-    ax = plot_stage_costs(counts, (a, b), measured).axes[0]
+    ax = plot_stage_costs(counts, (a, b), measured, measured_label="the case study").axes[0]
     full = [p.get_height() for p in ax.containers[0].patches]
     masked = ax.containers[1].patches
     np.testing.assert_allclose(full, [n * a for n, _ in counts.values()])
@@ -287,6 +287,7 @@ def test_stage_costs_stack_full_and_masked_tiles_and_mark_the_measurements():
     assert [s[0][1] for s in segments] == list(measured.values())
     assert [round((s[0][0] + s[1][0]) / 2) for s in segments] == [0, 2]  # across the B0 and B2 bars
     assert [t.get_text() for t in ax.get_xticklabels()] == list(counts)
+    assert "the case study (ms)" in [t.get_text() for t in ax.get_legend().get_texts()]
     with pytest.raises(ValueError, match="two numbers"):
         plot_stage_costs(counts, 0.07)
     with pytest.raises(ValueError, match="not in counts"):
