@@ -363,8 +363,12 @@ class BenchResult:
         return (f"bench on {self.device} | {self.mode} mode | jax {r.jax_version} | "
                 f"{self.config.describe()}")
 
-    def table(self) -> str:
-        """A fixed-width text table: header line, one line per method, then notes."""
+    def table(self, drop=()) -> str:
+        """A fixed-width text table: header line, one line per method, then notes.
+
+        `drop` names columns to leave out (by title, e.g. ("build s", "min ms")) for a narrower table;
+        the header line and the notes wrap to the table's width.
+        """
         def num(fmt, suffix=""):
             return lambda value: "-" if value is None else format(value, fmt) + suffix
 
@@ -375,21 +379,29 @@ class BenchResult:
                 ("min ms", "min_ms", 9, num(".1f")), ("vs B0", "speedup", 6, num(".2f", "x")),
                 ("max error", "max_error", 9, num(".1e")),
                 (self.blog_label, "blog_v6e_ms", len(self.blog_label), num(".2f"))]
+        titles = [title for title, *_ in cols]
+        unknown = [name for name in drop if name not in titles[1:]]
+        if unknown:
+            raise ValueError(f"cannot drop {unknown}: the columns that can be left out are {titles[1:]}")
+        cols = [col for col in cols if col[0] not in drop]
 
         def line(cells):
             return "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                              for i, (c, (_, _, w, _)) in enumerate(zip(cells, cols))).rstrip()
 
         rule = "  ".join("-" * w for *_, w, _ in cols)
-        lines = [self.header(), line([title for title, *_ in cols]), rule]
+        width = max(len(rule), 80)  # the header and notes wrap to the table's width (80 at least)
+        lines = textwrap.wrap(self.header(), width=width, subsequent_indent="  ")
+        lines += [line([title for title, *_ in cols]), rule]
         for row in self.rows:
             lines.append(line([fmt(row.get(key)) for _, key, _, fmt in cols]))
         lines.append(rule)
         c = self.config
         nq, nk = -(-c.tokens // c.block_q), -(-c.tokens // c.block_kv)
+        build = " build s = planning, not compiling, not timed." if "build s" not in drop else ""
         notes = [f"tiles: {nq} x {nk} = {nq * nk:,} per head; visited, masked and steps (grid steps) are per "
-                 f"head. vs B0 = splash_dense median / this median. build s = planning, not compiling, not "
-                 f"timed. {self.repeats} timed call(s) after {self.warmup} warm-up."]
+                 f"head. vs B0 = splash_dense median / this median.{build} {self.repeats} timed call(s) after "
+                 f"{self.warmup} warm-up."]
         if any(r["max_error"] is not None for r in self.rows):
             notes.append("max error: max |out - reference|, reference in float32 under the mask each method "
                          "computes (dense ones: no mask; b3: the tile-rounded mask).")
@@ -408,7 +420,7 @@ class BenchResult:
             notes.append("interpret mode: the kernels run as an XLA loop on the host. Skipped tiles are really "
                          "skipped, but masking costs differ from a TPU's: these are not TPU times.")
         for note in notes:
-            lines.extend(textwrap.wrap(note, width=max(len(rule), 80), subsequent_indent="  "))
+            lines.extend(textwrap.wrap(note, width=width, subsequent_indent="  "))
         return "\n".join(lines)
 
     def __str__(self) -> str:

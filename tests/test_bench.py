@@ -177,6 +177,21 @@ def test_table_names_device_mode_jax_and_problem(result):
         assert "blog v6e (for reference, not this device)" in text
 
 
+def test_table_drops_the_columns_asked(result):
+    full, narrow = result.table(), result.table(drop=("build s", "min ms"))
+    rule = lambda text: next(line for line in text.splitlines() if line.startswith("-"))
+    assert len(rule(full)) - len(rule(narrow)) == (8 + 2) + (9 + 2)   # two columns and their gaps
+    titles = next(line for line in narrow.splitlines() if line.startswith("method "))
+    assert "build s" not in titles and "min ms" not in titles and "median ms" in titles
+    assert "build s" not in narrow                                       # nor its note
+    narrowest = result.table(drop=("build s", "min ms", result.blog_label))
+    assert max(len(line) for line in narrowest.splitlines()) <= 80      # header and notes wrap to it
+    for m in DEFAULT_METHODS:
+        assert any(line.startswith(m + " ") for line in narrow.splitlines())
+    with pytest.raises(ValueError, match="cannot drop \\['method'\\]"):
+        result.table(drop=("method",))
+
+
 def test_table_on_a_v6e_labels_the_blog_column_plainly(result):
     v6e = Runtime(platform="tpu", device_kind="TPU v6 lite", device_count=1, jax_version=jax.__version__,
                   compiled=True)
