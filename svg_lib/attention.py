@@ -80,14 +80,9 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
         from .splash import make_splash
         kernel = make_splash(mask, tokens=tokens, heads=heads, q_len=q_len, kv_len=kv_len, block_q=block_q,
                              block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=interpret)
-        empty_rows = _rows_without_keys(mask, tokens, q_len)
-        if empty_rows is None:
-            run = kernel
-        else:
-            # Splash leaves a row that keeps no key as an average of v (or unwritten, for a
-            # query block with no kept block); the series' contract is zeros, as the reference.
-            def run(q, k, v):
-                return jnp.where(empty_rows[None, :, None], 0, kernel(q, k, v)).astype(q.dtype)
+        # Splash leaves a row that keeps no key as an average of v (or unwritten, for a query
+        # block with no kept block); the series' contract is zeros, as the reference.
+        run = _rows_zeroed(kernel, _rows_without_keys(mask, tokens, q_len))
     elif method == "dense":
         from .backward import dense_classes, with_backward
         from .kernels import dense_flash_attention
@@ -117,6 +112,8 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
         # jax.grad runs the backward kernels over the same tiles (svg_lib.backward)
         run = with_backward(forward, plan.classes, stage=method, keep=keep, block_q=block_q, block_kv=block_kv,
                             block_kv_compute=block_kv_compute, interpret=interpret, generation=generation)
+        # the planner lets padded query rows be computed unmasked; they are thrown away as zeros
+        run = _rows_zeroed(run, _padding_rows(mask, tokens, q_len))
 
     f = scaled_and_padded(run, tokens=tokens, head_dim=head_dim, q_len=q_len, kv_len=kv_len)
     if splash_mask is not None and interpret is False and vmem.compiler_options:
@@ -152,6 +149,31 @@ def _not_padding(tokens: int):
     def not_padding(q_ids, k_ids):
         return k_ids < tokens
     return not_padding
+
+
+def _rows_zeroed(kernel, rows):
+    """`kernel(q, k, v)` with the output rows where bool `rows` `[q_len]` is True set to zero (None: as is)."""
+    import jax.numpy as jnp
+
+    if rows is None:
+        return kernel
+
+    def run(q, k, v):
+        return jnp.where(rows[None, :, None], 0, kernel(q, k, v)).astype(q.dtype)
+    return run
+
+
+def _padding_rows(mask, tokens, q_len):
+    """bool [q_len]: query rows that are padding inside the sequence (`Mask.real_tokens_in`), or None if none.
+
+    Rows past `tokens` are sliced off anyway; only padding a mask declares needs zeroing.
+    """
+    import jax.numpy as jnp
+
+    real = mask.real_tokens_in(np.arange(tokens + 1)) > 0
+    if real.all():
+        return None
+    return jnp.asarray(np.concatenate([~real, np.zeros(q_len - tokens, bool)]))
 
 
 def _rows_without_keys(mask, tokens, q_len):

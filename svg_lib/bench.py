@@ -307,8 +307,9 @@ def run_benchmark(config: BenchConfig, methods=DEFAULT_METHODS, *, repeats: int 
     errors_possible = check_error and config.tokens <= DENSE_LIMIT_TOKENS
     references = {}  # one float32 reference per mask and kind: ("none" | "exact" | "b3", "out" | "grad")
 
-    def gradient(attend):  # q, k, v -> (dq, dk, dv) of sum(attend(q, k, v) * dout)
-        return jax.grad(lambda a, b, c: jnp.sum(attend(a, b, c).astype(jnp.float32) * dout.astype(jnp.float32)),
+    def gradient(attend):  # (q, k, v, dout) -> (dq, dk, dv) of sum(attend(q, k, v) * dout)
+        # dout is an argument, not a closed-over constant, which XLA would try to fold into the program
+        return jax.grad(lambda a, b, c, d: jnp.sum(attend(a, b, c).astype(jnp.float32) * d.astype(jnp.float32)),
                         argnums=(0, 1, 2))
 
     def reference_for(method, kind="out"):
@@ -317,17 +318,19 @@ def run_benchmark(config: BenchConfig, methods=DEFAULT_METHODS, *, repeats: int 
             ref_mask = {"none": None, "exact": mask, "b3": aligned}[which]
             f32 = [x.astype(jnp.float32) for x in (q, k, v)]
             attend = lambda a, b, c: reference_attention(a, b, c, ref_mask)  # noqa: E731
-            references[which, kind] = jax.jit(attend if kind == "out" else gradient(attend))(*f32)
+            references[which, kind] = (jax.jit(attend)(*f32) if kind == "out"
+                                       else jax.jit(gradient(attend))(*f32, dout))
         return references[which, kind]
 
-    def timed(compiled):
+    def timed(compiled, *args):
+        args = args or (q, k, v)
         out = None
         for _ in range(warmup):
-            out = jax.block_until_ready(compiled(q, k, v))
+            out = jax.block_until_ready(compiled(*args))
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
-            out = jax.block_until_ready(compiled(q, k, v))
+            out = jax.block_until_ready(compiled(*args))
             times.append((time.perf_counter() - start) * 1e3)
         return out, times
 
@@ -352,7 +355,7 @@ def run_benchmark(config: BenchConfig, methods=DEFAULT_METHODS, *, repeats: int 
                "min_ms": min(times), "times_ms": times, "speedup": None, "max_error": max_error,
                "blog_v6e_ms": blog_figure(config, method)}
         if backward:
-            grads, train_times = timed(jax.jit(gradient(fn)).lower(q, k, v).compile())
+            grads, train_times = timed(jax.jit(gradient(fn)).lower(q, k, v, dout).compile(), q, k, v, dout)
             grad_error = None
             if errors_possible:
                 grad_error = max(float(jnp.max(jnp.abs(g.astype(jnp.float32) - r)))

@@ -4,6 +4,7 @@
     explorer = mask_explorer()   # the last expression of a cell: the widget shows itself
     explorer.block_q.value = 256 # or drive it from code: the plan and the picture follow
     explorer.plan.stats          # the plan now shown
+    explorer.head_kind.value = "sliding tiles"   # 3-D sliding tiles: cube and window sliders appear
 
 Built from core ipywidgets only (sliders, toggle buttons, HTML, Image, Button), so it works
 in JupyterLab, classic notebooks, VS Code and Colab. ipywidgets is imported when an explorer
@@ -20,7 +21,7 @@ import html
 import io
 
 from .geometry import VideoGeometry
-from .masks import BRUTE_FORCE_LIMIT_TOKENS, LANES, Mask, SVGMask
+from .masks import BRUTE_FORCE_LIMIT_TOKENS, LANES, Mask, SlidingTileMask, SVGMask
 
 # The CSS class of each part, by attribute name on the explorer: what a browser test looks for.
 CSS_CLASSES = {
@@ -28,12 +29,19 @@ CSS_CLASSES = {
     "block_q": "svg-block-q", "block_kv": "svg-block-kv", "head_kind": "svg-head-kind",
     "stats": "svg-stats", "tile_map": "svg-tile-map", "note": "svg-note", "methods": "svg-methods",
     "run_button": "svg-run", "run_output": "svg-run-output",
+    "cube_frames": "svg-cube-frames", "cube_rows": "svg-cube-rows", "cube_cols": "svg-cube-cols",
+    "window_frames": "svg-window-frames", "window_rows": "svg-window-rows", "window_cols": "svg-window-cols",
+    "sliding_controls": "svg-sliding-controls",
 }
+HEAD_KINDS = ("spatial", "temporal", "sliding tiles")
 EXPLORER_CLASS = "svg-explorer"
 RUN_LIMIT_TOKENS = 20_000   # "Run and time" off a TPU: interpret mode beyond this takes minutes per method
 DRAW_LIMIT_TILES = 20_000   # more tiles than this make a picture too slow to redraw live
 FRAME_MAJOR_LIMIT_TOKENS = 8_192  # the temporal head's frame-major plan counts pair by pair: ~1.5 s here
 DEFAULT_GEOMETRY = VideoGeometry(6, 8, 16)  # 768 tokens: 6 x 6 tiles of 128, all three tile classes
+# Sliding tiles on DEFAULT_GEOMETRY: 2 x 4 x 16 cubes are 128 tokens (one tile of 128, no padding),
+# 3 x 2 x 1 of them; a window of 3 frames of cubes keeps half the pairs, in whole tiles.
+DEFAULT_CUBE, DEFAULT_WINDOW = (2, 4, 16), (3, 1, 1)
 
 
 def _png(fig, dpi=80) -> bytes:
@@ -74,7 +82,8 @@ def _explorer_class():
     class MaskExplorer(widgets.VBox):
         """The explorer widget; see `mask_explorer`. Attributes are the controls and the state."""
 
-        def __init__(self, geometry, density, block_q, block_kv, head_kind, methods, heads, head_dim, dtype):
+        def __init__(self, geometry, density, block_q, block_kv, head_kind, methods, heads, head_dim, dtype,
+                     cube, window):
             from .attention import METHODS
 
             g = geometry
@@ -92,8 +101,18 @@ def _explorer_class():
                                              description="block_q", **slider)
             self.block_kv = widgets.IntSlider(value=block_kv, min=LANES, max=max(4096, block_kv), step=LANES,
                                               description="block_kv", **slider)
-            self.head_kind = widgets.ToggleButtons(options=["spatial", "temporal"], value=head_kind,
+            self.head_kind = widgets.ToggleButtons(options=list(HEAD_KINDS), value=head_kind,
                                                    description="head kind", style={"description_width": "initial"})
+            # sliding tiles: the cube (tokens per dimension) and the window (cubes per dimension, odd)
+            dims = {"frames": g.frames, "rows": g.height, "cols": g.width}
+            for (name, size), c, w in zip(dims.items(), cube, window):
+                setattr(self, f"cube_{name}", widgets.IntSlider(value=c, min=1, max=max(size, c),
+                                                                description=f"cube {name}", **slider))
+                setattr(self, f"window_{name}", widgets.IntSlider(value=w, min=1, max=max(-(-size // c) | 1, w),
+                                                                  step=2, description=f"window {name}", **slider))
+            self.cube_controls = [self.cube_frames, self.cube_rows, self.cube_cols]
+            self.window_controls = [self.window_frames, self.window_rows, self.window_cols]
+            self.sliding_controls = widgets.VBox([widgets.HBox(self.cube_controls), widgets.HBox(self.window_controls)])
             self.stats = widgets.HTML(description="")
             self.note = widgets.HTML(description="")
             self.tile_map = widgets.Image(format="png", layout=widgets.Layout(max_width="100%"))
@@ -105,19 +124,20 @@ def _explorer_class():
             for name, css in CSS_CLASSES.items():
                 getattr(self, name).add_class(css)
 
-            self.plan = None          # TilePlan of what the kernels run (temporal: the band, after permuting)
+            self.plan = None          # TilePlan of what the kernels run (temporal: the band, after permuting;
+            #                           sliding tiles: the window over tile-major tokens, padding included)
             self.frame_major_plan = None  # temporal only: the plan of the frame-major mask, when small enough
-            self.mask = None          # the mask shown: SVGMask (spatial) or TemporalMask (temporal)
+            self.mask = None          # the mask shown: SVGMask, TemporalMask or SlidingTileMask
             self.error = None         # the last input the library refused, as text
             self.figure = None        # the last Figure drawn (closed; kept for tests and savefig)
             self.last_result = None   # BenchResult of the last "Run and time"
             self.updates = 0          # how many times update() redrew
 
             controls = [self.frames, self.height, self.width, self.density, self.block_q, self.block_kv,
-                        self.head_kind]
+                        self.head_kind, *self.cube_controls, *self.window_controls]
             run_row = widgets.HBox([self.methods, self.run_button])
-            super().__init__([widgets.HBox(controls[:3]), widgets.HBox(controls[3:6]), self.head_kind, self.note,
-                              self.tile_map, self.stats, run_row, self.run_output])
+            super().__init__([widgets.HBox(controls[:3]), widgets.HBox(controls[3:6]), self.head_kind,
+                              self.sliding_controls, self.note, self.tile_map, self.stats, run_row, self.run_output])
             self.add_class(EXPLORER_CLASS)
             for control in controls:
                 control.observe(self._on_change, names="value")
@@ -129,8 +149,36 @@ def _explorer_class():
         def geometry(self) -> VideoGeometry:
             return VideoGeometry(self.frames.value, self.height.value, self.width.value)
 
+        @property
+        def cube(self) -> tuple:
+            """The sliding-tile cube (frames, rows, cols) the sliders show."""
+            return tuple(c.value for c in self.cube_controls)
+
+        @property
+        def window(self) -> tuple:
+            """The sliding-tile window in cubes (frames, rows, cols) the sliders show."""
+            return tuple(w.value for w in self.window_controls)
+
         def _on_change(self, change):
             self.update()
+
+        def _fit_sliding_sliders(self, g):
+            # A cube reaches at most the whole dimension; a window of the cubes there (rounded up to
+            # odd) already covers it. Ranges only grow past a value set from code: shrinking one below
+            # its value would move the value and redraw a second time.
+            for size, cube, window in zip((g.frames, g.height, g.width), self.cube_controls, self.window_controls):
+                cube.max = max(size, cube.value, 1)
+                window.max = max(-(-size // cube.value) | 1, window.value)
+
+        def _sliding_note(self, bq, bkv) -> str:
+            mask, layout = self.mask, self.mask.layout
+            text = (f"Sliding tiles: tokens in tile-major order ({layout}); each query cube keeps the "
+                    f"{' x '.join(map(str, mask.window))} cubes around it, shifted inside at the edges. ")
+            if mask.aligned(bq, bkv):
+                return text + (f"The blocks divide the {layout.cube_tokens}-token cube, so every tile is kept or "
+                               "skipped whole: only tiles holding padding keys mask.")
+            return text + (f"{bq} x {bkv} blocks do not divide the {layout.cube_tokens}-token cube, so windows cut "
+                           "through tiles; blocks that divide it make every tile full or empty.")
 
         def update(self):
             """Recompute the mask and plan from the controls and redraw the tile map and statistics."""
@@ -143,17 +191,32 @@ def _explorer_class():
             whole = -(-g.tokens // LANES) * LANES
             self.block_q.max = max(whole, bq, LANES)
             self.block_kv.max = max(whole, bkv, LANES)
+            sliding = kind == "sliding tiles"
+            self.sliding_controls.layout.display = None if sliding else "none"
+            self.density.disabled = sliding  # the window's cubes set the budget, not the density
             try:
-                spatial = SVGMask.spatial(g, float(self.density.value))
+                if sliding:
+                    self._fit_sliding_sliders(g)
+                    spatial = None
+                    self.mask = SlidingTileMask(g, self.cube, self.window)
+                else:
+                    spatial = SVGMask.spatial(g, float(self.density.value))
             except ValueError as err:
                 self.error = str(err)
                 self.note.value = f"<b>cannot build this mask:</b> {html.escape(str(err))}"
                 return
             self.error = None
-            self.mask = spatial if kind == "spatial" else SVGMask.temporal(g, float(self.density.value))
-            self.plan = plan_tiles(spatial, bq, bkv)  # temporal: the band the kernels see after permuting
             self.frame_major_plan = None
             notes = []
+            if sliding:
+                self.plan = plan_tiles(self.mask, bq, bkv)
+                notes.append(self._sliding_note(bq, bkv))
+                self._draw(notes)
+                self.stats.value = self._stats_value()
+                self.note.value = " ".join(html.escape(n) for n in notes)
+                return
+            self.mask = spatial if kind == "spatial" else SVGMask.temporal(g, float(self.density.value))
+            self.plan = plan_tiles(spatial, bq, bkv)  # temporal: the band the kernels see after permuting
             if kind == "temporal":
                 notes.append("Temporal head: left, its mask in frame-major order (strided diagonals); right, the "
                              "plan the kernels use, on tokens permuted to temporal-major order, where the mask is "
@@ -180,14 +243,19 @@ def _explorer_class():
                 self.figure = None
                 self.tile_map.value = b""
                 return
-            if self.head_kind.value == "spatial":
+            kind = self.head_kind.value
+            if kind == "spatial":
                 fig = plot_tile_map(self.plan)
             else:
                 fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 5.0), layout="constrained")
-                shown = self.mask if self.mask.tokens <= FRAME_MAJOR_LIMIT_TOKENS else _SampledView(self.mask)
-                plot_mask(shown, ax=left, resolution=256, title="temporal head, frame-major order")
+                if kind == "temporal":
+                    view, order, left_title = self.mask, "temporal-major", "temporal head, frame-major order"
+                else:  # the window over the video's own (frame-major) tokens, padding gone
+                    view, order, left_title = self.mask.frame_major(), "tile-major", "sliding window, frame-major order"
+                shown = view if view.tokens <= FRAME_MAJOR_LIMIT_TOKENS else _SampledView(view)
+                plot_mask(shown, ax=left, resolution=256, title=left_title)
                 plot_tile_map(self.plan, ax=right,
-                              title=f"plan after permuting to temporal-major order (analytic)\n"
+                              title=f"plan after permuting to {order} order (analytic)\n"
                                     f"{s['tiles_visited']}/{s['tiles_total']} visited, {s['tiles_masked']} masked")
             self.figure = fig
             self.tile_map.value = _png(fig)
@@ -195,15 +263,30 @@ def _explorer_class():
         def _stats_value(self) -> str:
             s = self.plan.stats
             g = self.geometry
-            facts = [("tokens", f"{s['tokens']:,} ({g})"),
-                     ("tiles", f"{s['q_tiles']} x {s['kv_tiles']} = {s['tiles_total']:,} of "
-                               f"{self.plan.block_q} x {self.plan.block_kv}"),
-                     ("band width", f"{s['band_width']:,}"),
-                     ("pair density", f"{s['pair_density']:.4f} (asked {self.density.value:.2f})"),
-                     ("B3 budget error", f"{s['b3_budget_error']:+.3%} of the exact pairs")]
+            tiles = ("tiles", f"{s['q_tiles']} x {s['kv_tiles']} = {s['tiles_total']:,} of "
+                              f"{self.plan.block_q} x {self.plan.block_kv}")
+            if self.head_kind.value == "sliding tiles":
+                layout = self.mask.layout
+                facts = [("tokens", f"{s['tokens']:,} tile-major ({g}, + {layout.padding_tokens:,} padding, "
+                                    f"{layout.padding_overhead:.2%})"),
+                         tiles,
+                         ("cubes", f"{' x '.join(map(str, layout.tile))} = {layout.cube_tokens:,} tokens, "
+                                   f"{' x '.join(map(str, layout.cubes))} of them"),
+                         ("window", f"{' x '.join(map(str, self.mask.window))} cubes"),
+                         ("pair density", f"{self.mask.pair_density:.4f} of the real pairs")]
+            else:
+                facts = [("tokens", f"{s['tokens']:,} ({g})"), tiles,
+                         ("band width", f"{s['band_width']:,}"),
+                         ("pair density", f"{s['pair_density']:.4f} (asked {self.density.value:.2f})")]
+            if s["b3_tiles_visited"] is None:
+                facts.append(("B3", s["b3_refused"]))
+                b3_row = ("B3 aligned", "refused", "-", "-")
+            else:
+                facts.append(("B3 budget error", f"{s['b3_budget_error']:+.3%} of the exact pairs"))
+                b3_row = ("B3 aligned", f"{s['b3_tiles_visited']:,}", f"{s['b3_tiles_masked']:,}", self._b3_steps())
             rows = [("B1 naive", f"{s['tiles_visited']:,}", f"{s['tiles_visited']:,}", f"{s['grid_steps']:,}"),
                     ("B2 full/edge", f"{s['tiles_visited']:,}", f"{s['tiles_masked']:,}", f"{s['grid_steps']:,}"),
-                    ("B3 aligned", f"{s['b3_tiles_visited']:,}", f"{s['b3_tiles_masked']:,}", self._b3_steps())]
+                    b3_row]
             if self.frame_major_plan is not None:
                 fm = self.frame_major_plan
                 rows.append(("B2 frame-major (in-kernel)", f"{int(fm.visited.sum()):,}",
@@ -239,6 +322,12 @@ def _explorer_class():
             if self.error is not None:
                 self.run_output.value = f"<i>fix the mask first: {html.escape(self.error)}</i>"
                 return None
+            if self.head_kind.value == "sliding tiles":
+                # the benchmark runs the SVG band on frame-major tokens; a window runs on tile-major ones
+                self.run_output.value = ("<i>Run and time covers the SVG band (spatial and temporal heads). Time a "
+                                         "sliding window with attention(to_tile_major(q, geometry, cube), ..., "
+                                         "explorer.mask, method='b3'), as notebook 10 does.</i>")
+                return None
             runtime = detect_runtime()
             g = self.geometry
             if not runtime.compiled and g.tokens > RUN_LIMIT_TOKENS:
@@ -270,9 +359,13 @@ def _explorer_class():
 
 def mask_explorer(geometry: VideoGeometry | None = None, density: float = 0.35, block_q: int = 128,
                   block_kv: int = 128, head_kind: str = "spatial", methods=("b1", "b2", "b3"), heads: int = 1,
-                  head_dim: int = 128, dtype: str | None = None):
-    """A widget to explore the SVG mask's tile plan: sliders for frames, height, width, density,
-    block_q, block_kv (steps of 128) and a spatial / temporal toggle.
+                  head_dim: int = 128, dtype: str | None = None, cube=DEFAULT_CUBE, window=DEFAULT_WINDOW):
+    """A widget to explore a mask's tile plan: sliders for frames, height, width, density,
+    block_q, block_kv (steps of 128) and a spatial / temporal / sliding tiles toggle.
+
+    "sliding tiles" shows `SlidingTileMask(geometry, cube, window)` (notebook 10) with sliders for
+    the cube (tokens per dimension) and the window (odd, cubes per dimension): its window in
+    frame-major order beside its plan over tile-major tokens (padding included).
 
     It shows the tile map (`plot_tile_map`; for a temporal head also its frame-major mask) and a
     table of tiles visited and masked by B1, B2, B3, the pair density and B3's budget error,
@@ -294,8 +387,9 @@ def mask_explorer(geometry: VideoGeometry | None = None, density: float = 0.35, 
     if geometry.text_tokens:
         raise ValueError("the explorer draws video-only geometries (text_tokens=0); "
                          f"got {geometry.text_tokens} text tokens")
-    if head_kind not in ("spatial", "temporal"):
-        raise ValueError(f"head_kind must be 'spatial' or 'temporal', got {head_kind!r}")
+    if head_kind not in HEAD_KINDS:
+        raise ValueError(f"head_kind must be one of {', '.join(map(repr, HEAD_KINDS))}, got {head_kind!r}")
+    sliding = SlidingTileMask(geometry, cube, window)  # a bad cube or window fails here, with its own message
     check_block_size("block_q", block_q)
     check_block_size("block_kv", block_kv)
     if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0.05 <= density <= 1.0:
@@ -305,4 +399,4 @@ def mask_explorer(geometry: VideoGeometry | None = None, density: float = 0.35, 
     if bad:
         raise ValueError(f"unknown method(s) {bad}; choose from {', '.join(m for m in METHODS if m != 'reference')}")
     return _explorer_class()(geometry, float(density), int(block_q), int(block_kv), head_kind, methods, heads,
-                             head_dim, dtype)
+                             head_dim, dtype, sliding.tile, sliding.window)

@@ -145,6 +145,20 @@ class Mask:
                 out[i] += (csum[:, k_hi] - csum[:, k_lo]).sum(axis=0)
         return out
 
+    def real_tokens_in(self, edges) -> np.ndarray:
+        """Real tokens (not padding) in each cell of a grid, int64 `[len(edges) - 1]`.
+
+        The planner's padding hook. Positions at or past `tokens` are always padding; a mask whose
+        sequence also holds padding *inside* `tokens` (sliding tiles: cubes padded to whole size)
+        counts only its real tokens here, and must keep no pair on a padding position. The
+        planner then treats padding by role: a padded *query* row is computed and thrown away,
+        so it needs no mask and a tile of nothing but padded rows is skipped; a padded *key*
+        must never enter the softmax, so every tile holding one masks. Default: every position
+        below `tokens` is real.
+        """
+        c0, c1 = _grid_cells(edges, self.tokens)
+        return c1 - c0
+
     def kernel_predicate(self, block_q: int, block_kv: int):
         """The `keep` a kernel evaluates on its masked tiles of `block_q` x `block_kv`.
 
@@ -481,7 +495,9 @@ class SlidingTileMask(Mask):
     `tile = (tt, th, tw)` cube of the latent video is contiguous, padding positions included,
     text tokens last. A video query in cube (a_t, a_h, a_w) keeps the video keys of the
     `window = (wt, wh, ww)` cubes around it (odd counts, in cubes per dimension); text rows and
-    columns are always kept; padding positions are never kept, as keys or as queries.
+    columns are always kept; padding positions are never kept, as keys or as queries, and
+    `real_tokens_in` declares them, so the planner masks tiles for padded keys only (padded query
+    rows are computed and thrown away).
 
     Edges: the window is *shifted inside* the video (as neighbourhood attention does), not
     clipped. Along a dimension of n cubes it covers cubes [s, s + w) with
@@ -492,7 +508,7 @@ class SlidingTileMask(Mask):
 
     When `block_q` and `block_kv` divide the cube's token count, every attention tile lies in
     one (query cube, key cube) pair, so it is entirely kept or entirely skipped: only tiles
-    touching padding are partial, and B3 runs the mask as it is (`tile_aligned` returns it).
+    holding padded keys are partial, and B3 runs the mask as it is (`tile_aligned` returns it).
     """
 
     def __init__(self, geometry: VideoGeometry, tile, window):
@@ -564,11 +580,13 @@ class SlidingTileMask(Mask):
             return self.keep
         cube_and_real = self._cube_and_real
 
-        def not_padding(q, k):  # visited aligned tiles are inside the window: only padding is masked
-            _, real_q, text_q = cube_and_real(q)
+        def real_keys(q, k):
+            # Visited aligned tiles lie inside the window, so only padded keys are masked. Padded
+            # query rows are computed and thrown away (real_tokens_in declares them), and a
+            # predicate on keys alone costs the kernel one row of work, not a tile.
             _, real_k, text_k = cube_and_real(k)
-            return (real_q | text_q) & (real_k | text_k)
-        return not_padding
+            return real_k | text_k
+        return real_keys
 
     def tile_aligned(self, block_q: int, block_kv: int, policy: str = "balanced") -> Mask:
         """B3's rounding: nothing to round when the blocks divide the cube, so the mask itself.
@@ -597,6 +615,20 @@ class SlidingTileMask(Mask):
         rt, rh, rw = r // (th * tw), r // tw % th, r % tw
         return np.minimum(rt, et) * eh * ew + (rt < et) * (np.minimum(rh, eh) * ew + (rh < eh) * np.minimum(rw, ew))
 
+    def _real_upto(self, x):
+        """Real tokens among tile-major positions [0, x) (int64 array x, any position up to `tokens`)."""
+        vc, vp = self.layout.cube_tokens, self.layout.video_tokens
+        cubes = np.arange(self.layout.num_cubes + 1, dtype=np.int64)  # one past the end: no real tokens
+        real_before = np.concatenate([[0], np.cumsum(self._real_prefix(cubes, vc))])
+        video = np.minimum(x, vp)
+        c = video // vc
+        return real_before[c] + self._real_prefix(c, video - c * vc) + np.maximum(x, vp) - vp  # + text
+
+    def real_tokens_in(self, edges) -> np.ndarray:
+        """Real tokens per grid cell: video tokens and text, not the padding that fills the cubes."""
+        c0, c1 = _grid_cells(edges, self.tokens)
+        return self._real_upto(c1) - self._real_upto(c0)
+
     def _window_matrix(self, n, w):
         a = np.arange(n)
         start = np.clip(a - w // 2, 0, max(n - w, 0))
@@ -614,11 +646,6 @@ class SlidingTileMask(Mask):
         k0, k1 = _grid_cells(k_edges, n)
         cubes = np.arange(nc + 1, dtype=np.int64)  # one past the end: a cube with no real tokens
         real = self._real_prefix(cubes, vc)
-        real_before = np.concatenate([[0], np.cumsum(real)])
-
-        def real_upto(x):  # real video tokens in tile-major positions [0, x), x <= video positions
-            c = x // vc
-            return real_before[c] + self._real_prefix(c, x - c * vc)
 
         vq0, vq1 = np.minimum(q0, vp), np.minimum(q1, vp)
         vk0, vk1 = np.minimum(k0, vp), np.minimum(k1, vp)
@@ -641,7 +668,7 @@ class SlidingTileMask(Mask):
             def weighted(x, c):  # H(x) for every query edge x (cube c = x // vc) and key cell
                 return cum[c] + self._real_prefix(c, x - c * vc)[:, None] * t[c]
             video[:, cols] = weighted(vq1, cq1) - weighted(vq0, cq0)
-        real_q, real_k = real_upto(vq1) - real_upto(vq0), real_upto(vk1) - real_upto(vk0)
+        real_q, real_k = self._real_upto(vq1) - self._real_upto(vq0), self._real_upto(vk1) - self._real_upto(vk0)
         text_q = np.maximum(q1, vp) - np.maximum(q0, vp)
         text_k = np.maximum(k1, vp) - np.maximum(k0, vp)
         return video + text_q[:, None] * (real_k + text_k)[None, :] + real_q[:, None] * text_k[None, :]

@@ -41,7 +41,8 @@ class TilePlan:
     counts: np.ndarray           # int64 [nq, nk] kept pairs per tile
     areas: np.ndarray            # int64 [nq, nk] real (unpadded) pairs per tile
     classes: np.ndarray          # int8  [nq, nk] EMPTY / PARTIAL / FULL
-    touches_padding: np.ndarray  # bool  [nq, nk] tile reaches past the last token in q or kv
+    touches_padding: np.ndarray  # bool  [nq, nk] tile holds padding rows or columns (past the last token,
+    #                              or declared by the mask's real_tokens_in)
     kv_index: np.ndarray         # int32 [nq, steps] key tile to fetch at each step
     step_class: np.ndarray       # int8  [nq, steps] class of that step's tile; EMPTY for idle steps
     num_steps: np.ndarray        # int32 [nq] how many steps of each row are real visits
@@ -70,8 +71,8 @@ class TilePlan:
     def needs_mask(self) -> np.ndarray:
         """bool [nq, nk]: visited tiles that need an elementwise mask in B2.
 
-        Boundary tiles, and tiles reaching into key padding (padded key columns must not enter
-        the softmax). Padded query rows need no mask: they are computed and thrown away.
+        Boundary tiles, and tiles holding key padding (padded key columns must not enter the
+        softmax). Padded query rows need no mask: they are computed and thrown away.
         """
         return self.classes == PARTIAL
 
@@ -105,13 +106,20 @@ class TilePlan:
 
     def __str__(self) -> str:
         s = self.stats
+        b3 = ("B3 refused" if s["b3_refused"] else
+              f"B3 {s['b3_tiles_visited']} visited, {s['b3_tiles_masked']} masked")
         return (f"{self.block_q}x{self.block_kv} tiles over {s['tokens']:,} tokens: "
-                f"{s['tiles_visited']}/{s['tiles_total']} visited, {s['tiles_masked']} masked; "
-                f"B3 {s['b3_tiles_visited']} visited, {s['b3_tiles_masked']} masked")
+                f"{s['tiles_visited']}/{s['tiles_total']} visited, {s['tiles_masked']} masked; {b3}")
 
 
 def plan_tiles(mask: Mask, block_q: int, block_kv: int) -> TilePlan:
-    """Classify every `block_q` x `block_kv` tile of `mask` and build its schedule tables."""
+    """Classify every `block_q` x `block_kv` tile of `mask` and build its schedule tables.
+
+    Padding (positions past `mask.tokens`, and any the mask declares with `Mask.real_tokens_in`)
+    is treated by role: a tile holding padded keys must mask them, so it is never FULL; padded
+    query rows are computed and thrown away, so they neither make a tile PARTIAL nor keep a tile
+    of nothing but padded rows from being EMPTY.
+    """
     if not isinstance(mask, Mask):
         raise TypeError(f"plan_tiles needs an svg_lib Mask (e.g. SVGMask.spatial(...)), got {type(mask).__name__}")
     block_q = check_block_size("block_q", block_q)
@@ -121,15 +129,18 @@ def plan_tiles(mask: Mask, block_q: int, block_kv: int) -> TilePlan:
     q_edges = np.arange(nq + 1, dtype=np.int64) * block_q
     k_edges = np.arange(nk + 1, dtype=np.int64) * block_kv
     counts = np.asarray(mask.pair_counts(q_edges, k_edges), np.int64)
-    rows = np.minimum(q_edges[1:], n) - q_edges[:-1]
-    cols = np.minimum(k_edges[1:], n) - k_edges[:-1]
+    rows = np.asarray(mask.real_tokens_in(q_edges), np.int64)  # real query rows per query tile
+    cols = np.asarray(mask.real_tokens_in(k_edges), np.int64)  # real keys per key tile
     areas = rows[:, None] * cols[None, :]
-    kv_padded = (k_edges[1:] > n)[None, :]
-    q_padded = (q_edges[1:] > n)[:, None]
+    if (counts > areas).any():
+        raise ValueError(f"{type(mask).__name__} keeps pairs on positions its real_tokens_in calls padding; "
+                         "a mask must keep no pair on a padding position (keep(q, k) False there)")
+    kv_padded = (cols < block_kv)[None, :]  # padded keys inside: the tile must mask them
+    q_padded = (rows < block_q)[:, None]    # padded query rows: computed and dropped, no mask needed
 
     classes = np.full((nq, nk), PARTIAL, dtype=np.int8)
-    classes[counts == 0] = EMPTY
-    classes[(counts == areas) & ~kv_padded] = FULL
+    classes[counts == 0] = EMPTY  # also every tile whose query rows are all padding (areas 0)
+    classes[(counts == areas) & (counts > 0) & ~kv_padded] = FULL
 
     kv_index, step_class, num_steps = schedule_rows(classes)
     return TilePlan(mask, block_q, block_kv, counts, areas, classes, q_padded | kv_padded,
@@ -251,7 +262,12 @@ def _plan_stats(plan: TilePlan) -> dict:
         "grid_steps": nq * plan.steps,
         "computed_pairs": int(plan.areas[plan.visited].sum()),
     }
-    b3 = mask.tile_aligned(plan.block_q, plan.block_kv, policy="balanced")
+    try:
+        b3 = mask.tile_aligned(plan.block_q, plan.block_kv, policy="balanced")
+    except ValueError as err:  # B3 cannot run this mask at these blocks (sliding tiles cut through padding)
+        stats.update(dict.fromkeys(("b3_tiles_visited", "b3_tiles_masked", "b3_visited_fraction", "b3_pairs",
+                                    "b3_budget_error"), None), b3_refused=str(err))
+        return stats
     b3_plan = plan if b3 is mask else plan_tiles(b3, plan.block_q, plan.block_kv)
     b3_visited = int(b3_plan.visited.sum())
     stats.update({
@@ -260,5 +276,6 @@ def _plan_stats(plan: TilePlan) -> dict:
         "b3_visited_fraction": b3_visited / (nq * nk),
         "b3_pairs": int(b3_plan.counts.sum()),
         "b3_budget_error": (int(b3_plan.counts.sum()) - exact_pairs) / max(exact_pairs, 1),
+        "b3_refused": None,  # or why B3 cannot run the mask at these blocks (then the b3_ values are None)
     })
     return stats

@@ -187,3 +187,17 @@ def test_backward_that_overflows_vmem_is_refused_when_the_gradient_is_traced():
     assert jax.eval_shape(f, q, q, q).shape == q.shape
     with pytest.raises(ValueError, match="overflows VMEM"):
         jax.eval_shape(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v)), argnums=(0, 1, 2)), q, q, q)
+
+
+@pytest.mark.parametrize("method", ["b2", "b3"])
+def test_gradients_with_padding_inside_the_sequence(method):
+    """A sliding-tile mask pads each 3-D cube: padded query rows run unmasked and are zeroed,
+    padded keys are masked. Neither may leak into a gradient: every one matches float64."""
+    from svg_lib.masks import SlidingTileMask
+    mask = SlidingTileMask(VideoGeometry(3, 5, 16), (1, 4, 32), (1, 3, 1))  # 128-token cubes, padding inside
+    assert mask.tokens > VideoGeometry(3, 5, 16).tokens
+    q, k, v = random_qkv(11, 1, mask.tokens, 64, "float32")
+    dout = random_qkv(12, 1, mask.tokens, 64, "float32")[0]
+    got = kernel_grads(q, k, v, dout, mask, method, block_q=128, block_kv=128)
+    assert_grads_close(got, grads64(q, k, v, computed_mask(mask, method, 128, 128).to_dense(), dout),
+                       GRAD_TOL["float32"])

@@ -10,7 +10,8 @@ and that moving a slider in the page redraws the tile map and the statistics. It
 3. opens the notebook in Debian's Chromium (`/usr/bin/chromium`), driven by Playwright over
    CDP with a fresh profile (Playwright's own browser downloads are never used);
 4. runs the explorer cell (Run > Run All Cells), waits for the widget, moves the block_q slider one
-   step with the keyboard, and checks that the tile map's image and the tile count change;
+   step with the keyboard, and checks that the tile map's image and the tile count change; then
+   picks "sliding tiles" and checks that the cube sliders appear and the window's plan is shown;
 5. saves a screenshot to artifacts/browser/explorer.png and stops JupyterLab whatever happens.
 
 Without Chromium or Playwright the test is skipped, except under CI (the `CI` environment
@@ -186,6 +187,24 @@ def _expected_tiles(block_q: int, block_kv: int) -> str:
     return f"{s['q_tiles']} x {s['kv_tiles']} = {s['tiles_total']:,} of {block_q} x {block_kv}"
 
 
+def _expected_sliding_tiles(block_q: int, block_kv: int) -> str:
+    """The "B2 full/edge" row the explorer should show for its default sliding-tile mask, from the planner."""
+    from svg_lib import SlidingTileMask, plan_tiles
+    from svg_lib.explorer import DEFAULT_CUBE, DEFAULT_GEOMETRY, DEFAULT_WINDOW
+
+    s = plan_tiles(SlidingTileMask(DEFAULT_GEOMETRY, DEFAULT_CUBE, DEFAULT_WINDOW), block_q, block_kv).stats
+    return f"B2 full/edge{s['tiles_visited']:,}{s['tiles_masked']:,}{s['grid_steps']:,}"
+
+
+def _wait_for_redraw(page, stats_text: str, old_src: str) -> None:
+    """Wait until the statistics show `stats_text` and the tile map's image is no longer `old_src`."""
+    page.wait_for_function("([sel, text]) => document.querySelector(sel).textContent.includes(text)",
+                           arg=[".svg-stats", stats_text])
+    page.wait_for_function("([sel, old]) => { const i = document.querySelector(sel);"
+                           " return i && i.getAttribute('src') && i.getAttribute('src') !== old; }",
+                           arg=[".svg-tile-map img, img.svg-tile-map", old_src])
+
+
 def _dismiss_news_prompt(page) -> None:
     """Answer JupyterLab's "notified about Jupyter news?" toast, if it shows, so it hides nothing."""
     button = page.locator(".jp-toast-button", has_text="No")
@@ -269,14 +288,19 @@ def test_explorer_slider_redraws_tile_map_in_chromium(jupyterlab, tmp_path):
             handle.focus()
             handle.press("ArrowRight")
             after_tiles = _expected_tiles(256, 128)
-            page.wait_for_function("([sel, text]) => document.querySelector(sel).textContent.includes(text)",
-                                   arg=[".svg-stats", after_tiles])
-            page.wait_for_function("([sel, old]) => { const i = document.querySelector(sel);"
-                                   " return i && i.getAttribute('src') && i.getAttribute('src') !== old; }",
-                                   arg=[".svg-tile-map img, img.svg-tile-map", before_src])
+            _wait_for_redraw(page, after_tiles, before_src)
             after_src = image.get_attribute("src")
             readout = page.locator(".svg-block-q .widget-readout").inner_text().strip()
             stats_text = stats.inner_text()
+
+            # The head-kind toggle: "sliding tiles" shows the cube and window sliders and the window's plan.
+            cube_row = page.locator(".svg-cube-frames")
+            cube_hidden = not cube_row.is_visible()
+            page.locator(".svg-head-kind button", has_text="sliding tiles").click()
+            cube_row.wait_for(state="visible")
+            sliding_tiles = _expected_sliding_tiles(256, 128)
+            _wait_for_redraw(page, sliding_tiles, after_src)
+            sliding_text = stats.text_content()
 
             page.wait_for_timeout(500)  # let the new image paint before the screenshot
             page.screenshot(path=str(SCREENSHOT), full_page=True)
@@ -289,4 +313,6 @@ def test_explorer_slider_redraws_tile_map_in_chromium(jupyterlab, tmp_path):
     assert after_src != before_src, "moving block_q did not change the tile map image"
     assert readout == "256", f"block_q slider reads {readout!r} after one ArrowRight from 128"
     assert before_tiles != after_tiles and after_tiles in stats_text and before_tiles not in stats_text
+    assert cube_hidden, "the sliding-tile cube sliders showed before 'sliding tiles' was chosen"
+    assert sliding_tiles in sliding_text and "2 x 4 x 16 = 128 tokens, 3 x 2 x 1 of them" in sliding_text
     assert SCREENSHOT.is_file() and SCREENSHOT.stat().st_size > 10_000

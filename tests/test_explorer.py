@@ -111,3 +111,57 @@ def test_bad_arguments():
         mask_explorer(methods=("reference",))
     with pytest.raises(TypeError, match="VideoGeometry"):
         mask_explorer(geometry=(3, 8, 16))
+
+
+def test_sliding_tiles_show_the_window_and_its_plan(explorer):
+    from svg_lib import SlidingTileMask
+
+    g = VideoGeometry(6, 8, 16)
+    spatial_png = explorer.tile_map.value
+    assert explorer.sliding_controls.layout.display == "none" and not explorer.density.disabled
+    explorer.head_kind.value = "sliding tiles"
+    assert explorer.sliding_controls.layout.display is None and explorer.density.disabled
+    assert (explorer.cube, explorer.window) == (explorer_module.DEFAULT_CUBE, explorer_module.DEFAULT_WINDOW)
+    expected = plan_tiles(SlidingTileMask(g, (2, 4, 16), (3, 1, 1)), 128, 128)
+    assert isinstance(explorer.mask, SlidingTileMask) and explorer.plan.mask is explorer.mask
+    assert explorer.plan.stats == expected.stats
+    assert (explorer.plan.classes == expected.classes).all()
+    # 128-token cubes, one per tile, no padding: every tile is full or empty, and B3 runs it unchanged
+    assert explorer.plan.stats["tiles_masked"] == 0 and explorer.plan.stats["tiles_visited"] == 18
+    assert "2 x 4 x 16 = 128 tokens, 3 x 2 x 1 of them" in explorer.stats.value
+    assert "<td>18</td>" in explorer.stats.value and "refused" not in explorer.stats.value
+    assert "kept or skipped whole" in explorer.note.value
+    assert explorer.tile_map.value[:4] == b"\x89PNG" and explorer.tile_map.value != spatial_png
+    assert len(explorer.figure.axes) >= 2  # the window in frame-major order beside the plan
+
+    # the window slider moves in odd steps and replans: 3 x 3 x 1 cubes reach every cube here
+    assert explorer.window_rows.step == 2 and explorer.window_rows.max == 3
+    explorer.window_rows.value = 3
+    assert explorer.mask.window == (3, 3, 1) and explorer.plan.stats["tiles_visited"] == 36
+    # a cube the blocks do not divide, with padding (8 rows in cubes of 3): B3 refuses, B2 plans it
+    explorer.cube_rows.value = 3
+    assert explorer.mask.layout.padding_tokens > 0 and not explorer.mask.aligned(128, 128)
+    assert explorer.plan.stats == plan_tiles(SlidingTileMask(g, (2, 3, 16), (3, 3, 1)), 128, 128).stats
+    assert explorer.plan.stats["b3_refused"] and "refused" in explorer.stats.value
+    assert "do not divide" in explorer.note.value
+    # sliders follow the geometry: fewer frames, and the window slider's range shrinks with the cubes
+    explorer.frames.value = 2
+    assert explorer.mask.layout.cubes[0] == 1 and explorer.window_frames.max == 3  # the value set stays
+    # back to the spatial head: the sliding controls hide and the band returns
+    explorer.head_kind.value = "spatial"
+    assert isinstance(explorer.mask, SVGMask) and explorer.sliding_controls.layout.display == "none"
+
+
+def test_sliding_tiles_are_not_timed_and_say_how(explorer):
+    explorer.head_kind.value = "sliding tiles"
+    explorer.methods.value = ("b3",)
+    assert explorer.run_and_time() is None and "to_tile_major" in explorer.run_output.value
+
+
+def test_bad_sliding_arguments():
+    with pytest.raises(ValueError, match="window must be 3 odd positive integers"):
+        mask_explorer(window=(2, 1, 1))
+    with pytest.raises(ValueError, match="tile must be 3 positive integers"):
+        mask_explorer(cube=(0, 4, 16))
+    explorer = mask_explorer(head_kind="sliding tiles", cube=(1, 8, 16), window=(3, 1, 1))
+    assert explorer.mask.tile == (1, 8, 16) and explorer.plan.stats["tiles_visited"] == 18

@@ -233,6 +233,82 @@ def test_full_tile_reaching_into_key_padding_is_partial():
     assert CLASS_NAMES[FULL] == "full" and CLASS_NAMES[PARTIAL] == "partial" and CLASS_NAMES[EMPTY] == "empty"
 
 
+# -- padding a mask declares (Mask.real_tokens_in) ----------------------------------------------
+
+class PaddedArrayMask(ArrayMask):
+    """A dense pattern whose `padding` positions (bool [tokens]) are padding inside the sequence."""
+
+    def __init__(self, dense, padding):
+        self.padding = np.asarray(padding, dtype=bool)
+        super().__init__(np.asarray(dense, bool) & ~self.padding[:, None] & ~self.padding[None, :])
+
+    def real_tokens_in(self, edges):
+        real = np.concatenate([[0], np.cumsum(~self.padding)])
+        edges = np.minimum(np.asarray(edges), self.tokens)
+        return real[edges[1:]] - real[edges[:-1]]
+
+
+def brute_padded_classes(mask, bq, bk):
+    """Classes by the rule, tile by tile: padded query rows ignored, padded keys forcing a mask."""
+    n = mask.tokens
+    nq, nk = -(-n // bq), -(-n // bk)
+    pad = np.concatenate([mask.padding, np.ones(nq * bq + nk * bk, bool)])  # past the end: padding too
+    classes = np.empty((nq, nk), dtype=int)
+    for i in range(nq):
+        for j in range(nk):
+            rows = np.flatnonzero(~pad[i * bq:(i + 1) * bq]) + i * bq
+            cols = np.flatnonzero(~pad[j * bk:(j + 1) * bk]) + j * bk
+            kept = mask.dense[np.ix_(rows, cols)]
+            if not kept.any():
+                classes[i, j] = EMPTY
+            elif kept.all() and cols.size == bk:
+                classes[i, j] = FULL
+            else:
+                classes[i, j] = PARTIAL
+    return classes
+
+
+@given(st.integers(0, 2**32 - 1), st.sampled_from(range(1, 700)), blocks, blocks)
+@FAST
+def test_declared_padding_rows_are_dropped_and_padded_keys_masked(seed, n, bq, bk):
+    rng = np.random.default_rng(seed)
+    padding = np.zeros(n, bool)
+    for start in rng.integers(0, n, size=3):  # runs of padding, some longer than a tile
+        padding[start:start + int(rng.integers(1, 300))] = True
+    mask = PaddedArrayMask(random_tiled_pattern(rng, n), padding)
+    plan = plan_tiles(mask, bq, bk)
+    np.testing.assert_array_equal(plan.classes, brute_padded_classes(mask, bq, bk))
+    rows, cols = mask.real_tokens_in(np.arange(0, plan.grid[0] * bq + 1, bq)), \
+        mask.real_tokens_in(np.arange(0, plan.grid[1] * bk + 1, bk))
+    np.testing.assert_array_equal(plan.areas, rows[:, None] * cols[None, :])
+    np.testing.assert_array_equal(plan.touches_padding, (rows < bq)[:, None] | (cols < bk)[None, :])
+    # a tile of nothing but padded query rows is skipped, whatever its keys
+    assert not plan.visited[rows == 0].any()
+
+
+def test_padded_query_rows_leave_a_tile_full_padded_keys_do_not():
+    padding = np.zeros(256, bool)
+    padding[100:128] = True                      # the end of query / key tile 0
+    plan = plan_tiles(PaddedArrayMask(np.ones((256, 256), bool), padding), 128, 128)
+    assert plan.classes.tolist() == [[PARTIAL, FULL], [PARTIAL, FULL]]
+    assert plan.stats["tiles_masked"] == 2 and plan.touches_padding[0].all() and plan.touches_padding[:, 0].all()
+    # without the hook (plain ArrayMask of the same pattern) the padded rows would cut tile row 0 too
+    plain = plan_tiles(ArrayMask(PaddedArrayMask(np.ones((256, 256), bool), padding).dense), 128, 128)
+    assert plain.classes.tolist() == [[PARTIAL, PARTIAL], [PARTIAL, FULL]]
+
+
+def test_a_mask_keeping_pairs_on_its_padding_is_refused():
+    class Leaky(PaddedArrayMask):
+        def __init__(self, dense, padding):
+            super().__init__(dense, padding)
+            self.dense = np.asarray(dense, bool)  # keeps pairs on the padding it declares
+
+    padding = np.zeros(200, bool)
+    padding[:10] = True
+    with pytest.raises(ValueError, match="keeps pairs on positions its real_tokens_in calls padding"):
+        plan_tiles(Leaky(np.ones((200, 200), bool), padding), 128, 128)
+
+
 # -- statistics ------------------------------------------------------------------------------
 
 @given(masks(), blocks, blocks)

@@ -4,6 +4,7 @@ The expected mask is rebuilt here with plain loops over cubes (window shifted in
 padding never kept, text always kept); counts are checked against sums over that dense mask.
 """
 import itertools
+import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -75,6 +76,9 @@ def test_mask_and_closed_form_counts_match_the_loops(case, data):
     np.testing.assert_array_equal(got, brute_counts(dense, q_edges, k_edges))
     assert mask.pair_count == dense.sum()
     assert mask.pair_density == pytest.approx(dense.sum() / g.tokens**2)  # a share of the real pairs
+    # the padding it declares to the planner: every tile-major position but the cubes' padding
+    real = np.concatenate([tile_major_permutation(g, tile) < g.tokens, np.zeros(40, bool)])
+    np.testing.assert_array_equal(mask.real_tokens_in(q_edges), [real[a:b].sum() for a, b in zip(q_edges, q_edges[1:])])
 
 
 @given(small_case())
@@ -109,8 +113,9 @@ def test_every_query_cube_sees_the_same_number_of_key_cubes():
     (VideoGeometry(6, 8, 16), (2, 4, 16), (1, 3, 1), [(128, 128)]),                     # no padding
     (VideoGeometry(5, 7, 30, text_tokens=5), (2, 4, 16), (3, 1, 1), [(128, 128)]),       # padding, text
     (VideoGeometry(4, 8, 24), (1, 8, 32), (3, 1, 1), [(128, 256), (256, 128)]),         # padding in cols
+    (VideoGeometry(3, 12, 16, text_tokens=5), (1, 8, 16), (1, 3, 1), [(128, 128)]),      # whole padded rows
 ])
-def test_aligned_blocks_leave_only_padding_tiles_partial(g, tile, window, blocks):
+def test_aligned_blocks_mask_only_tiles_holding_padded_keys(g, tile, window, blocks):
     mask = SlidingTileMask(g, tile, window)
     perm = tile_major_permutation(g, tile)
     padding = perm >= g.tokens
@@ -118,12 +123,15 @@ def test_aligned_blocks_leave_only_padding_tiles_partial(g, tile, window, blocks
         assert mask.aligned(bq, bk)
         plan = plan_tiles(mask, bq, bk)
 
-        def touches(block):  # per tile: any cube padding or sequence padding inside it
+        def padding_in(block):  # per tile: how many cube or sequence padding positions it holds
             pad = np.concatenate([padding, np.ones(-(-mask.tokens // block) * block - mask.tokens, bool)])
-            return pad.reshape(-1, block).any(axis=1)
-        near_padding = touches(bq)[:, None] | touches(bk)[None, :]
-        assert not (plan.classes == PARTIAL)[~near_padding].any()
-        assert ((plan.classes == FULL) | (plan.classes == EMPTY))[~near_padding].all()
+            return pad.reshape(-1, block).sum(axis=1)
+        pad_q, pad_k = padding_in(bq), padding_in(bk)
+        # masked exactly where a visited tile holds padded keys; padded query rows mask nothing
+        np.testing.assert_array_equal(plan.needs_mask, plan.visited & (pad_k > 0)[None, :])
+        assert not plan.visited[pad_q == bq].any()  # query rows all padding: skipped
+        if pad_q.any() and window[1] > 1:  # a query tile with padded rows, full against real key cubes
+            assert (plan.classes == FULL)[(pad_q > 0) & (pad_q < bq)].any()
         # B3 has nothing to round: it runs the mask itself and its plan
         assert b3_mask(mask, bq, bk) is mask
         assert plan.stats["b3_tiles_visited"] == plan.stats["tiles_visited"]
@@ -140,6 +148,10 @@ def test_unaligned_blocks_with_padding_are_refused_by_b3():
     assert not mask.aligned(256, 128)
     with pytest.raises(ValueError, match="do not divide the 128-token cube"):
         mask.tile_aligned(256, 128)
+    stats = plan_tiles(mask, 256, 128).stats  # B2's plan stands; its statistics say why B3 has none
+    assert "do not divide the 128-token cube" in stats["b3_refused"] and stats["b3_tiles_visited"] is None
+    assert stats["tiles_visited"] > 0 and "B3 refused" in str(plan_tiles(mask, 256, 128))
+    assert plan_tiles(mask, 128, 128).stats["b3_refused"] is None
     no_pad = SlidingTileMask(VideoGeometry(2, 4, 32), (1, 4, 32), (1, 1, 1))
     assert no_pad.tile_aligned(256, 128).report.block_q == 256  # ordinary rounding without padding
 
@@ -167,29 +179,75 @@ def test_blog_size_plan_counts_windows_of_real_tokens():
     assert plan.stats["tiles_visited"] == layout.num_cubes * 27  # every query cube, 27 key cubes
 
 
+def test_blog_size_best_window_plans_fast_and_masks_only_padded_keys():
+    # notebook 10's pick: 1920-token cubes, the last cube row holding the 3 padded rows of 45 -> 48
+    g = VideoGeometry(21, 45, 80)
+    mask = SlidingTileMask(g, (3, 8, 80), (3, 5, 1))
+    start = time.perf_counter()
+    plan = plan_tiles(mask, 1920, 1920)
+    stats = plan.stats
+    assert time.perf_counter() - start < 1.0
+    last_row = (np.arange(mask.layout.num_cubes) // mask.layout.cubes[2]) % mask.layout.cubes[1] == 5
+    np.testing.assert_array_equal(plan.needs_mask, plan.visited & last_row[None, :])  # padded keys only
+    assert (plan.classes[last_row] == FULL).any()  # padded query rows: no mask
+    # every query cube visits 3 frame cubes x 5 row cubes; the query cubes of the 3 cube rows whose
+    # shifted window reaches the last row (7 frame cubes x 3 rows) each visit 3 key cubes there
+    assert stats["tiles_visited"] == mask.layout.num_cubes * 3 * 5
+    assert stats["tiles_masked"] == int(last_row.sum()) * 3 * 3
+
+
 # -- kernels in interpret mode -------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def small_problem():
-    g, tile, window = VideoGeometry(5, 7, 30, text_tokens=5), (2, 4, 16), (1, 1, 3)
+PROBLEMS = {  # (geometry, cube, window): both with cube padding and text
+    "cols": (VideoGeometry(5, 7, 30, text_tokens=5), (2, 4, 16), (1, 1, 3)),    # padding in most cubes
+    "rows": (VideoGeometry(3, 12, 16, text_tokens=5), (1, 8, 16), (1, 3, 1)),   # half-padded cubes beside whole
+}
+
+
+@pytest.fixture(scope="module", params=list(PROBLEMS))
+def small_problem(request):
+    g, tile, window = PROBLEMS[request.param]
     rng = np.random.default_rng(4)
     q, k, v = (jnp.asarray(rng.standard_normal((2, g.tokens, 64)), jnp.float32) for _ in range(3))
     return g, SlidingTileMask(g, tile, window), q, k, v
 
 
-@pytest.mark.parametrize("method", ["b2", "b3"])
-def test_kernels_run_the_sliding_mask_and_padding_never_leaks(small_problem, method):
+def with_garbage_padding(x, g, tile, seed):
+    """`x` in tile-major order with large random values, not zeros, at the padding positions."""
+    padding = np.asarray(tile_major_permutation(g, tile)) >= g.tokens
+    noise = 30.0 * np.random.default_rng(seed).standard_normal(x.shape[:1] + (padding.size,) + x.shape[2:])
+    return jnp.where(padding[None, :, None], jnp.asarray(noise, x.dtype), to_tile_major(x, g, tile)), padding
+
+
+@pytest.mark.parametrize("method, blocks", [("b1", (128, 128)), ("b2", (128, 128)), ("b3", (128, 128)),
+                                            ("b2", (256, 128))])  # 256 does not divide the cube: exact mask
+def test_kernels_run_the_sliding_mask_and_padding_never_leaks(small_problem, method, blocks):
+    # Padded q, k, v hold large random values: a padded key reaching the softmax, or a padded
+    # row surviving, would show. Real rows must be attention under the window over real tokens.
     g, mask, q, k, v = small_problem
-    qt, kt, vt = (to_tile_major(x, g, mask.tile) for x in (q, k, v))
-    out = attention(qt, kt, vt, mask, method=method, block_q=128, block_kv=128, interpret=True)
-    expect = reference_attention(qt, kt, vt, mask)
+    if method == "b3" and not mask.aligned(*blocks):
+        pytest.skip("B3 refuses unaligned blocks over padding (tested above)")
+    (qt, padding), (kt, _), (vt, _) = (with_garbage_padding(x, g, mask.tile, seed) for seed, x in enumerate((q, k, v)))
+    out = attention(qt, kt, vt, mask, method=method, block_q=blocks[0], block_kv=blocks[1], interpret=True)
+    expect = reference_attention(qt, kt, vt, mask)  # padding keeps no pair: zero rows, keys ignored
     np.testing.assert_allclose(np.asarray(out), np.asarray(expect), rtol=1e-5, atol=1e-5)
-    # padding rows are zeros and are dropped; the real rows are attention under the frame-major view
-    padding = np.asarray(tile_major_permutation(g, mask.tile)) >= g.tokens
-    assert not np.asarray(out)[:, padding].any()
+    assert not np.asarray(out)[:, padding].any()  # computed in FULL tiles, then thrown away as zeros
     frame_major = reference_attention(q, k, v, mask.frame_major())
     np.testing.assert_allclose(np.asarray(from_tile_major(out, g, mask.tile)), np.asarray(frame_major),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_the_rows_problem_really_computes_padded_rows_unmasked():
+    # the case the padding hook is for: a query tile holding padded rows is FULL against real keys,
+    # and the kernel's predicate for masked tiles reads keys only
+    g, tile, window = PROBLEMS["rows"]
+    mask = SlidingTileMask(g, tile, window)
+    plan = plan_tiles(mask, 128, 128)
+    padded_rows = mask.real_tokens_in(np.arange(0, plan.grid[0] * 128 + 1, 128)) < 128
+    assert (plan.classes[padded_rows] == FULL).any()
+    keep = mask.kernel_predicate(128, 128)
+    q_ids, k_ids = np.arange(plan.grid[0] * 128)[:, None], np.arange(plan.grid[1] * 128)[None, :]
+    assert keep(q_ids, k_ids).shape == (1, k_ids.size)  # one row of work per key chunk, not a tile
 
 
 def test_b3_compiles_for_tpu_on_a_sliding_mask(tpu_compiler):
