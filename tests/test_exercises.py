@@ -25,12 +25,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXERCISES = ROOT / "notebooks" / "exercises"
 SOLUTIONS = EXERCISES / "solutions"
 STEMS = {"E1": "E1_online_softmax_tile", "E2": "E2_pairs_per_tile", "E3": "E3_b2_dispatch",
-         "E4": "E4_balanced_rounding", "E5": "E5_block_sizes", "E6": "E6_temporal_permutation"}
+         "E4": "E4_balanced_rounding", "E5": "E5_block_sizes", "E6": "E6_temporal_permutation",
+         "E7": "E7_fit_tile_costs"}
 NAMES = {"E1": "tile_body", "E2": "band_pair_count", "E3": "b2_dispatch", "E4": "balanced_rounding",
-         "E5": "pick_block_sizes", "E6": "temporal_major_permutation"}
+         "E5": "pick_block_sizes", "E6": "temporal_major_permutation", "E7": "fit_tile_costs"}
 CHECKERS = {"E1": exercises.check_tile_body, "E2": exercises.check_band_pair_count,
             "E3": exercises.check_b2_dispatch, "E4": exercises.check_balanced_rounding,
-            "E5": exercises.check_block_sizes, "E6": exercises.check_temporal_permutation}
+            "E5": exercises.check_block_sizes, "E6": exercises.check_temporal_permutation,
+            "E7": exercises.check_tile_cost_fit}
 
 
 def run_code_cells(nb, stop_after_tag=None):
@@ -60,7 +62,7 @@ def solutions():
 # -- every checker accepts its solution ---------------------------------------------------------
 
 @pytest.mark.parametrize("eid,seeds", [("E1", (0, 1, 2)), ("E2", (0, 1, 2)), ("E3", (0,)), ("E4", (0, 1, 2, 3)),
-                                       ("E5", (0, 1)), ("E6", (0, 1, 2))])
+                                       ("E5", (0, 1)), ("E6", (0, 1, 2)), ("E7", (0, 1, 2))])
 def test_checker_accepts_the_solution(solutions, eid, seeds, capsys):
     for seed in seeds:
         result = CHECKERS[eid](solutions[eid], seed=seed)
@@ -258,6 +260,38 @@ def e6_off_by_one(frames, frame_tokens):
     return (j % frames) * frame_tokens + j // frames + 1
 
 
+def _e7_solve(x, y):
+    return tuple(np.linalg.solve([x[:2], y[:2]], [x[2], y[2]]))
+
+
+def e7_swapped(x, y):
+    return _e7_solve(x, y)[::-1]
+
+
+def e7_masked_counted_as_full(x, y):
+    # visited tiles (full + masked) at a, then masked tiles again at b
+    return _e7_solve((x[0] + x[1], x[1], x[2]), (y[0] + y[1], y[1], y[2]))
+
+
+def e7_one_cost(x, y):
+    per_tile = x[2] / (x[0] + x[1])
+    return per_tile, per_tile
+
+
+def e7_first_stage_only(x, y):
+    return (x[2] / x[0] if x[0] else 0.0), 0.0
+
+
+def e7_numpy_solve_without_a_check(x, y):
+    return _e7_solve(x, y)  # right where the system has one answer; no ValueError where it has none
+
+
+def e7_cramer_without_a_check(x, y):
+    (fx, mx, tx), (fy, my, ty) = x, y
+    det = fx * my - fy * mx
+    return (tx * my - ty * mx) / det, (fx * ty - fy * tx) / det
+
+
 MISTAKES = [
     ("E1", e1_acc_not_rescaled, ["acc was not rescaled", "exp(m_prev - m_next)"]),
     ("E1", e1_l_not_rescaled, ["l was not rescaled"]),
@@ -292,6 +326,12 @@ MISTAKES = [
     ("E6", e6_frame_major, ["identity"]),
     ("E6", e6_float_indices, ["integer"]),
     ("E6", e6_off_by_one, ["not a permutation"]),
+    ("E7", e7_swapped, ["you returned (b, a)"]),
+    ("E7", e7_masked_counted_as_full, ["your b is b - a", "either full or masked"]),
+    ("E7", e7_one_cost, ["one cost for every tile"]),
+    ("E7", e7_first_stage_only, ["for the first stage (measured 54.12)", "both must match"]),
+    ("E7", e7_numpy_solve_without_a_check, ["same mix of tiles", "expected a ValueError", "tiny pivot"]),
+    ("E7", e7_cramer_without_a_check, ["ZeroDivisionError", "raise ValueError"]),
 ]
 
 
@@ -322,6 +362,22 @@ def test_checkers_never_raise(eid):
 def test_block_size_checker_takes_a_pair_or_rejects_what_is_not_one():
     assert not exercises.check_block_sizes("3328x1536").passed
     assert not exercises.check_block_sizes((3328,)).passed
+
+
+def test_case_study_stages_come_from_the_plans():
+    from svg_lib import b3_mask
+    from svg_lib.runtime import get_preset
+
+    blog = get_preset("blog")
+    plan = plan_tiles(blog.mask(), blog.block_q, blog.block_kv)
+    b3 = plan_tiles(b3_mask(blog.mask(), blog.block_q, blog.block_kv), blog.block_q, blog.block_kv)
+    stages = exercises.case_study_stages()
+    assert stages["B0"][:2] == (plan.classes.size, 0) and stages["B1"][:2] == (0, plan.visited.sum())
+    assert stages["B2"][:2] == ((plan.classes == FULL).sum(), plan.needs_mask.sum())
+    assert stages["B3"][:2] == ((b3.classes == FULL).sum(), b3.needs_mask.sum())
+    # the fit of notebook 06: B2 and B3 predict B1 within 6 % (arithmetic on the case study's latencies)
+    a, b = exercises._solve_costs(stages["B2"], stages["B3"])
+    assert abs((stages["B1"][1] * b) / stages["B1"][2] - 1) < 0.06
 
 
 def test_band_pair_count_reference_is_svg_lib_closed_form():

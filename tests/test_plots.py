@@ -15,8 +15,10 @@ from matplotlib.colors import to_rgb  # noqa: E402
 from svg_lib.geometry import VideoGeometry  # noqa: E402
 from svg_lib.masks import SVGMask  # noqa: E402
 from svg_lib.planner import EMPTY, FULL, PARTIAL, plan_tiles  # noqa: E402
-from svg_lib.plots import (TILE_COLORS, ascii_tile_map, kept_fraction_grid, plot_mask, plot_tile_map,  # noqa: E402
-                           plot_tile_map_grid)
+from svg_lib.attention import b3_mask  # noqa: E402
+from svg_lib.plots import (ADDED_COLOR, DROPPED_COLOR, TILE_COLORS, ascii_tile_map, kept_fraction_grid,  # noqa: E402
+                           plot_mask, plot_query_frames, plot_rounding_diff, plot_speedups, plot_stage_costs,
+                           plot_tile_map, plot_tile_map_grid, plot_tile_maps, rounding_diff)
 from svg_lib.runtime import get_preset  # noqa: E402
 
 
@@ -88,7 +90,12 @@ def test_plot_mask_small_is_the_dense_mask():
     (image,) = ax.images
     np.testing.assert_array_equal(np.asarray(image.get_array()), mask.to_dense())
     assert ax.get_xlabel() == "key index" and ax.get_ylabel() == "query index"
-    assert len(fig.axes) == 2  # the image and its colorbar
+    # a binary image gets a two-colour key, not a 0-1 colour bar
+    assert len(fig.axes) == 1
+    patches = ax.get_legend().get_patches()
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["kept pair", "pair not kept"]
+    cmap = image.cmap
+    assert np.allclose(patches[0].get_facecolor(), cmap(1.0)) and np.allclose(patches[1].get_facecolor(), cmap(0.0))
 
 
 def test_plot_mask_blog_size_is_exact_and_oriented_like_a_matrix():
@@ -98,6 +105,7 @@ def test_plot_mask_blog_size_is_exact_and_oriented_like_a_matrix():
     image = np.asarray(ax.images[0].get_array())
     assert image.shape == (256, 256)
     assert image.min() >= 0 and image.max() <= 1
+    assert len(fig.axes) == 2 and ax.get_legend() is None  # fractions: a colour bar, not a two-colour key
     n = mask.tokens
     assert ax.get_ylim() == (n, 0)  # query 0 at the top
     # the first-frame sink is a column of keys on the left: bottom-left kept, top-right far outside the band
@@ -146,7 +154,11 @@ def test_tile_map_draws_tiles_at_their_true_extents():
     np.testing.assert_allclose(boxes[0, :-1, 2], plan.block_kv)
     np.testing.assert_allclose(boxes[0, -1, 2], n - (nk - 1) * plan.block_kv)  # narrower: key padding
     np.testing.assert_allclose(boxes[-1, 0, 3], n - (nq - 1) * plan.block_q)   # shorter: query padding
-    assert len(_collection(ax, "padding").get_paths()) == plan.touches_padding.sum() == nq + nk - 1
+    # hatched: the visited tiles reaching into padding; an empty tile is skipped, its padding costs nothing
+    hatched = plan.touches_padding & plan.visited
+    assert 0 < hatched.sum() < plan.touches_padding.sum() == nq + nk - 1
+    hatched_boxes = np.array([p.get_extents().bounds for p in _collection(ax, "padding").get_paths()])
+    np.testing.assert_allclose(hatched_boxes, boxes[hatched])
     assert ax.get_xlim() == (0, nk * plan.block_kv) and ax.get_ylim() == (nq * plan.block_q, 0)
 
 
@@ -158,6 +170,7 @@ def test_tile_map_legend_counts_the_classes():
         (label,) = [t for t in texts if t.startswith(word)]
         assert label.endswith(f": {(plan.classes == cls).sum()}")
     assert any("padding" in t for t in texts)
+    assert ax.get_legend().get_title().get_text() == "tiles in this map"
 
 
 def test_tile_map_b1_draws_every_visited_tile_masked():
@@ -193,6 +206,119 @@ def test_tile_map_grid_one_panel_per_block_size():
         assert len(_collection(ax, "tiles").get_paths()) == s["tiles_total"]
     with pytest.raises(ValueError, match="multiple of 128"):
         plot_tile_map_grid(mask, [(512, 200)])
+
+
+def test_tile_maps_share_one_key_and_count_each_panel_in_its_title():
+    p = get_preset("small")
+    exact = plan_tiles(p.mask(), 512, 256)
+    rounded = plan_tiles(b3_mask(p.mask(), 512, 256), 512, 256)
+    fig = plot_tile_maps([exact, exact, rounded], stages=["b1", "b2", "b3"])
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert len(panels) == 3 and all(ax.get_legend() is None for ax in panels)
+    masked = [exact.visited.sum(), exact.needs_mask.sum(), rounded.needs_mask.sum()]
+    visited = [exact.visited.sum(), exact.visited.sum(), rounded.visited.sum()]
+    for ax, v, m in zip(panels, visited, masked):
+        assert f"{v}/{exact.classes.size} visited, {m} masked" in ax.get_title()
+    (key,) = fig.legends
+    assert not any(":" in t.get_text() for t in key.get_texts())  # names the colours, counts nothing
+    with pytest.raises(ValueError, match="one stage and one title per plan"):
+        plot_tile_maps([exact, rounded], stages=["b2"])
+    with pytest.raises(TypeError, match="TilePlans"):
+        plot_tile_maps([p.mask()])
+
+
+# -- what rounding changed -------------------------------------------------------------------
+
+def test_rounding_diff_matches_the_rounding_report_at_blog_size():
+    blog = get_preset("blog")
+    mask = blog.mask()
+    plan = plan_tiles(mask, blog.block_q, blog.block_kv)
+    aligned = b3_mask(mask, blog.block_q, blog.block_kv)
+    diff = rounding_diff(plan, aligned)
+    r = aligned.report
+    assert diff["added"].sum() == r.boundary_kept and (diff["added"] | diff["dropped"]).sum() == r.boundary_tiles
+    assert (diff["pairs_added"], diff["pairs_dropped"]) == (r.pairs_added, r.pairs_dropped)
+    assert not (diff["added"] & diff["dropped"]).any()
+    ax = plot_rounding_diff(plan, aligned).axes[0]
+    colours = np.asarray(_collection(ax, "tiles").get_facecolors())[:, :3]
+    for flags, colour in ((diff["added"], ADDED_COLOR), (diff["dropped"], DROPPED_COLOR)):
+        np.testing.assert_array_equal(np.all(np.isclose(colours, to_rgb(colour)), axis=1), flags.ravel())
+    texts = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any(f"+{r.pairs_added:,} pairs" in t for t in texts) and any(f"-{r.pairs_dropped:,} pairs" in t for t in texts)
+    with pytest.raises(ValueError, match="same block sizes"):
+        rounding_diff(plan_tiles(mask, 1024, 1536), aligned)
+
+
+# -- one query's keys, frame by frame -------------------------------------------------------------
+
+def test_query_frames_draw_each_frame_of_the_kept_keys():
+    g = VideoGeometry(5, 4, 6)
+    masks = {"spatial": SVGMask.spatial(g, 0.3), "temporal": SVGMask.temporal(g, 0.3)}
+    query = 2 * g.frame_tokens + 7
+    fig = plot_query_frames(masks, g, query)
+    assert len(fig.axes) == 2 * g.frames
+    for row, mask in enumerate(masks.values()):
+        kept = mask.to_dense()[query].reshape(g.frames, g.height, g.width)
+        for f in range(g.frames):
+            ax = fig.axes[row * g.frames + f]
+            np.testing.assert_array_equal(np.asarray(ax.images[0].get_array()), kept[f])
+            assert len(ax.lines) == (1 if f == 2 else 0)  # the query is marked in its own frame only
+        assert f"{kept.sum():,} keys" in fig.axes[row * g.frames].get_ylabel()
+    (marker,) = fig.axes[2].lines
+    assert (marker.get_xdata()[0], marker.get_ydata()[0]) == (7 % g.width, 7 // g.width)
+    with pytest.raises(ValueError, match="query"):
+        plot_query_frames(masks, g, g.tokens)
+
+
+# -- the per-tile cost lesson --------------------------------------------------------------------
+
+def test_stage_costs_stack_full_and_masked_tiles_and_mark_the_measurements():
+    counts = {"B0": (1150, 0), "B1": (0, 509), "B2": (374, 135)}
+    a, b = 0.07, 0.2
+    measured = {"B0": 78.7, "B2": 54.12}
+    ax = plot_stage_costs(counts, (a, b), measured, measured_label="the case study").axes[0]
+    full = [p.get_height() for p in ax.containers[0].patches]
+    masked = ax.containers[1].patches
+    np.testing.assert_allclose(full, [n * a for n, _ in counts.values()])
+    np.testing.assert_allclose([p.get_height() for p in masked], [m * b for _, m in counts.values()])
+    np.testing.assert_allclose([p.get_y() for p in masked], full)  # stacked on the full part
+    ticks = [c for c in ax.collections if c.get_gid() == "measured"][0]
+    segments = ticks.get_segments()
+    assert [s[0][1] for s in segments] == list(measured.values())
+    assert [round((s[0][0] + s[1][0]) / 2) for s in segments] == [0, 2]  # across the B0 and B2 bars
+    assert [t.get_text() for t in ax.get_xticklabels()] == list(counts)
+    assert "the case study (ms)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    with pytest.raises(ValueError, match="two numbers"):
+        plot_stage_costs(counts, 0.07)
+    with pytest.raises(ValueError, match="not in counts"):
+        plot_stage_costs(counts, (a, b), {"B3": 32.76})
+
+
+class _FakeRuntime:
+    platform, device_kind, jax_version = "cpu", "cpu", "0"
+
+
+def _fake_result(rows):
+    from svg_lib.bench import BenchConfig, BenchResult
+
+    keys = BenchResult.ROW_KEYS
+    return BenchResult(BenchConfig.from_preset("tiny"), _FakeRuntime(), [dict(dict.fromkeys(keys), **r) for r in rows],
+                       "interpret")
+
+
+def test_speedups_are_each_devices_own_ratio_to_b0():
+    result = _fake_result([
+        {"method": "splash_dense", "median_ms": 400.0, "speedup": 1.0, "blog_v6e_ms": 78.70},
+        {"method": "dense", "median_ms": 500.0, "speedup": 0.8, "blog_v6e_ms": None},
+        {"method": "b3", "median_ms": 200.0, "speedup": 2.0, "blog_v6e_ms": 32.76}])
+    ax = plot_speedups(result).axes[0]
+    ours, theirs = ax.containers
+    assert ours.get_label().startswith("this run") and theirs.get_label().startswith("the case study")
+    np.testing.assert_allclose([p.get_height() for p in ours.patches], [1.0, 0.8, 2.0])
+    np.testing.assert_allclose([p.get_height() for p in theirs.patches], [1.0, 78.70 / 32.76])
+    assert len(ax.figure.axes) == 1  # one axis: ratios compare across devices, latencies would not
+    with pytest.raises(ValueError, match="splash_dense"):
+        plot_speedups(_fake_result([{"method": "b3", "median_ms": 1.0, "speedup": None, "blog_v6e_ms": 32.76}]))
 
 
 # -- ascii_tile_map --------------------------------------------------------------------------
