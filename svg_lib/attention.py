@@ -198,6 +198,10 @@ def attention(q, k, v, mask: Mask | None = None, *, method: str, block_q: int = 
     block_kv)`). Any token count works: padding is added inside and never leaks into the
     result. Softmax scale 1/sqrt(head_dim). `interpret=None` runs compiled on a TPU and in
     interpret mode elsewhere; `pltpu.InterpretParams(...)` is passed through.
+
+    Differentiable: `jax.grad` runs Pallas backward kernels over the same tiles for dense,
+    b1, b2 and b3 (svg_lib.backward; b3's gradient is that of its rounded mask), and Splash's
+    own backward for splash and splash_dense.
     """
     check_qkv(q, k, v)
     fn = cached_build(build_attention, mask, q, method=method, block_q=block_q, block_kv=block_kv,

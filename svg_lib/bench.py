@@ -89,7 +89,7 @@ class BenchConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         d = self.density
         if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d) or not 0.0 < d <= 1.0:
-            raise ValueError(f"density must be in (0, 1] (the fraction of pairs kept, e.g. 0.35), got {d!r}")
+            raise ValueError(f"density must be in (0, 1] (the band's share of the pairs, as the case study defines it, e.g. 0.35; plan stats give the kept fraction), got {d!r}")
         check_block_size("block_q", self.block_q)
         check_block_size("block_kv", self.block_kv)
         if self.block_kv_compute is not None:
