@@ -84,11 +84,17 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
         # block with no kept block); the series' contract is zeros, as the reference.
         run = _rows_zeroed(kernel, _rows_without_keys(mask, tokens, q_len))
     elif method == "dense":
+        from .backward import dense_classes, with_backward
         from .kernels import dense_flash_attention
-        run = functools.partial(dense_flash_attention, tokens=tokens, block_q=block_q, block_kv=block_kv,
-                                block_kv_compute=block_kv_compute, interpret=interpret,
-                                vmem_limit_bytes=vmem.vmem_limit_bytes)
+        forward = functools.partial(dense_flash_attention, tokens=tokens, block_q=block_q, block_kv=block_kv,
+                                    block_kv_compute=block_kv_compute, interpret=interpret,
+                                    vmem_limit_bytes=vmem.vmem_limit_bytes)
+        run = with_backward(lambda q, k, v, residuals: forward(q, k, v, residuals=residuals),
+                            dense_classes(tokens, block_q, block_kv), stage="dense", keep=_not_padding(tokens),
+                            block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
+                            interpret=interpret, generation=generation)
     else:
+        from .backward import with_backward
         from .kernels import block_sparse_attention
         # B3 runs the tile-aligned mask, whose predicate masks padding only
         kernel_mask = b3_mask(mask, block_q, block_kv) if method == "b3" else mask
@@ -98,12 +104,16 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
         head_kind = jnp.zeros((heads,), jnp.int32)  # one mask: every head follows schedule row block 0
         schedule = jnp.asarray(plan.schedule)
 
-        def kernel(q, k, v):
+        def forward(q, k, v, residuals):
             return block_sparse_attention(q, k, v, head_kind, schedule, steps=plan.steps, stage=method, keep=keep,
                                           block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
-                                          interpret=interpret, vmem_limit_bytes=vmem.vmem_limit_bytes)
+                                          interpret=interpret, vmem_limit_bytes=vmem.vmem_limit_bytes,
+                                          residuals=residuals)
+        # jax.grad runs the backward kernels over the same tiles (svg_lib.backward)
+        run = with_backward(forward, plan.classes, stage=method, keep=keep, block_q=block_q, block_kv=block_kv,
+                            block_kv_compute=block_kv_compute, interpret=interpret, generation=generation)
         # the planner lets padded query rows be computed unmasked; they are thrown away as zeros
-        run = _rows_zeroed(kernel, _padding_rows(mask, tokens, q_len))
+        run = _rows_zeroed(run, _padding_rows(mask, tokens, q_len))
 
     f = scaled_and_padded(run, tokens=tokens, head_dim=head_dim, q_len=q_len, kv_len=kv_len)
     if splash_mask is not None and interpret is False and vmem.compiler_options:
@@ -132,6 +142,13 @@ def scaled_and_padded(run, *, tokens: int, head_dim: int, q_len: int, kv_len: in
         return out[:, :tokens]
 
     return f
+
+
+def _not_padding(tokens: int):
+    """The predicate of a tile that only needs key padding masked."""
+    def not_padding(q_ids, k_ids):
+        return k_ids < tokens
+    return not_padding
 
 
 def _rows_zeroed(kernel, rows):
@@ -181,6 +198,10 @@ def attention(q, k, v, mask: Mask | None = None, *, method: str, block_q: int = 
     block_kv)`). Any token count works: padding is added inside and never leaks into the
     result. Softmax scale 1/sqrt(head_dim). `interpret=None` runs compiled on a TPU and in
     interpret mode elsewhere; `pltpu.InterpretParams(...)` is passed through.
+
+    Differentiable: `jax.grad` runs Pallas backward kernels over the same tiles for dense,
+    b1, b2 and b3 (svg_lib.backward; b3's gradient is that of its rounded mask), and Splash's
+    own backward for splash and splash_dense.
     """
     check_qkv(q, k, v)
     fn = cached_build(build_attention, mask, q, method=method, block_q=block_q, block_kv=block_kv,

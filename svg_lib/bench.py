@@ -89,7 +89,7 @@ class BenchConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         d = self.density
         if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d) or not 0.0 < d <= 1.0:
-            raise ValueError(f"density must be in (0, 1] (the fraction of pairs kept, e.g. 0.35), got {d!r}")
+            raise ValueError(f"density must be in (0, 1] (the band's share of the pairs, as the case study defines it, e.g. 0.35; plan stats give the kept fraction), got {d!r}")
         check_block_size("block_q", self.block_q)
         check_block_size("block_kv", self.block_kv)
         if self.block_kv_compute is not None:
@@ -212,6 +212,29 @@ def method_tiles(config: BenchConfig, method: str, plan=None, b3_plan=None) -> d
             "grid_steps": nq * p.steps}
 
 
+def backward_steps(config: BenchConfig, method: str, plan=None, b3_plan=None) -> int | None:
+    """Grid steps per head of `method`'s backward: the dq pass plus the dk/dv pass.
+
+    dense: every tile in each pass; b1, b2, b3: the forward's schedule for dq and its
+    transpose for dk/dv (svg_lib.backward). None for Splash (its own fused backward kernel,
+    whose skipping we do not count) and the reference.
+    """
+    from .attention import b3_mask
+    from .planner import plan_tiles, schedule_rows
+
+    n, bq, bkv = config.tokens, config.block_q, config.block_kv
+    nq, nk = -(-n // bq), -(-n // bkv)
+    if method == "dense":
+        return 2 * nq * nk
+    if method not in ("b1", "b2", "b3"):
+        return None
+    if method == "b3":
+        p = b3_plan or plan_tiles(b3_mask(config.mask(), bq, bkv), bq, bkv)
+    else:
+        p = plan or plan_tiles(config.mask(), bq, bkv)
+    return nq * p.steps + nk * schedule_rows(p.classes.T)[0].shape[1]
+
+
 def _check_methods(methods) -> tuple[str, ...]:
     from .attention import METHODS
 
@@ -234,7 +257,8 @@ def _is_interpret(interpret) -> bool:
 
 
 def run_benchmark(config: BenchConfig, methods=DEFAULT_METHODS, *, repeats: int = 3, warmup: int = 1,
-                  check_error: bool = True, seed: int = 0, interpret=None, progress=None) -> "BenchResult":
+                  check_error: bool = True, seed: int = 0, interpret=None, progress=None,
+                  backward: bool = False) -> "BenchResult":
     """Time each of `methods` on `config`'s problem; see the module docstring.
 
     q, k, v: `[heads, tokens, head_dim]` standard normal in `config.dtype` from
@@ -245,6 +269,11 @@ def run_benchmark(config: BenchConfig, methods=DEFAULT_METHODS, *, repeats: int 
     `check_error` is False or tokens > 16,384 (the reference would be too slow).
     `progress(line)` is called once per method as it finishes (e.g. `progress=print`).
     `interpret=None` runs compiled on a TPU, interpret mode elsewhere.
+
+    With `backward`, each method is also timed forward + backward: `jax.grad` of
+    `sum(out * dout)` with respect to q, k and v (`dout` standard normal), compiled ahead and
+    timed like the forward (`train_median_ms`, `train_min_ms`); `backward_steps` counts the
+    backward's grid steps per head and `grad_error` the max |dq, dk, dv - reference's|.
     """
     import jax
     import jax.numpy as jnp
@@ -274,16 +303,36 @@ def run_benchmark(config: BenchConfig, methods=DEFAULT_METHODS, *, repeats: int 
     keys = jax.random.split(jax.random.key(seed), 3)
     q, k, v = (jax.random.normal(key, config.shape, dtype) for key in keys)
 
+    dout = jax.random.normal(jax.random.fold_in(keys[0], 1), config.shape, dtype)
     errors_possible = check_error and config.tokens <= DENSE_LIMIT_TOKENS
-    references = {}  # one float32 reference per mask: "none", "exact", "b3"
+    references = {}  # one float32 reference per mask and kind: ("none" | "exact" | "b3", "out" | "grad")
 
-    def reference_for(method):
+    def gradient(attend):  # (q, k, v, dout) -> (dq, dk, dv) of sum(attend(q, k, v) * dout)
+        # dout is an argument, not a closed-over constant, which XLA would try to fold into the program
+        return jax.grad(lambda a, b, c, d: jnp.sum(attend(a, b, c).astype(jnp.float32) * d.astype(jnp.float32)),
+                        argnums=(0, 1, 2))
+
+    def reference_for(method, kind="out"):
         which = "none" if method in ("dense", "splash_dense") else ("b3" if method == "b3" else "exact")
-        if which not in references:
+        if (which, kind) not in references:
             ref_mask = {"none": None, "exact": mask, "b3": aligned}[which]
             f32 = [x.astype(jnp.float32) for x in (q, k, v)]
-            references[which] = jax.jit(lambda a, b, c: reference_attention(a, b, c, ref_mask))(*f32)
-        return references[which]
+            attend = lambda a, b, c: reference_attention(a, b, c, ref_mask)  # noqa: E731
+            references[which, kind] = (jax.jit(attend)(*f32) if kind == "out"
+                                       else jax.jit(gradient(attend))(*f32, dout))
+        return references[which, kind]
+
+    def timed(compiled, *args):
+        args = args or (q, k, v)
+        out = None
+        for _ in range(warmup):
+            out = jax.block_until_ready(compiled(*args))
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            out = jax.block_until_ready(compiled(*args))
+            times.append((time.perf_counter() - start) * 1e3)
+        return out, times
 
     rows = []
     for method in methods:
@@ -295,33 +344,39 @@ def run_benchmark(config: BenchConfig, methods=DEFAULT_METHODS, *, repeats: int 
         start = time.perf_counter()
         compiled = fn.lower(q, k, v).compile()  # compile ahead, so no timed call pays for it
         compile_s = time.perf_counter() - start
-        out = None
-        for _ in range(warmup):
-            out = compiled(q, k, v).block_until_ready()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            out = compiled(q, k, v).block_until_ready()
-            times.append((time.perf_counter() - start) * 1e3)
+        out, times = timed(compiled)
         max_error = None
         if errors_possible:
             diff = jnp.abs(out.astype(jnp.float32) - reference_for(method))
             max_error = float(jnp.max(diff))
-        del compiled, fn, out
+        del compiled, out
         row = {"method": method, **method_tiles(config, method, plan, b3_plan),
                "build_s": build_s, "compile_s": compile_s, "median_ms": statistics.median(times),
                "min_ms": min(times), "times_ms": times, "speedup": None, "max_error": max_error,
                "blog_v6e_ms": blog_figure(config, method)}
+        if backward:
+            grads, train_times = timed(jax.jit(gradient(fn)).lower(q, k, v, dout).compile(), q, k, v, dout)
+            grad_error = None
+            if errors_possible:
+                grad_error = max(float(jnp.max(jnp.abs(g.astype(jnp.float32) - r)))
+                                 for g, r in zip(grads, reference_for(method, "grad")))
+            row.update({"backward_steps": backward_steps(config, method, plan, b3_plan),
+                        "train_median_ms": statistics.median(train_times), "train_min_ms": min(train_times),
+                        "train_times_ms": train_times, "train_speedup": None, "grad_error": grad_error})
+            del grads
+        del fn
         rows.append(row)
         if progress is not None:
             err = "" if max_error is None else f", max error {max_error:.2e}"
+            train = f"; forward + backward median {row['train_median_ms']:.1f} ms" if backward else ""
             progress(f"{method}: median {row['median_ms']:.1f} ms (min {row['min_ms']:.1f}) over {repeats} "
-                     f"call{'s' if repeats != 1 else ''}; build {build_s:.2f} s, compile {compile_s:.2f} s{err}")
+                     f"call{'s' if repeats != 1 else ''}; build {build_s:.2f} s, compile {compile_s:.2f} s{err}{train}")
 
-    base = next((r["median_ms"] for r in rows if r["method"] == "splash_dense"), None)
-    if base is not None:
-        for r in rows:
-            r["speedup"] = base / r["median_ms"]
+    for key, speedup in (("median_ms", "speedup"), ("train_median_ms", "train_speedup")):
+        base = next((r.get(key) for r in rows if r["method"] == "splash_dense"), None)
+        if base is not None:
+            for r in rows:
+                r[speedup] = base / r[key]
     mode = "interpret" if _is_interpret(interpret) else "compiled"
     return BenchResult(config=config, runtime=runtime, rows=rows, mode=mode, repeats=repeats, warmup=warmup,
                        seed=seed, plan_stats=plan.stats)
@@ -342,6 +397,13 @@ class BenchResult:
 
     ROW_KEYS = ("method", "tiles_visited", "tiles_masked", "grid_steps", "build_s", "median_ms", "min_ms",
                 "speedup", "max_error", "blog_v6e_ms")
+
+    BACKWARD_KEYS = ("backward_steps", "train_median_ms", "train_min_ms", "train_speedup", "grad_error")
+
+    @property
+    def backward(self) -> bool:
+        """Whether forward + backward was timed too (`run_benchmark(..., backward=True)`)."""
+        return any("train_median_ms" in r for r in self.rows)
 
     @property
     def on_v6e(self) -> bool:
@@ -373,6 +435,8 @@ class BenchResult:
             return lambda value: "-" if value is None else format(value, fmt) + suffix
 
         # (title, row key, width, formatter); the first column is left-aligned, the rest right
+        if self.backward:
+            return self._backward_table(num)
         cols = [("method", "method", 12, str), ("visited", "tiles_visited", 8, num(",d")),
                 ("masked", "tiles_masked", 7, num(",d")), ("steps", "grid_steps", 7, num(",d")),
                 ("build s", "build_s", 8, num(".2f")), ("median ms", "median_ms", 10, num(".1f")),
@@ -421,6 +485,32 @@ class BenchResult:
                          "skipped, but masking costs differ from a TPU's: these are not TPU times.")
         for note in notes:
             lines.extend(textwrap.wrap(note, width=width, subsequent_indent="  "))
+        return "\n".join(lines)
+
+    def _backward_table(self, num) -> str:
+        cols = [("method", "method", 12, str), ("fwd steps", "grid_steps", 9, num(",d")),
+                ("bwd steps", "backward_steps", 9, num(",d")), ("fwd ms", "median_ms", 8, num(".1f")),
+                ("fwd+bwd ms", "train_median_ms", 10, num(".1f")), ("vs B0", "train_speedup", 6, num(".2f", "x")),
+                ("grad error", "grad_error", 10, num(".1e"))]
+
+        def line(cells):
+            return "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                             for i, (c, (_, _, w, _)) in enumerate(zip(cells, cols))).rstrip()
+
+        rule = "  ".join("-" * w for *_, w, _ in cols)
+        lines = [self.header(), line([title for title, *_ in cols]), rule]
+        lines += [line([fmt(row.get(key)) for _, key, _, fmt in cols]) for row in self.rows]
+        lines.append(rule)
+        notes = ["fwd / bwd steps: grid steps per head of the forward, and of the backward's dq and dk/dv passes "
+                 "together (Splash: its own fused backward, not counted). fwd+bwd ms: one jax.grad call of "
+                 "sum(out * dout) for q, k and v, forward included. vs B0 = splash_dense's fwd+bwd median / "
+                 "this one. grad error: max |dq, dk, dv - the float32 reference's| under the mask each "
+                 f"method computes. {self.repeats} timed call(s) after {self.warmup} warm-up. The case study "
+                 "publishes no backward figures."]
+        if self.mode == "interpret":
+            notes.append("interpret mode: the kernels run as an XLA loop on the host; these are not TPU times.")
+        for note in notes:
+            lines.extend(textwrap.wrap(note, width=max(len(rule), 80), subsequent_indent="  "))
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -542,6 +632,8 @@ def _bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the random q, k, v (default 0)")
     parser.add_argument("--no-check", action="store_true", help="skip the error check against the reference")
     parser.add_argument("--json", metavar="PATH", help="also write the result as JSON to PATH")
+    parser.add_argument("--backward", action="store_true",
+                        help="also time forward + backward (jax.grad for q, k, v) and check the gradients")
     parser.add_argument("--force", action="store_true",
                         help="run even when interpret mode would take hours (e.g. --preset blog on a CPU)")
 
@@ -568,7 +660,7 @@ def _bench_run(args: argparse.Namespace) -> int:
 
     progress(f"bench: {config.describe()}; methods {', '.join(methods)}")
     result = run_benchmark(config, methods, repeats=args.repeats, warmup=args.warmup, seed=args.seed,
-                           check_error=not args.no_check, progress=progress)
+                           check_error=not args.no_check, progress=progress, backward=args.backward)
     print(result.table())
     if args.json:
         write_json(args.json, result.to_json())

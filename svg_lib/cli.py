@@ -122,7 +122,7 @@ def _plan_settings(args: argparse.Namespace) -> dict:
         raise UsageError(f"--text-tokens must be 0 or more, got {settings['text_tokens']}")
     density = settings["density"]
     if not math.isfinite(density) or not 0.0 < density <= 1.0:
-        raise UsageError(f"--density must be in (0, 1] (the fraction of pairs kept, e.g. 0.35), got {density}")
+        raise UsageError(f"--density must be in (0, 1] (the band's share of the pairs, e.g. 0.35), got {density}")
     for key in ("block_q", "block_kv"):
         try:
             check_block_size("--" + key.replace("_", "-"), settings[key])

@@ -56,6 +56,13 @@ from pathlib import Path
 
 BODY_KINDS = ("free", "svg_masked", "padding_masked", "idle")
 COST_KERNELS = ("svg_lib", "splash")
+# The backward's probes: our dq and dk/dv kernels (svg_lib.backward), Splash's two backward
+# kernels (dq; dk and dv), and Splash's fused backward kernel, which computes dq, dk and dv of a
+# tile in one step (writing dq once per key tile, summed afterwards).
+BACKWARD_KERNELS = ("svg_lib_dq", "svg_lib_dkv", "splash_dq", "splash_dkv", "splash_fused")
+BACKWARD_PAIRS = {"svg_lib": ("svg_lib_dq", "svg_lib_dkv"), "splash": ("splash_dq", "splash_dkv"),
+                  "splash_fused": ("splash_fused",)}
+BACKWARD_KINDS = ("free", "svg_masked")
 SPLASH_KINDS = ("free", "svg_masked")  # Splash's idle and padding steps are table-driven: not probeable
 CACHE_FORMAT = 1
 PROBE_STEPS = (2, 4)      # kv steps of the two probes whose difference gives cycles per step
@@ -75,7 +82,8 @@ def versions() -> dict:
 
     import jax
 
-    digest = hashlib.sha256(_code_only(Path(__file__).parent / "kernels.py").encode())
+    digest = hashlib.sha256("".join(_code_only(Path(__file__).parent / name)
+                                    for name in ("kernels.py", "backward.py")).encode())
     try:
         libtpu = md.version("libtpu")
     except md.PackageNotFoundError:
@@ -241,6 +249,104 @@ def kernels_mask_value() -> float:
     return MASK_VALUE
 
 
+def _backward_probe(p: Probe, name: str, target: str = "v6e"):
+    """svg_lib's dq or dk/dv kernel with every step of kind `p.kind` (from the program id), or
+    Splash's fused backward with no mask tables (every step runs; "svg_masked": its
+    mask-function path with the SVG predicate). dq: `rows` query tiles x `steps` key tiles;
+    dk/dv and Splash's: `rows` key tiles x `steps` query tiles. Takes (q, k, v); the other
+    operands (do, the log-sum-exp, D) are made from them outside the kernel."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    from . import backward, kernels
+
+    if p.kind not in BACKWARD_KINDS:
+        raise ValueError(f"backward probes know {BACKWARD_KINDS}, not {p.kind!r}")
+    tokens = (p.steps if p.kernel == "svg_lib_dq" else p.rows) * p.block_kv
+    keep = _svg_predicate(p.block_q, tokens) if p.kind == "svg_masked" else None
+    limit = _probe_vmem_limit(target)
+    if p.kernel.startswith("splash"):
+        return _splash_backward_probe(p, keep, limit)
+    dq = p.kernel == "svg_lib_dq"
+    block_rows, block_cols = (p.block_q, p.block_kv) if dq else (p.block_kv, p.block_q)
+
+    def kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, *outs_and_scratch):
+        r, s = pl.program_id(1), pl.program_id(2)
+        outs, accs = outs_and_scratch[:-2 + dq], outs_and_scratch[-2 + dq:]
+
+        @pl.when(s == 0)
+        def _():
+            for acc in accs:
+                acc[...] = jnp.zeros(acc.shape, jnp.float32)
+
+        q_start, k_start = (r * p.block_q, s * p.block_kv) if dq else (s * p.block_q, r * p.block_kv)
+        body = backward._dq_tile if dq else backward._dkv_tile
+        pl.when(s < p.steps)(lambda: body(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, *accs, keep=keep,
+                                          q_start=q_start, k_start=k_start, block_kv_compute=p.block_kv_compute))
+
+        @pl.when(s == p.steps - 1)
+        def _():
+            for out, acc in zip(outs, accs):
+                out[...] = acc[...].astype(out.dtype)
+
+    fixed = lambda h, r, s: (h, r, 0)   # noqa: E731  the row's own block
+    moving = lambda h, r, s: (h, s, 0)  # noqa: E731  the step's block
+    row_spec = pl.BlockSpec((None, block_rows, p.head_dim), fixed)
+    col_spec = pl.BlockSpec((None, block_cols, p.head_dim), moving)
+    q_spec, kv_spec = (row_spec, col_spec) if dq else (col_spec, row_spec)
+    stat = pl.BlockSpec((None, 1, p.block_q), lambda h, r, s: (h, 0, r if dq else s))  # lse and D rows
+    n_out = 1 if dq else 2
+    out_rows = p.rows * block_rows
+    call = pl.pallas_call(
+        kernel, grid=(1, p.rows, p.steps),
+        in_specs=[q_spec, kv_spec, kv_spec, q_spec, stat, stat],
+        out_specs=[row_spec] * n_out,
+        out_shape=[jax.ShapeDtypeStruct((1, out_rows, p.head_dim), jnp.bfloat16)] * n_out,
+        scratch_shapes=[pltpu.VMEM((block_rows, p.head_dim), jnp.float32)] * n_out,
+        compiler_params=kernels._compiler_params(limit), name=name)
+
+    def fn(q, k, v):
+        stat = q[:, None, :, 0].astype(jnp.float32)  # any per-query row: the cost does not depend on it
+        return call(q, k, v, q, stat, stat)
+    return fn
+
+
+def _splash_backward_probe(p: Probe, predicate, limit):
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mi
+
+    q_len = p.steps * p.block_q
+    info = mi.MaskInfo(data_next=None, mask_next=None, block_mask=None, partial_mask_blocks=None,
+                       q_sequence=np.arange(q_len, dtype=np.int32) if predicate is not None else None)
+    layout = sk.QKVLayout.HEAD_DIM_MINOR
+
+    common = dict(is_mqa=False, mask_info=info, mask_value=kernels_mask_value(), attn_logits_soft_cap=None,
+                  q_layout=layout, k_layout=layout, v_layout=layout, mask_function=predicate, interpret=False)
+
+    def fn(q, k, v):
+        stat = q[:, :, 0].astype(jnp.float32)  # [heads, q_len]: logsumexp and D, as Splash holds them
+        original = sk.pltpu.CompilerParams
+
+        def with_limit(**kwargs):
+            return original(**{"vmem_limit_bytes": limit, **kwargs})
+        if limit is not None:  # the same limit as our probes (see _splash_probe)
+            sk.pltpu.CompilerParams = with_limit
+        try:
+            if p.kernel == "splash_dq":  # Splash's dq kernel takes whole key tiles (no compute slices)
+                return sk._splash_attention_bwd_dq(q, k, v, None, None, stat, q, stat, bq=p.block_q, bkv=p.block_kv,
+                                                   **common)
+            return sk._splash_attention_bwd_dkv(q, k, v, None, None, stat, q, stat, bq=p.block_q, bkv=p.block_kv,
+                                                bkv_compute=p.block_kv_compute,
+                                                use_fused_bwd_kernel=p.kernel == "splash_fused", **common)
+        finally:
+            sk.pltpu.CompilerParams = original
+    return fn
+
+
 def _compile_probe(p: Probe, target: str, name: str):
     from .compiler import compile_fn
 
@@ -248,10 +354,15 @@ def _compile_probe(p: Probe, target: str, name: str):
         fn = _svg_lib_probe(p, name, target)
     elif p.kernel == "splash":
         fn = _splash_probe(p, name, target)
+    elif p.kernel in BACKWARD_KERNELS:
+        fn = _backward_probe(p, name, target)
     else:
-        raise ValueError(f"unknown kernel {p.kernel!r}; known: {COST_KERNELS}")
-    q = ((1, p.rows * p.block_q, p.head_dim), "bfloat16")
-    kv = ((1, p.steps * p.block_kv, p.head_dim), "bfloat16")
+        raise ValueError(f"unknown kernel {p.kernel!r}; known: {COST_KERNELS + BACKWARD_KERNELS}")
+    # rows run along the grid's second axis: query tiles for the forward and dq, key tiles for dk/dv
+    by_query = p.kernel in ("svg_lib", "splash", "svg_lib_dq", "splash_dq")
+    q_tiles, kv_tiles = (p.rows, p.steps) if by_query else (p.steps, p.rows)
+    q = ((1, q_tiles * p.block_q, p.head_dim), "bfloat16")
+    kv = ((1, kv_tiles * p.block_kv, p.head_dim), "bfloat16")
     compile_fn(fn, [q, kv, kv], target)
 
 
@@ -503,6 +614,92 @@ def _store(path: Path, target: str, probes: list[Probe], rows: list[dict], v: di
     return result
 
 
+
+
+@dataclass
+class BackwardCost:
+    """Simulated cycles per grid step of the backward kernels at one block size.
+
+    `per_step[kernel][kind]` for kernel in BACKWARD_KERNELS. Our backward and Splash's default
+    one run two steps per visited tile (one in the dq pass, one in the dk/dv pass), Splash's
+    fused kernel one; `per_tile(who)` sums a tile's steps for who in BACKWARD_PAIRS."""
+
+    target: str
+    block_q: int
+    block_kv: int
+    block_kv_compute: int
+    head_dim: int
+    per_step: dict
+    versions: dict
+    raw: list = field(default_factory=list)
+    evidence: str = EVIDENCE
+
+    def per_tile(self, who: str, kind: str = "free") -> float | None:
+        steps = [self.per_step.get(k, {}).get(kind) for k in BACKWARD_PAIRS[who]]
+        return None if None in steps else sum(steps)
+
+    def ratio(self, kind: str = "free", versus: str = "splash") -> float | None:
+        """Our backward's cycles per tile over Splash's two kernels' (or `versus="splash_fused"`)."""
+        ours, theirs = self.per_tile("svg_lib", kind), self.per_tile(versus, kind)
+        return None if not ours or not theirs else ours / theirs
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+    def table(self) -> str:
+        lines = [f"backward tile cost on {self.target}, {self.block_q} x {self.block_kv} tiles (block_kv_compute "
+                 f"{self.block_kv_compute}), head_dim {self.head_dim}, bf16; {self.evidence}; "
+                 f"libtpu {self.versions.get('libtpu')}, jax {self.versions.get('jax')}",
+                 f"{'kernel':12} {'body':11} {'cycles/step':>12}"]
+        for kernel in BACKWARD_KERNELS:
+            for kind, cycles in self.per_step.get(kernel, {}).items():
+                lines.append(f"{kernel:12} {kind:11} {cycles:12,.0f}")
+        for kind in BACKWARD_KINDS:
+            if self.ratio(kind) is not None:
+                lines.append(f"per tile, {kind}: svg_lib dq + dkv {self.per_tile('svg_lib', kind):,.0f}; Splash dq + dkv "
+                             f"{self.per_tile('splash', kind):,.0f} ({self.ratio(kind):.2f}x); Splash fused "
+                             f"{self.per_tile('splash_fused', kind):,.0f} ({self.ratio(kind, 'splash_fused'):.2f}x)")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def backward_tile_cost(target: str = "v6e", *, block_q: int, block_kv: int, block_kv_compute: int | None = None,
+                       head_dim: int = 128, kinds=("free",), refresh: bool = False) -> BackwardCost:
+    """Simulated cycles per grid step of our dq and dk/dv kernels and Splash's fused backward
+    (cached like `tile_cost`; compiled in a subprocess the first time)."""
+    from .compiler import check_target
+    from .masks import check_block_size
+    from .vmem import check_block_kv_compute
+
+    check_target(target)
+    block_q, block_kv = check_block_size("block_q", block_q), check_block_size("block_kv", block_kv)
+    block_kv_compute = check_block_kv_compute(block_kv, block_kv_compute, block_q)
+    bad = [k for k in kinds if k not in BACKWARD_KINDS]
+    if bad:
+        raise ValueError(f"unknown backward body kind(s) {bad}; backward_tile_cost knows {BACKWARD_KINDS}")
+    v = versions()
+    key = {**_cache_key(target, block_q, block_kv, block_kv_compute, head_dim, BACKWARD_KERNELS, BODY_KINDS, v),
+           "what": "backward_tile_cost", "kinds": list(kinds)}
+    path = _cache_path(key)
+    if path.exists() and not refresh:
+        return BackwardCost(**json.loads(path.read_text()))
+    probes = [Probe(kernel, kind, block_q, block_kv, block_kv_compute, head_dim, PROBE_ROWS[0], steps)
+              for kernel in BACKWARD_KERNELS for kind in kinds for steps in PROBE_STEPS]
+    rows = run_probes(probes, target, bundles=False)
+    errors = [f"{p}: {r['error']}" for p, r in zip(probes, rows) if r.get("error")]
+    if errors:
+        raise RuntimeError("backward probe kernels failed to compile:\n" + "\n".join(errors))
+    cycles = {(p.kernel, p.kind, p.steps): r["cycles"] for p, r in zip(probes, rows)}
+    (s1, s2) = PROBE_STEPS
+    per_step = {kernel: {kind: (cycles[kernel, kind, s2] - cycles[kernel, kind, s1]) / (s2 - s1) for kind in kinds}
+                for kernel in BACKWARD_KERNELS}
+    result = BackwardCost(target, block_q, block_kv, block_kv_compute, head_dim, per_step, v,
+                          [{**p.to_json(), **r} for p, r in zip(probes, rows)])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result.to_json(), indent=1))
+    return result
 
 
 # -- the committed reference measurements ----------------------------------------------------

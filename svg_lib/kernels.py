@@ -127,13 +127,30 @@ def _init_state(m_ref, l_ref, acc_ref):
     acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
 
 
-def _finish(m_ref, l_ref, acc_ref, o_ref, interpret=False):
+def _finish(m_ref, l_ref, acc_ref, o_ref, interpret=False, lse_ref=None):
     # A row whose max never rose above MASK_VALUE saw no kept key: it gets zeros, like the
     # reference, instead of the average of masked values.
     head_dim = acc_ref.shape[1]
     seen = _lanes(m_ref[...], head_dim, interpret) > 0.5 * MASK_VALUE
     l = _lanes(l_ref[...], head_dim, interpret)
     o_ref[...] = jnp.where(seen, acc_ref[...] / jnp.where(seen, l, 1.0), 0.0).astype(o_ref.dtype)
+    if lse_ref is not None:
+        # log-sum-exp of each row's kept scores, what the backward needs to rebuild p. A row
+        # with no kept key gets +inf, so that the backward's exp(s - lse) is exactly 0 there.
+        m = m_ref[...]
+        lse_ref[...] = jnp.where(m > 0.5 * MASK_VALUE, m + jnp.log(jnp.maximum(l_ref[...], 1e-30)), jnp.inf)
+
+
+def _outputs(q, block_q, index_map, residuals):
+    """out_shape and out_specs: the output `[heads, nq_pad, head_dim]`, and with `residuals` the
+    per-row log-sum-exp `[heads, nq_pad, 128]` f32 (replicated over lanes, like m and l)."""
+    heads, nq_pad, head_dim = q.shape
+    shapes = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
+    specs = [pl.BlockSpec((None, block_q, head_dim), index_map)]
+    if residuals:
+        shapes.append(jax.ShapeDtypeStruct((heads, nq_pad, LANES), jnp.float32))
+        specs.append(pl.BlockSpec((None, block_q, LANES), index_map))
+    return (tuple(shapes), tuple(specs)) if residuals else (shapes[0], specs[0])
 
 
 def _scratch(block_q, head_dim):
@@ -151,12 +168,13 @@ def _compiler_params(vmem_limit_bytes):
 # -- dense ---------------------------------------------------------------------------------
 
 def dense_flash_attention(q, k, v, *, tokens, block_q, block_kv, block_kv_compute, interpret,
-                          vmem_limit_bytes=None):
+                          vmem_limit_bytes=None, residuals=False):
     """Dense flash attention: every (query tile, key tile) pair, K/V tiles along the grid.
 
     Only the last key tile can reach into padding, so only it masks (`k < tokens`).
     The test is made at run time even when there is no padding: a branch known at trace
     time would be folded away, and the interpreter's copies with it (see the tile body).
+    With `residuals`, returns `(out, lse)`, lse f32 `[heads, nq_pad, 128]` for the backward.
     """
     heads, nq_pad, head_dim = q.shape
     nq, nk = nq_pad // block_q, k.shape[1] // block_kv
@@ -165,7 +183,8 @@ def dense_flash_attention(q, k, v, *, tokens, block_q, block_kv, block_kv_comput
     def not_padding(q_ids, k_ids):
         return k_ids < tokens
 
-    def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
+    def kernel(q_ref, k_ref, v_ref, o_ref, *refs):
+        lse_ref, (m_ref, l_ref, acc_ref) = (refs[0], refs[1:]) if residuals else (None, refs)
         i, j = pl.program_id(1), pl.program_id(2)
         tile = functools.partial(_online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
                                  q_start=i * block_q, k_start=j * block_kv,
@@ -181,16 +200,17 @@ def dense_flash_attention(q, k, v, *, tokens, block_q, block_kv, block_kv_comput
 
         @pl.when(j == nk - 1)
         def _():
-            _finish(m_ref, l_ref, acc_ref, o_ref, on_cpu)
+            _finish(m_ref, l_ref, acc_ref, o_ref, on_cpu, lse_ref)
 
+    out_shape, out_specs = _outputs(q, block_q, lambda h, i, j: (h, i, 0), residuals)
     return pl.pallas_call(
         kernel,
         grid=(heads, nq, nk),
         in_specs=[pl.BlockSpec((None, block_q, head_dim), lambda h, i, j: (h, i, 0)),
                   pl.BlockSpec((None, block_kv, head_dim), lambda h, i, j: (h, j, 0)),
                   pl.BlockSpec((None, block_kv, head_dim), lambda h, i, j: (h, j, 0))],
-        out_specs=pl.BlockSpec((None, block_q, head_dim), lambda h, i, j: (h, i, 0)),
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        out_specs=out_specs,
+        out_shape=out_shape,
         scratch_shapes=_scratch(block_q, head_dim),
         compiler_params=_compiler_params(vmem_limit_bytes),
         interpret=interpret,
@@ -201,7 +221,7 @@ def dense_flash_attention(q, k, v, *, tokens, block_q, block_kv, block_kv_comput
 # -- block-sparse: B1, B2, B3 ---------------------------------------------------------------
 
 def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, block_q, block_kv,
-                           block_kv_compute, interpret, vmem_limit_bytes=None):
+                           block_kv_compute, interpret, vmem_limit_bytes=None, residuals=False):
     """B1 / B2 / B3 over a planner schedule.
 
     schedule: int32 `[ceil(kinds * nq * steps / 2)]` from the planner (`TilePlan.schedule`,
@@ -212,7 +232,8 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
     step (h, i, s) fetches the key tile of its entry; idle steps (class EMPTY) repeat the
     resident tile, so the pipeline issues no DMA for them. `keep(q_ids, k_ids)` is the
     elementwise predicate for masked tiles (the exact mask for B1/B2, padding only for B3), or
-    a tuple of them, one per kind.
+    a tuple of them, one per kind. With `residuals`, returns `(out, lse)`, lse f32
+    `[heads, nq_pad, 128]` for the backward (svg_lib.backward).
     """
     if stage not in ("b1", "b2", "b3"):
         raise ValueError(f"stage must be 'b1', 'b2' or 'b3', got {stage!r}")
@@ -231,7 +252,8 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
         entry = (schedule_ref[n >> 1] >> (STEP_BITS * (n & 1))) & 0xFFFF
         return entry >> CLASS_BITS, entry & ((1 << CLASS_BITS) - 1)
 
-    def kernel(head_kind_ref, schedule_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
+    def kernel(head_kind_ref, schedule_ref, q_ref, k_ref, v_ref, o_ref, *refs):
+        lse_ref, (m_ref, l_ref, acc_ref) = (refs[0], refs[1:]) if residuals else (None, refs)
         h, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         kv_tile, cls = step_at(head_kind_ref, schedule_ref, h, i, s)
         tile = functools.partial(_online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
@@ -254,7 +276,7 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
 
         @pl.when(s == steps - 1)
         def _():
-            _finish(m_ref, l_ref, acc_ref, o_ref, _interpreting(interpret))
+            _finish(m_ref, l_ref, acc_ref, o_ref, _interpreting(interpret), lse_ref)
 
     def q_map(h, i, s, *_):
         return h, i, 0
@@ -262,6 +284,7 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
     def kv_map(h, i, s, head_kind_ref, schedule_ref):
         return h, step_at(head_kind_ref, schedule_ref, h, i, s)[0], 0
 
+    out_shape, out_specs = _outputs(q, block_q, q_map, residuals)
     return pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
@@ -270,9 +293,9 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
             in_specs=[pl.BlockSpec((None, block_q, head_dim), q_map),
                       pl.BlockSpec((None, block_kv, head_dim), kv_map),
                       pl.BlockSpec((None, block_kv, head_dim), kv_map)],
-            out_specs=pl.BlockSpec((None, block_q, head_dim), q_map),
+            out_specs=out_specs,
             scratch_shapes=_scratch(block_q, head_dim)),
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        out_shape=out_shape,
         compiler_params=_compiler_params(vmem_limit_bytes),
         interpret=interpret,
         name=f"{stage}_block_sparse_attention",

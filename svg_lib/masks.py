@@ -264,7 +264,7 @@ class SVGMask(Mask):
             raise TypeError(f"geometry must be a VideoGeometry, got {type(geometry).__name__}")
         if isinstance(density, bool) or not isinstance(density, (int, float, np.floating, np.integer)) \
                 or not math.isfinite(density) or not 0.0 < density <= 1.0:
-            raise ValueError(f"density must be a number in (0, 1] (the fraction of pairs kept), got {density!r}")
+            raise ValueError(f"density must be a number in (0, 1] (the band's share of the pairs, as the case study defines it), got {density!r}")
         n, p = geometry.tokens, geometry.text_tokens
         d_video = density - 2.0 * p / n
         if d_video <= 0:

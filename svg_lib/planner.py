@@ -82,6 +82,22 @@ class TilePlan:
         return pack_schedule(self.kv_index, self.step_class)
 
     @property
+    def transposed_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The schedule seen from the keys, for the backward's dk/dv kernel.
+
+        `(q_index, step_class, num_steps)`: `[nk, steps_t]`, `[nk, steps_t]`, `[nk]`; row j lists
+        the query tiles that visit key tile j (the columns of `classes`), in ascending order,
+        then idle steps on the resident query tile. Same classes, so the same tiles mask.
+        """
+        return schedule_rows(self.classes.T)
+
+    @property
+    def transposed_schedule(self) -> np.ndarray:
+        """`transposed_tables` packed like `schedule`: int32 `[ceil(nk * steps_t / 2)]`."""
+        q_index, step_class, _ = self.transposed_tables
+        return pack_schedule(q_index, step_class)
+
+    @property
     def stats(self) -> dict:
         """Plan statistics; the keys of `python -m svg_lib plan --json`."""
         if self._stats is None:
@@ -126,19 +142,33 @@ def plan_tiles(mask: Mask, block_q: int, block_kv: int) -> TilePlan:
     classes[counts == 0] = EMPTY  # also every tile whose query rows are all padding (areas 0)
     classes[(counts == areas) & (counts > 0) & ~kv_padded] = FULL
 
+    kv_index, step_class, num_steps = schedule_rows(classes)
+    return TilePlan(mask, block_q, block_kv, counts, areas, classes, q_padded | kv_padded,
+                    kv_index, step_class, num_steps)
+
+
+def schedule_rows(classes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The compressed schedule of a `[rows, cols]` table of tile classes.
+
+    Returns `index` int32 `[rows, steps]` (the column tile to fetch at each step),
+    `step_class` int8 `[rows, steps]` and `num_steps` int32 `[rows]`, with `steps` the most
+    non-empty tiles of any row (at least 1). Each row lists its non-empty tiles in ascending
+    order, then idle steps (class EMPTY) that repeat the tile already resident. For the
+    forward pass rows are query tiles and columns key tiles; for the backward's dk/dv pass,
+    the transpose (`TilePlan.transposed_tables`).
+    """
+    classes = np.asarray(classes)
     visited = classes != EMPTY
     num_steps = visited.sum(axis=1).astype(np.int32)
     steps = max(int(num_steps.max(initial=0)), 1)
-    # Visited key tiles first, in ascending order; idle steps repeat the last visited tile.
+    # Visited tiles first, in ascending order; idle steps repeat the last visited tile.
     order = np.argsort(~visited, axis=1, kind="stable")[:, :steps]
     last = np.take_along_axis(order, np.maximum(num_steps - 1, 0)[:, None], axis=1)[:, 0]
     last = _resident_for_keyless_rows(last, order[:, 0], num_steps)
     idle = np.arange(steps)[None, :] >= num_steps[:, None]
-    kv_index = np.where(idle, last[:, None], order).astype(np.int32)
+    index = np.where(idle, last[:, None], order).astype(np.int32)
     step_class = np.where(idle, EMPTY, np.take_along_axis(classes, order, axis=1)).astype(np.int8)
-
-    return TilePlan(mask, block_q, block_kv, counts, areas, classes, q_padded | kv_padded,
-                    kv_index, step_class, num_steps)
+    return index, step_class, num_steps
 
 
 def _resident_for_keyless_rows(last: np.ndarray, first: np.ndarray, num_steps: np.ndarray) -> np.ndarray:

@@ -113,6 +113,9 @@ def make_splash(mask: Mask | None, *, tokens: int, heads: int, q_len: int, kv_le
     """Build a Splash MHA kernel for `[heads, q_len, head_dim]` q and `[heads, kv_len, head_dim]` k, v."""
     sa, sm = _splash()
     head_mask = splash_mask(mask, tokens, q_len, kv_len)
-    sizes = sa.BlockSizes(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute)
+    # the backward (jax.grad) runs Splash's fused dq/dk/dv kernel on the forward's tiles
+    sizes = sa.BlockSizes(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
+                          block_q_dkv=block_q, block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv_compute,
+                          use_fused_bwd_kernel=True)
     return sa.make_splash_mha_single_device(sm.MultiHeadMask([head_mask] * heads), block_sizes=sizes,
                                             interpret=interpret)

@@ -248,12 +248,15 @@ def estimate_vmem(method: str, block_q: int, block_kv: int, head_dim: int, dtype
 
     `splash_mask` says how a Splash method holds its mask (`splash.splash_mask_form`): "blocks"
     (the default, the costliest: a `[block_q, block_kv]` int32 mask block, double-buffered),
-    "computable" (a `[block_q, 128]` int32 index block) or "full" (nothing).
+    "computable" (a `[block_q, 128]` int32 index block) or "full" (nothing). A backward kernel
+    of dense, b1, b2 or b3 is named with its pass: "b3:dq", "b3:dkv" (`svg_lib.backward`).
     """
     block_q = check_block_size("block_q", block_q)
     block_kv = check_block_size("block_kv", block_kv)
     block_kv_compute = check_block_kv_compute(block_kv, block_kv_compute, block_q)
     memory = tpu_memory(generation)
+    if ":" in method:
+        return _estimate_backward(method, block_q, block_kv, head_dim, dtype, block_kv_compute, memory)
     splash = method in SPLASH_METHODS
     if splash:
         splash_mask = splash_mask or "blocks"
@@ -278,6 +281,37 @@ def estimate_vmem(method: str, block_q: int, block_kv: int, head_dim: int, dtype
     return VmemEstimate(method, block_q, block_kv, block_kv_compute, head_dim, jnp.dtype(dtype).name, pipeline,
                         scratch, intermediates, memory.generation, memory.vmem_bytes, memory.default_scoped,
                         splash_mask, mask_table)
+
+
+BACKWARD_PASSES = ("dq", "dkv")
+
+
+def _estimate_backward(method, block_q, block_kv, head_dim, dtype, block_kv_compute, memory) -> VmemEstimate:
+    """The backward kernels' VMEM (svg_lib.backward), counted like the forward's.
+
+    dq: q, do, dq blocks `[block_q, head_dim]`, k, v blocks, lse and D `[block_q, 128]` f32, all
+    double-buffered; an f32 dq accumulator; per score element s, p, dp, ds in f32 and ds in the
+    input dtype. dkv: q, do blocks, k, v, dk, dv blocks, lse and D rows (`[1, block_q]`, padded
+    to 8 sublanes); f32 dk and dv accumulators; per element as dq plus p in the input dtype.
+    """
+    import jax.numpy as jnp
+    stage, _, which = method.partition(":")
+    if stage not in _MASKED_METHODS or which not in BACKWARD_PASSES:
+        raise ValueError(f"backward kernels are named '<stage>:<pass>' with stage in {_MASKED_METHODS} and pass "
+                         f"in {BACKWARD_PASSES} (e.g. 'b3:dkv'), got {method!r}")
+    itemsize = jnp.dtype(dtype).itemsize
+    chunk = block_q * block_kv_compute
+    if which == "dq":
+        pipeline = 2 * (itemsize * head_dim * (3 * block_q + 2 * block_kv) + 2 * 4 * block_q * LANES)
+        scratch = 4 * block_q * head_dim
+        per_element = 16 + itemsize
+    else:
+        pipeline = 2 * (itemsize * head_dim * (2 * block_q + 4 * block_kv) + 2 * 4 * 8 * block_q)
+        scratch = 2 * 4 * block_kv * head_dim
+        per_element = 16 + 2 * itemsize
+    intermediates = chunk * (per_element + 9)  # every stage has tiles that mask (padding at least)
+    return VmemEstimate(method, block_q, block_kv, block_kv_compute, head_dim, jnp.dtype(dtype).name, pipeline,
+                        scratch, intermediates, memory.generation, memory.vmem_bytes, memory.default_scoped)
 
 
 def check_block_kv_compute(block_kv: int, block_kv_compute: int | None, block_q: int) -> int:

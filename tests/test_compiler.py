@@ -89,6 +89,15 @@ def test_each_target_gets_its_own_vmem_plan(blog_reports):
         assert r.vmem_capacity == TARGETS[target].vmem_bytes and r.default_scoped_vmem == TARGETS[target].default_scoped_vmem
 
 
+def test_b3_gradient_compiles_at_the_blog_size(tpu_compiler):
+    """jax.grad through B3 at the blog's size: its forward with the log-sum-exp and the backward's
+    dq and dk/dv kernels compile for a v6e (one head: every head runs the same kernels)."""
+    from svg_lib.compiler import compile_gradient
+    verdict = compile_gradient(BLOG, "b3", "v6e", heads=1)
+    assert verdict["ok"], verdict["summary"] or verdict["error"]
+    assert verdict["temp_bytes"] > 0
+
+
 def test_smem_overflow_is_refused_before_compiling(tpu_compiler):
     # 256 x 256 tiles at 1440p (21 x 90 x 160 = 302,400 tokens): even the packed schedule
     # (two steps per SMEM word) outgrows the 1 MiB of SMEM; build_attention refuses it with the

@@ -1,0 +1,203 @@
+"""Gradients through the series' kernels (svg_lib.backward) against float64 and jax.grad."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import tpu as pltpu
+
+from svg_lib import attention, b3_mask, plan_tiles, reference_attention
+from svg_lib.backward import dense_classes
+from svg_lib.geometry import VideoGeometry
+from svg_lib.masks import SVGMask
+from svg_lib.planner import EMPTY, FULL, PARTIAL, schedule_rows, unpack_schedule
+from svg_lib.vmem import estimate_vmem
+from test_kernels import EMPTY_TILE_ROW, HOLEY, _races_found_in, needs_race_state, random_qkv
+
+# 315 tokens: padded to 384 queries (3 tiles of 128) and 512 keys (2 tiles of 256), each key
+# tile in 2 slices of 128, so padding, several chunks and non-square tiles are all exercised.
+MASK = SVGMask.spatial(VideoGeometry(3, 7, 15), 0.35)
+BLOCKS = dict(block_q=128, block_kv=256, block_kv_compute=128)
+METHODS = ["dense", "b1", "b2", "b3", "splash_dense", "splash"]
+# float32: the kernels and float64 differ by float32 rounding. bfloat16: q, k, v, do are bf16 and
+# the kernels round p and ds to bf16 before their matmuls (unit roundoff 2^-8) over ~300 keys.
+GRAD_TOL = {"float32": dict(rtol=1e-4, atol=1e-4), "bfloat16": dict(rtol=3e-2, atol=3e-2)}
+
+
+def grads64(q, k, v, keep, dout):
+    """(dq, dk, dv) of sum(attention(q, k, v) * dout) in float64, keeping pairs where `keep`.
+
+    Written from the softmax's derivative, independently of the kernels: with P the attention
+    weights (0 where masked, rows keeping nothing all 0), dV = P^T dO, dP = dO V^T,
+    dS = P * (dP - rowsum(dP * P)), dQ = dS K / sqrt(D), dK = dS^T Q / sqrt(D).
+    """
+    q, k, v, dout = (np.asarray(jnp.asarray(x, jnp.float32), np.float64) for x in (q, k, v, dout))
+    scale = 1 / math.sqrt(q.shape[-1])
+    s = np.einsum("hqd,hkd->hqk", q, k) * scale
+    if keep is not None:
+        s = np.where(keep[None], s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    e = np.exp(s - np.where(np.isfinite(m), m, 0))
+    total = e.sum(axis=-1, keepdims=True)
+    p = np.where(total > 0, e / np.where(total > 0, total, 1), 0)
+    dv = np.einsum("hqk,hqd->hkd", p, dout)
+    dp = np.einsum("hqd,hkd->hqk", dout, v)
+    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    return (np.einsum("hqk,hkd->hqd", ds, k) * scale, np.einsum("hqk,hqd->hkd", ds, q) * scale,
+            dv)
+
+
+def kernel_grads(q, k, v, dout, mask, method, interpret=None, **blocks):
+    def loss(q, k, v):
+        out = attention(q, k, v, mask, method=method, interpret=interpret, **(blocks or BLOCKS))
+        return jnp.sum(out.astype(jnp.float32) * dout.astype(jnp.float32))
+    return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+
+def computed_mask(mask, method, block_q=128, block_kv=256):
+    """The mask a method computes: none for the dense ones, B3's rounded one for b3."""
+    if method in ("dense", "splash_dense"):
+        return None
+    return b3_mask(mask, block_q, block_kv) if method == "b3" else mask
+
+
+def assert_grads_close(got, want, tol):
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        g = np.asarray(jnp.asarray(g, jnp.float32), np.float64)
+        assert np.isfinite(g).all(), f"{name} has non-finite values"
+        np.testing.assert_allclose(g, w, **tol, err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("method", METHODS)
+def test_gradients_match_float64(method, dtype):
+    q, k, v = random_qkv(3, 2, MASK.tokens, 128, dtype)
+    dout = random_qkv(4, 2, MASK.tokens, 128, dtype)[0]
+    mask = computed_mask(MASK, method)
+    got = kernel_grads(q, k, v, dout, None if mask is None else MASK, method)
+    assert_grads_close(got, grads64(q, k, v, None if mask is None else mask.to_dense(), dout), GRAD_TOL[dtype])
+
+
+def test_float64_gradients_agree_with_jax_grad_of_the_reference():
+    """The float64 formula above is the derivative jax.grad takes of reference_attention."""
+    q, k, v = random_qkv(5, 1, MASK.tokens, 64, "float32")
+    dout = random_qkv(6, 1, MASK.tokens, 64, "float32")[0]
+    loss = lambda q, k, v: jnp.sum(reference_attention(q, k, v, MASK) * dout)  # noqa: E731
+    want = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    for g, w in zip(grads64(q, k, v, MASK.to_dense(), dout), want):
+        np.testing.assert_allclose(g, np.asarray(w), rtol=1e-4, atol=1e-5)
+
+
+def test_a_wrong_mask_is_told_apart():
+    """Negative control: B2's gradients are not those of the mask one token narrower."""
+    q, k, v = random_qkv(3, 1, MASK.tokens, 128, "float32")
+    dout = random_qkv(4, 1, MASK.tokens, 128, "float32")[0]
+    narrower = SVGMask(MASK.geometry, MASK.band_width - 1, MASK.sink_tokens)
+    got = kernel_grads(q, k, v, dout, MASK, "b2")
+    wrong = grads64(q, k, v, narrower.to_dense(), dout)
+    assert max(float(np.max(np.abs(np.asarray(g) - w))) for g, w in zip(got, wrong)) > 1e-3
+
+
+@pytest.mark.parametrize("mask, method", [(HOLEY, "b1"), (HOLEY, "b2"), (EMPTY_TILE_ROW, "b2"),
+                                          (EMPTY_TILE_ROW, "b3")])
+def test_rows_that_keep_no_key_get_zero_gradients(mask, method):
+    q, k, v = random_qkv(7, 1, mask.tokens, 64, "float32")
+    dout = random_qkv(8, 1, mask.tokens, 64, "float32")[0]
+    blocks = dict(block_q=128, block_kv=128)
+    got = kernel_grads(q, k, v, dout, mask, method, **blocks)
+    dense = computed_mask(mask, method, 128, 128).to_dense()
+    keyless = ~dense.any(axis=1)
+    assert keyless.any()
+    assert (np.asarray(got[0])[:, keyless] == 0).all(), "a row that keeps no key must get dq = 0"
+    assert_grads_close(got, grads64(q, k, v, dense, dout), GRAD_TOL["float32"])
+
+
+def test_transposed_schedule_visits_each_tile_once_from_the_keys():
+    plan = plan_tiles(MASK, 128, 128)
+    q_index, step_class, num_steps = plan.transposed_tables
+    nq, nk = plan.grid
+    seen = np.zeros((nq, nk), int)
+    for j in range(nk):
+        for s in range(q_index.shape[1]):
+            if s < num_steps[j]:
+                assert step_class[j, s] == plan.classes[q_index[j, s], j] != EMPTY
+                seen[q_index[j, s], j] += 1
+            else:  # idle: no class, and the query tile already resident
+                assert step_class[j, s] == EMPTY and q_index[j, s] == q_index[j, max(num_steps[j] - 1, 0)]
+    assert (seen == plan.visited).all()
+    rows, cls = unpack_schedule(plan.transposed_schedule, nk, q_index.shape[1])
+    assert (rows == q_index).all() and (cls == step_class).all()
+
+
+def test_schedule_rows_of_a_column_with_nothing_idles_on_the_resident_tile():
+    classes = np.array([[FULL, EMPTY, PARTIAL], [EMPTY, EMPTY, FULL]], np.int8).T  # key tiles as rows
+    index, step_class, num_steps = schedule_rows(classes)
+    assert num_steps.tolist() == [1, 0, 2]
+    assert index[1].tolist() == [0, 0]  # nothing to visit: stays on the tile row 0 left resident
+    assert (step_class[1] == EMPTY).all()
+
+
+def test_dense_classes_mask_only_the_key_padding():
+    classes = dense_classes(315, 128, 256)
+    assert classes.shape == (3, 2)
+    assert (classes[:, 0] == FULL).all() and (classes[:, 1] == PARTIAL).all()
+    assert (dense_classes(512, 128, 256) == FULL).all()
+
+
+@needs_race_state
+@pytest.mark.parametrize("method", ["dense", "b2", "b3"])
+def test_backward_kernels_have_no_races(method):
+    q, k, v = random_qkv(3, 1, MASK.tokens, 128, "float32")
+    dout = random_qkv(4, 1, MASK.tokens, 128, "float32")[0]
+    params = pltpu.InterpretParams(detect_races=True)
+    got, found = _races_found_in(lambda: [np.asarray(g) for g in kernel_grads(q, k, v, dout, MASK, method,
+                                                                                 interpret=params)])
+    assert not found, f"{method}: the interpreter reported a race in the backward"
+    mask = computed_mask(MASK, method)
+    assert_grads_close(got, grads64(q, k, v, None if mask is None else mask.to_dense(), dout), GRAD_TOL["float32"])
+
+
+def test_backward_vmem_estimates():
+    dq = estimate_vmem("b3:dq", 3328, 1536, 128, jnp.bfloat16, 512, "v6e")
+    dkv = estimate_vmem("b3:dkv", 3328, 1536, 128, jnp.bfloat16, 512, "v6e")
+    forward = estimate_vmem("b3", 3328, 1536, 128, jnp.bfloat16, 512, "v6e")
+    assert dq.fits and dkv.fits
+    # both hold more per score element than the forward (dp and ds besides s and p)
+    assert dq.intermediates > forward.intermediates and dkv.intermediates > forward.intermediates
+    assert dkv.scratch == 2 * 4 * 1536 * 128  # f32 dk and dv accumulators
+    with pytest.raises(ValueError, match="stage in"):
+        estimate_vmem("splash:dq", 512, 512, 128, jnp.bfloat16)
+    with pytest.raises(ValueError, match="pass"):
+        estimate_vmem("b3:dx", 512, 512, 128, jnp.bfloat16)
+
+
+def test_backward_that_overflows_vmem_is_refused_when_the_gradient_is_traced():
+    """Blocks whose forward fits a v4 but whose dk/dv kernel does not: the forward builds and
+    runs; taking the gradient raises the VMEM error instead of compiling something that fails."""
+    from svg_lib.attention import build_attention
+    head_dim, dtype = 128, jnp.float32
+    blocks = next((bq, c) for bq in range(256, 4097, 256) for c in (128, 256, 512)
+                  if estimate_vmem("dense", bq, 512, head_dim, dtype, c, "v4").fits
+                  and not estimate_vmem("dense:dkv", bq, 512, head_dim, dtype, c, "v4").fits)
+    f = build_attention(None, method="dense", heads=1, tokens=blocks[0], head_dim=head_dim, dtype=dtype,
+                        block_q=blocks[0], block_kv=512, block_kv_compute=blocks[1], interpret=True,
+                        generation="v4")
+    q = jax.ShapeDtypeStruct((1, blocks[0], head_dim), dtype)
+    assert jax.eval_shape(f, q, q, q).shape == q.shape
+    with pytest.raises(ValueError, match="overflows VMEM"):
+        jax.eval_shape(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v)), argnums=(0, 1, 2)), q, q, q)
+
+
+@pytest.mark.parametrize("method", ["b2", "b3"])
+def test_gradients_with_padding_inside_the_sequence(method):
+    """A sliding-tile mask pads each 3-D cube: padded query rows run unmasked and are zeroed,
+    padded keys are masked. Neither may leak into a gradient: every one matches float64."""
+    from svg_lib.masks import SlidingTileMask
+    mask = SlidingTileMask(VideoGeometry(3, 5, 16), (1, 4, 32), (1, 3, 1))  # 128-token cubes, padding inside
+    assert mask.tokens > VideoGeometry(3, 5, 16).tokens
+    q, k, v = random_qkv(11, 1, mask.tokens, 64, "float32")
+    dout = random_qkv(12, 1, mask.tokens, 64, "float32")[0]
+    got = kernel_grads(q, k, v, dout, mask, method, block_q=128, block_kv=128)
+    assert_grads_close(got, grads64(q, k, v, computed_mask(mask, method, 128, 128).to_dense(), dout),
+                       GRAD_TOL["float32"])
