@@ -220,7 +220,13 @@ def cached_build(builder, mask, q, **config):
            tuple(sorted((name, repr(value)) for name, value in config.items())))
     entry = _CACHE.get(key)
     if entry is None or entry[0] is not mask:
-        fn = builder(mask, heads=heads, tokens=tokens, head_dim=head_dim, dtype=q.dtype, **config)
+        import jax
+
+        # Called under jit or grad, the builder's constant arrays (schedule tables, masks) would
+        # be tracers of that trace, and the cached function would leak them into later calls:
+        # build them as concrete arrays instead.
+        with jax.ensure_compile_time_eval():
+            fn = builder(mask, heads=heads, tokens=tokens, head_dim=head_dim, dtype=q.dtype, **config)
         entry = (mask, fn)  # holding the mask keeps id(mask) from being reused while cached
         _CACHE[key] = entry
         while len(_CACHE) > _CACHE_SIZE:

@@ -280,6 +280,50 @@ def plot_tile_map_grid(mask: Mask, block_sizes, show_mask: bool = True, title: s
     return plot_tile_maps(plans, show_mask=show_mask, title=title, panel_size=panel_size)
 
 
+def plot_schedule(plan: TilePlan, transposed: bool = False, ax=None, title: str | None = None,
+                  legend: bool = True, stage: str = "b2"):
+    """The path a kernel's grid takes through the tiles of `plan`, over its tile map; returns the Figure.
+
+    `transposed=False`: the forward's schedule, which the backward's dq pass walks too: one
+    path per query tile, along its row through the key tiles it visits. `transposed=True`: the
+    dk/dv pass's schedule (`plan.transposed_tables`): one path per key tile, down its column
+    through the query tiles that visit it. Each path is one row of the schedule table, dots on
+    the tiles in visit order and an arrow head on the last; the grid pads every path with idle
+    steps to the longest one, and the title counts grid steps, visits and idle steps.
+    """
+    from matplotlib.lines import Line2D
+
+    if not isinstance(plan, TilePlan):
+        raise TypeError(f"plot_schedule needs a TilePlan (from plan_tiles(mask, block_q, block_kv)), "
+                        f"got {type(plan).__name__}")
+    index, _, num_steps = plan.transposed_tables if transposed else (plan.kv_index, plan.step_class, plan.num_steps)
+    q0, q1, k0, k1 = _tile_extents(plan)
+    q_mid, k_mid = (q0 + q1) / 2, (k0 + k1) / 2
+    rows, steps = index.shape
+    visits = int(num_steps.sum())
+    if title is None:
+        walk = "dk/dv: per key tile, the query tiles" if transposed else "forward and dq: per query tile, the key tiles"
+        title = (f"{walk}\n{rows} paths x {steps} steps = {rows * steps} grid steps "
+                 f"({visits} visits, {rows * steps - visits} idle)")
+    fig = plot_tile_map(plan, ax=ax, title=title, show_mask=False, legend=False, stage=stage)
+    ax = fig.axes[0] if ax is None else ax
+    for r in range(rows):
+        tiles = index[r, :num_steps[r]]
+        if not tiles.size:
+            continue  # a row that visits nothing: idle steps only
+        xs, ys = (k_mid[r], q_mid[tiles]) if transposed else (k_mid[tiles], q_mid[r])
+        xs, ys = np.broadcast_to(xs, tiles.shape), np.broadcast_to(ys, tiles.shape)
+        ax.plot(xs, ys, color="#222222", linewidth=1.2, marker="o", markersize=4, zorder=4, gid="schedule")
+        if tiles.size > 1:  # the arrow head says which way the path runs
+            ax.annotate("", xy=(xs[-1], ys[-1]), xytext=(xs[-2], ys[-2]), zorder=4,
+                        arrowprops=dict(arrowstyle="-|>", color="#222222", lw=1.2, shrinkA=0, shrinkB=3))
+    if legend:
+        handles = _legend_handles(padding=bool(plan.touches_padding.any()))
+        handles.append(Line2D([], [], color="#222222", marker="o", markersize=4,
+                              label="one schedule row: tiles in visit order"))
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small", frameon=False)
+    return fig
+
 def _tile_work(plan: TilePlan) -> np.ndarray:
     """int8 [nq, nk]: index into `_ASCII_CHARS`, ordered by the work the tile costs."""
     work = np.zeros(plan.grid, dtype=np.int8)

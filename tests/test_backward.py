@@ -201,3 +201,21 @@ def test_gradients_with_padding_inside_the_sequence(method):
     got = kernel_grads(q, k, v, dout, mask, method, block_q=128, block_kv=128)
     assert_grads_close(got, grads64(q, k, v, computed_mask(mask, method, 128, 128).to_dense(), dout),
                        GRAD_TOL["float32"])
+
+@pytest.mark.parametrize("method", ["b3", "splash"])
+def test_attention_first_called_under_jit_and_grad_caches_no_tracer(method):
+    """attention() plans on its first call and caches the result; when that call is traced (a
+    jitted training step), the cached kernel must not hold the trace's tracers: later eager
+    calls and gradients must still work, and agree with the traced ones."""
+    mask = SVGMask.spatial(VideoGeometry(3, 8, 16), 0.35)
+    q, k, v = random_qkv(9, 1, mask.tokens, 64, "float32")
+
+    def loss(q, k, v):
+        return jnp.sum(attention(q, k, v, mask, method=method, block_q=128, block_kv=128) ** 2)
+
+    traced = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    eager = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    out = attention(q, k, v, mask, method=method, block_q=128, block_kv=128)
+    assert np.isfinite(np.asarray(out)).all()
+    for t, e in zip(traced, eager):
+        np.testing.assert_allclose(np.asarray(t), np.asarray(e), rtol=1e-5, atol=1e-6)

@@ -17,8 +17,8 @@ from svg_lib.masks import SVGMask  # noqa: E402
 from svg_lib.planner import EMPTY, FULL, PARTIAL, plan_tiles  # noqa: E402
 from svg_lib.attention import b3_mask  # noqa: E402
 from svg_lib.plots import (ADDED_COLOR, DROPPED_COLOR, TILE_COLORS, ascii_tile_map, kept_fraction_grid,  # noqa: E402
-                           plot_mask, plot_query_frames, plot_rounding_diff, plot_speedups, plot_stage_costs,
-                           plot_tile_map, plot_tile_map_grid, plot_tile_maps, rounding_diff)
+                           plot_mask, plot_query_frames, plot_rounding_diff, plot_schedule, plot_speedups,
+                           plot_stage_costs, plot_tile_map, plot_tile_map_grid, plot_tile_maps, rounding_diff)
 from svg_lib.runtime import get_preset  # noqa: E402
 
 
@@ -320,6 +320,49 @@ def test_speedups_are_each_devices_own_ratio_to_b0():
     with pytest.raises(ValueError, match="splash_dense"):
         plot_speedups(_fake_result([{"method": "b3", "median_ms": 1.0, "speedup": None, "blog_v6e_ms": 32.76}]))
 
+
+# -- plot_schedule ---------------------------------------------------------------------------
+
+def _schedule_paths(ax):
+    return [np.asarray(line.get_xydata()) for line in ax.get_lines() if line.get_gid() == "schedule"]
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_schedule_paths_walk_the_visited_tiles_in_order(transposed):
+    """One path per schedule row with a visit: along its query tile's row (forward, dq), or down
+    its key tile's column (dk/dv), through tile centres in visit order; together, every visited
+    tile exactly once."""
+    mask = SVGMask.spatial(VideoGeometry(10, 8, 15), 0.35)   # 1,200 tokens: padding in q and kv
+    plan = plan_tiles(mask, 128, 256)
+    assert plan.steps != plan.transposed_tables[0].shape[1]  # the two walks differ in length here
+    ax = plot_schedule(plan, transposed=transposed).axes[0]
+    paths = _schedule_paths(ax)
+    index, _, num_steps = plan.transposed_tables if transposed else (plan.kv_index, None, plan.num_steps)
+    assert len(paths) == (num_steps > 0).sum()
+    n = plan.tokens
+    q_mid = (np.arange(plan.grid[0]) * plan.block_q + np.minimum(np.arange(1, plan.grid[0] + 1) * plan.block_q, n)) / 2
+    k_mid = (np.arange(plan.grid[1]) * plan.block_kv + np.minimum(np.arange(1, plan.grid[1] + 1) * plan.block_kv, n)) / 2
+    seen = np.zeros(plan.grid, int)
+    for path, row in zip(paths, np.flatnonzero(num_steps)):
+        tiles = index[row, :num_steps[row]]
+        assert (np.diff(tiles) > 0).all()
+        if transposed:  # a column: fixed key tile, query tiles going down
+            np.testing.assert_allclose(path[:, 0], k_mid[row])
+            np.testing.assert_allclose(path[:, 1], q_mid[tiles])
+            seen[tiles, row] += 1
+        else:           # a row: fixed query tile, key tiles going right
+            np.testing.assert_allclose(path[:, 1], q_mid[row])
+            np.testing.assert_allclose(path[:, 0], k_mid[tiles])
+            seen[row, tiles] += 1
+    np.testing.assert_array_equal(seen, plan.visited.astype(int))
+    rows, steps = index.shape
+    assert f"{rows} paths x {steps} steps = {rows * steps} grid steps" in ax.get_title()
+    assert f"{plan.visited.sum()} visits" in ax.get_title()
+
+
+def test_schedule_rejects_a_mask():
+    with pytest.raises(TypeError, match="TilePlan"):
+        plot_schedule(get_preset("tiny").mask())
 
 # -- ascii_tile_map --------------------------------------------------------------------------
 
