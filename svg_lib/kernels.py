@@ -72,21 +72,22 @@ def _online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_
 
     q_ref `[block_q, head_dim]`; k_ref, v_ref `[block_kv, head_dim]`; m_ref, l_ref
     `[block_q, 128]` f32 running max and sum (replicated over lanes, the layout the VPU
-    likes); acc_ref `[block_q, head_dim]` f32 unnormalised output. `keep` is None (a
-    mask-free tile: the MXU path with no per-element VPU work) or a predicate on global
-    token indices, called with a `[block_q, 1]` column of query indices and a
-    `[1, block_kv_compute]` row of key indices (it must broadcast them): a predicate on keys
-    alone (padding) then costs one row, not a tile. The tile is processed in
-    `block_kv_compute` slices to bound VMEM. `interpret` (known at trace time) picks the
-    broadcasts each backend does cheaply (see `_lanes`).
+    likes); acc_ref `[block_q, head_dim]` f32 unnormalised output. For each slice of
+    `block_kv_compute` keys (the slice bounds the VMEM of the score block): scores
+    `s = q k^T`, masked if `keep` is given, then the online-softmax update of m, l and acc.
 
-    Kernels call this only under `pl.when`. Together with the fori_loop below that keeps
-    the CPU interpreter from copying the whole q, k and v arrays at every grid step (it
-    writes each block back after the step, and XLA copies when that write is a plain
-    slice of the same array). On a TPU an unrolled loop does not cost nothing: every chunk is
-    another copy of the body in instruction memory (2.4x the bundles of the rolled loop at the
-    blog's tiles), bought for a shorter step (11 % fewer simulated cycles there), so the loop
-    is unrolled only up to `MAX_UNROLLED_CHUNKS` chunks (numbers beside it).
+    `keep` is None (a mask-free tile: the MXU path with no per-element VPU work) or a
+    predicate on global token indices, called with a `[block_q, 1]` column of query indices
+    and a `[1, block_kv_compute]` row of key indices (it must broadcast them): a predicate on
+    keys alone (padding) then costs one row, not a tile. `interpret` (known at trace time)
+    picks the broadcasts each backend does cheaply (see `_lanes`).
+
+    Two choices serve the CPU interpreter, at no cost on a TPU: kernels call this only under
+    `pl.when`, and blocks are read inside the loop. Without them the interpreter copies the
+    whole q, k and v arrays at every grid step (XLA turns its write-back of a block into a
+    copy). On a TPU the loop is unrolled up to `MAX_UNROLLED_CHUNKS` chunks: each unrolled
+    chunk is another copy of the body in instruction memory, bought for a shorter step (the
+    numbers are beside the constant).
     """
     block_q = q_ref.shape[0]
     head_dim = acc_ref.shape[1]
