@@ -152,3 +152,22 @@ def test_cli_refuses_a_bad_block_size(capsys):
 
     assert main(["cost", "--preset", "small", "--block-q", "100"]) == 2
     assert "multiple of 128" in capsys.readouterr().err
+
+
+def test_backward_probes_compare_like_with_like(tpu_compiler, cost_cache, monkeypatch):
+    """The backward's probes: every kernel costs cycles per step; ours does the same work per tile
+    as Splash's two backward kernels (a dq step and a dk/dv step), so its cost per tile lands near
+    theirs (the committed reference: 1.00x at 512 x 256, 1.01x at 3328 x 1536 on a v6e), and
+    Splash's fused kernel, one step per tile that computes s and p once, costs less than either."""
+    import json
+
+    from svg_lib.cost import BACKWARD_KERNELS, REFERENCE_FILE, backward_tile_cost
+    monkeypatch.setenv("SVG_LIB_CACHE_DIR", str(cost_cache))
+    cost = backward_tile_cost("v6e", block_q=512, block_kv=256)
+    assert set(cost.per_step) == set(BACKWARD_KERNELS) and all(c["free"] > 0 for c in cost.per_step.values())
+    assert 0.8 < cost.ratio() < 1.25
+    assert cost.per_tile("splash_fused") < min(cost.per_tile("svg_lib"), cost.per_tile("splash"))
+    reference = json.loads((REFERENCE_FILE.parent / "backward_cost_reference.json").read_text())
+    recorded = {(c["block_q"], c["block_kv"]): c for c in reference["costs"]}
+    assert recorded[(512, 256)]["per_step"]["svg_lib_dq"]["free"] == pytest.approx(cost.per_step["svg_lib_dq"]["free"],
+                                                                                     rel=0.05)
