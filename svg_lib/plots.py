@@ -353,8 +353,9 @@ def _downsample_max(work: np.ndarray, axis: int, limit: int | None) -> tuple[np.
 def ascii_tile_map(plan: TilePlan, max_cols: int = 100, max_rows: int | None = None) -> str:
     """The tile classes of `plan` as text: one line per query tile, one character per key tile.
 
-    '#' full (mask-free), 'x' partial (elementwise mask), 'p' masked only because it reaches
-    into key padding (all its real pairs are kept), '.' empty (skipped). With more key tiles
+    '#' full (mask-free), 'x' partial (elementwise mask), 'p' partial only because it reaches
+    into key padding (all its real pairs are kept: B1 and B2 still evaluate the whole mask
+    there, B3 only the padding test), '.' empty (skipped). With more key tiles
     than `max_cols` (or query tiles than `max_rows`), each character stands for a group of
     tiles and shows the most work among them (x > p > # > .); the legend says so.
     """
@@ -368,7 +369,7 @@ def ascii_tile_map(plan: TilePlan, max_cols: int = 100, max_rows: int | None = N
     work, row_group = _downsample_max(work, 0, max_rows)
     chars = np.array(list(_ASCII_CHARS))
     lines = ["".join(row) for row in chars[work]]
-    legend = "legend: '#' full (no mask)  'x' partial (elementwise mask)  'p' masked only for key padding  '.' empty"
+    legend = "legend: '#' full (no mask)  'x' partial (elementwise mask)  'p' partial only through key padding  '.' empty"
     rows = f"rows: {nq} query tiles of {plan.block_q}" + (f", {row_group} per line" if row_group > 1 else "")
     cols = f"columns: {nk} key tiles of {plan.block_kv}" + (f", {col_group} per character" if col_group > 1 else "")
     scale = f"{rows}; {cols}"
