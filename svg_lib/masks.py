@@ -257,8 +257,12 @@ class SVGMask(Mask):
     def spatial(cls, geometry: VideoGeometry, density: float, first_frame_sink: bool = True) -> "SVGMask":
         """The spatial-head mask (frame-major order) keeping about `density` of all pairs.
 
+        `density` is the band's share of the pairs, as the case study defines its configuration;
+        `pair_density` is what the mask really keeps (the sink and the rounding add to it).
         Band width W = N * (1 - sqrt(1 - d')), d' = density - 2P/N (text rows and columns are
-        always kept), rounded up to a multiple of 128 so the band's edges fall on lanes.
+        always kept), rounded up to a multiple of 128, the case study's convention. The band's
+        edge is a diagonal, so that does not put it on lane boundaries: it only makes a
+        128 x 128 block on the edge be cut exactly along its diagonal (notebook 02).
         """
         if not isinstance(geometry, VideoGeometry):
             raise TypeError(f"geometry must be a VideoGeometry, got {type(geometry).__name__}")
