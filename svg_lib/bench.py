@@ -220,7 +220,7 @@ def backward_steps(config: BenchConfig, method: str, plan=None, b3_plan=None) ->
     whose skipping we do not count) and the reference.
     """
     from .attention import b3_mask
-    from .planner import plan_tiles, schedule_rows
+    from .planner import plan_tiles
 
     n, bq, bkv = config.tokens, config.block_q, config.block_kv
     nq, nk = -(-n // bq), -(-n // bkv)
@@ -232,7 +232,7 @@ def backward_steps(config: BenchConfig, method: str, plan=None, b3_plan=None) ->
         p = b3_plan or plan_tiles(b3_mask(config.mask(), bq, bkv), bq, bkv)
     else:
         p = plan or plan_tiles(config.mask(), bq, bkv)
-    return nq * p.steps + nk * schedule_rows(p.classes.T)[0].shape[1]
+    return nq * p.steps + nk * p.transposed_tables[0].shape[1]
 
 
 def _check_methods(methods) -> tuple[str, ...]:

@@ -127,6 +127,25 @@ def test_errors_are_small_under_each_methods_own_mask(result):
         assert r["max_error"] is not None and 0 <= r["max_error"] < F32_TOL, r
 
 
+def test_backward_is_timed_checked_and_counted():
+    """--backward: forward + backward timed per method, gradients checked against the reference's,
+    and the backward's grid steps those of the forward's schedule plus its transpose."""
+    config = BenchConfig(geometry=VideoGeometry(3, 8, 16), heads=1, head_dim=128, block_q=128, block_kv=256,
+                         density=0.35, dtype="float32")
+    res = run_benchmark(config, ("splash_dense", "dense", "b3"), repeats=1, warmup=0, backward=True)
+    rows = rows_by_method(res)
+    plan = plan_tiles(b3_mask(config.mask(), 128, 256), 128, 256)
+    nq, nk = plan.grid
+    assert rows["b3"]["backward_steps"] == nq * plan.steps + nk * plan.transposed_tables[0].shape[1]
+    assert rows["dense"]["backward_steps"] == 2 * nq * nk and rows["splash_dense"]["backward_steps"] is None
+    for r in res.rows:
+        assert r["train_median_ms"] > 0 and r["grad_error"] < F32_TOL * 10
+    assert rows["splash_dense"]["train_speedup"] == 1.0
+    table = res.table()
+    assert "fwd+bwd ms" in table and "grad error" in table
+    assert max(map(len, table.splitlines()[1:])) <= 100  # below the header line, the rows and notes
+
+
 def test_error_check_in_bfloat16_and_switched_off(tiny):
     bf16 = dataclasses.replace(tiny, dtype="bfloat16")
     res = run_benchmark(bf16, ("b2", "b3"), repeats=1, warmup=0)
