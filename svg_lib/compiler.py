@@ -21,6 +21,7 @@ jax is imported inside functions, so importing this module stays cheap.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import glob
@@ -155,13 +156,81 @@ def compile_fn(fn, shapes, target: str = DEFAULT_TARGET):
     Returns `(compiled, seconds)`; the compiler's errors (a VMEM or SMEM overflow, an
     unsupported op) propagate as they are: see `classify_error`.
     """
+    args = shape_structs(shapes, target)
+    start = time.perf_counter()
+    compiled = compile_placed(fn, args)
+    return compiled, time.perf_counter() - start
+
+
+# Whether Mosaic kernels must reach this libtpu through jax.export (see compile_placed); learnt
+# from the first refusal, so that a process pays for it once.
+_MOSAIC_THROUGH_EXPORT = False
+_MOSAIC_VERSION_REFUSED = re.compile(r"Unsupported version: expected <= (\d+) but got (\d+)")
+
+
+def compile_placed(fn, args):
+    """`jax.jit(fn).lower(*args).compile()` for args already placed on compile-only TPU devices.
+
+    One difference from that line: a libtpu older than the installed jax may refuse the Mosaic
+    serialization version jax writes. jax picks an older version itself when it can see the TPU's
+    build date, which a compile-only device does not show (Colab's jax 0.7.2 writes version 8 there,
+    its libtpu 0.0.21.1 reads up to 7). Exported programs (`jax.export`) are always serialized in
+    the forward-compatible version, so on that refusal the program is exported and the export
+    compiled instead: the same kernels, the older serialization.
+    """
+    global _MOSAIC_THROUGH_EXPORT
     import jax
 
-    args = shape_structs(shapes, target)
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
-    start = time.perf_counter()
-    compiled = jitted.lower(*args).compile()
-    return compiled, time.perf_counter() - start
+    with _compile_only_layouts():
+        if not _MOSAIC_THROUGH_EXPORT:
+            try:
+                return jitted.lower(*args).compile()
+            except Exception as err:
+                if not _MOSAIC_VERSION_REFUSED.search(str(err)):
+                    raise
+                _MOSAIC_THROUGH_EXPORT = True
+        return _compile_exported(jitted, args)
+
+
+@contextlib.contextmanager
+def _compile_only_layouts():
+    """Let jax before 0.8 finish a compile-only compile without crashing.
+
+    After compiling, jax 0.7 asks the device's client for each argument's default layout, and with
+    Colab's jax 0.7.2 and libtpu 0.0.21.1 that call on a compile-only client ends the process with
+    a segmentation fault. The answer only decides how arguments are passed when the executable is
+    called, and a compile-only executable is never called: on that jax, every layout is taken as
+    the default while compiling. Newer jax neither crashes nor is touched.
+    """
+    import jax
+
+    if tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 8):
+        yield
+        return
+    from jax._src.interpreters import pxla  # private: the one function that crashes, nothing else
+
+    original = pxla.is_default_layout
+    pxla.is_default_layout = lambda layout, sharding, aval: True
+    try:
+        yield
+    finally:
+        pxla.is_default_layout = original
+
+
+def _compile_exported(jitted, args):
+    import jax
+    from jax import export  # before jax 0.8, `jax.export` is reachable only once imported
+
+    # exported from unplaced shapes: asking a compile-only device for its layouts crashes jax 0.7.2
+    unplaced = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
+    exported = export.export(jitted, platforms=["tpu"])(*unplaced)
+    return jax.jit(exported.call).lower(*args).compile()
+
+
+def mosaic_through_export() -> bool:
+    """True once this process compiles Mosaic kernels through jax.export (see compile_placed)."""
+    return _MOSAIC_THROUGH_EXPORT
 
 
 _OOM = re.compile(r"(CompileTimeScopedVmemOom|Ran out of memory in memory space (\w+)|"

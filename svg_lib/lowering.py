@@ -145,6 +145,7 @@ def lower_for_tpu(config: BenchConfig, method: str) -> LoweringReport:
     """
     import jax
     import jax.numpy as jnp
+    from jax import export  # `jax.export` is not an attribute of `jax` until imported, before jax 0.8
 
     from .compiler import first_lines
 
@@ -163,7 +164,7 @@ def lower_for_tpu(config: BenchConfig, method: str) -> LoweringReport:
     start = time.perf_counter()
     try:
         args = [jax.ShapeDtypeStruct(config.shape, jnp.dtype(config.dtype))] * 3
-        exported = jax.export.export(fn, platforms=["tpu"])(*args)
+        exported = export.export(fn, platforms=["tpu"])(*args)
         text = exported.mlir_module()
     except Exception as err:
         return failed("lower", err, build_s, time.perf_counter() - start)

@@ -275,22 +275,30 @@ class CompileCounter:
     """
 
     EVENT = "/jax/core/compile/backend_compile_duration"
+    # One listener for the whole process, registered on first use and never removed: jax before
+    # 0.8.1 has no public way to unregister a listener (Colab's 0.7.2 among them), so counters
+    # come and go from this list instead.
+    _active: list = []
+    _registered = False
 
     def __init__(self):
         self.count = 0
 
-    def _listener(self, event, duration, **kwargs):
-        if event == self.EVENT:
-            self.count += 1
+    @classmethod
+    def _dispatch(cls, event, duration, **kwargs):
+        if event == cls.EVENT:
+            for counter in cls._active:
+                counter.count += 1
 
     def __enter__(self):
         import jax
 
-        jax.monitoring.register_event_duration_secs_listener(self._listener)
+        if not CompileCounter._registered:
+            jax.monitoring.register_event_duration_secs_listener(CompileCounter._dispatch)
+            CompileCounter._registered = True
+        CompileCounter._active.append(self)
         return self
 
     def __exit__(self, *exc):
-        import jax
-
-        jax.monitoring.unregister_event_duration_listener(self._listener)
+        CompileCounter._active.remove(self)
         return False

@@ -16,6 +16,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+from jax import export  # before jax 0.8, `jax.export` is reachable only once imported
 import numpy as np
 import pytest
 
@@ -36,7 +37,7 @@ def exported(method):
     f = build_attention(MASK, method=method, heads=HEADS, tokens=TOKENS, head_dim=HEAD_DIM, dtype=jnp.bfloat16,
                         block_q=BQ, block_kv=BKV, interpret=False)
     spec = jax.ShapeDtypeStruct((HEADS, TOKENS, HEAD_DIM), jnp.bfloat16)
-    exp = jax.export.export(f, platforms=["tpu"])(spec, spec, spec)
+    exp = export.export(f, platforms=["tpu"])(spec, spec, spec)
     return exp, exp.mlir_module()
 
 
