@@ -32,22 +32,14 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .kernels import MASK_VALUE, MAX_UNROLLED_CHUNKS, _compiler_params
+from .kernels import MASK_VALUE, MAX_UNROLLED_CHUNKS, NN, NT, _compiler_params, _dot
 from .planner import CLASS_BITS, EMPTY, FULL, PARTIAL, STEP_BITS, pack_schedule, schedule_rows
 from .vmem import BACKWARD_PASSES, check_fits, estimate_vmem
-
-NT = (((1,), (1,)), ((), ()))  # a @ b^T: contract both operands' last dims
-NN = (((1,), (0,)), ((), ()))  # a @ b
-
 
 def _token_ids(start, n, axis):
     """Global token indices `start ... start + n - 1` laid along `axis` of a 2-D array:
     a column `[n, 1]` for axis 0, a row `[1, n]` for axis 1 (predicates broadcast them)."""
     return start + jax.lax.broadcasted_iota(jnp.int32, (n, 1) if axis == 0 else (1, n), axis)
-
-
-def _dot(a, b, dims):
-    return jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
 
 
 def _dq_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_acc, *, keep, q_start, k_start,

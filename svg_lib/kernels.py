@@ -49,6 +49,23 @@ LANES = 128
 # rolled 6,114 bundles and 14,895 cycles per step, unrolled 14,380 bundles and 13,284 cycles
 # (Splash, unrolled: 16,050 bundles, 14,411 cycles). Three chunks pay; more are left rolled.
 MAX_UNROLLED_CHUNKS = 3
+NT = (((1,), (1,)), ((), ()))  # dot_general dimensions of a @ b^T: contract both operands' last dims
+NN = (((1,), (0,)), ((), ()))  # a @ b
+
+
+def matmul_precision(dtype):
+    """The precision every matmul of the series states: HIGHEST for float32 operands, DEFAULT otherwise.
+
+    With float32 operands Mosaic's and XLA:TPU's default is one bf16 pass of the MXU (about three
+    significant digits); HIGHEST issues six passes and gives float32 results. Only the CPU
+    interpreter computes true float32 by default. bf16 operands are exact in one pass: DEFAULT.
+    """
+    return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else jax.lax.Precision.DEFAULT
+
+
+def _dot(a, b, dims):
+    """`dot_general` on the MXU with float32 results, at the precision of the operands' dtype."""
+    return jax.lax.dot_general(a, b, dims, precision=matmul_precision(a.dtype), preferred_element_type=jnp.float32)
 
 
 def _lanes(x, width: int, interpret: bool):
@@ -80,7 +97,9 @@ def _online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_
     predicate on global token indices, called with a `[block_q, 1]` column of query indices
     and a `[1, block_kv_compute]` row of key indices (it must broadcast them): a predicate on
     keys alone (padding) then costs one row, not a tile. `interpret` (known at trace time)
-    picks the broadcasts each backend does cheaply (see `_lanes`).
+    picks the broadcasts each backend does cheaply (see `_lanes`). Both matmuls go through `_dot`,
+    which states the precision of the inputs' dtype (`matmul_precision`): float32 tiles get float32
+    products on a TPU too, not its default single bf16 pass.
 
     Two choices serve the CPU interpreter, at no cost on a TPU: kernels call this only under
     `pl.when`, and blocks are read inside the loop. Without them the interpreter copies the
@@ -98,7 +117,7 @@ def _online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_
         ks = pl.ds(pl.multiple_of(c * block_kv_compute, block_kv_compute), block_kv_compute)
         k = k_ref[ks, :]
         v = v_ref[ks, :]
-        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        s = _dot(q, k, NT)                                                # q @ k^T
         if keep is not None:
             q_ids = q_start + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)
             k_ids = k_start + c * block_kv_compute + jax.lax.broadcasted_iota(jnp.int32, (1, block_kv_compute), 1)
@@ -109,8 +128,7 @@ def _online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_
         alpha = jnp.exp(m_prev - m_next)
         l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
         m_ref[...] = m_next
-        pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
-                                 preferred_element_type=jnp.float32)
+        pv = _dot(p.astype(v.dtype), v, NN)                               # p @ v
         acc_ref[...] = _lanes(alpha, head_dim, interpret) * acc_ref[...] + pv
         return carry
 

@@ -359,6 +359,77 @@ def test_checkers_never_raise(eid):
     assert not nonsense.passed and nonsense.message.startswith("not yet:")
 
 
+# -- a right answer at a TPU's default precision --------------------------------------------
+# With float32 operands a TPU's MXU computes a matmul in one bf16 pass by default: both operands
+# rounded to bf16, products summed in float32. A learner's jnp code on a TPU gets exactly that.
+# Emulated here on any backend, the E1 checker must accept the right answer computed so, and still
+# refuse a wrong one with its usual hint.
+
+def one_bf16_pass(a, b):
+    return jnp.matmul(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
+
+
+def e1_right_at_tpu_default_precision(q, k, v, m, l, acc, keep):
+    s = one_bf16_pass(q, k.T)
+    s = s if keep is None else jnp.where(keep, s, -jnp.inf)
+    m_next, alpha, p = _fold(s, v, m, l, acc)
+    return m_next, alpha * l + p.sum(axis=1), alpha[:, None] * acc + one_bf16_pass(p, v)
+
+
+def e1_acc_not_rescaled_at_tpu_default_precision(q, k, v, m, l, acc, keep):
+    s = one_bf16_pass(q, k.T)
+    s = s if keep is None else jnp.where(keep, s, -jnp.inf)
+    m_next, alpha, p = _fold(s, v, m, l, acc)
+    return m_next, alpha * l + p.sum(axis=1), acc + one_bf16_pass(p, v)
+
+
+def e1_keep_ignored_at_tpu_default_precision(q, k, v, m, l, acc, keep):
+    m_next, alpha, p = _fold(one_bf16_pass(q, k.T), v, m, l, acc)
+    return m_next, alpha * l + p.sum(axis=1), alpha[:, None] * acc + one_bf16_pass(p, v)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_tile_body_checker_accepts_a_right_answer_at_one_bf16_pass(seed):
+    result = exercises.check_tile_body(e1_right_at_tpu_default_precision, seed=seed)
+    assert result.passed, result.message
+
+
+def e1_one_pass_scores_exact_pv(q, k, v, m, l, acc, keep):
+    s = one_bf16_pass(q, k.T)  # exact: the hidden q and k are bf16 values (test below)
+    s = s if keep is None else jnp.where(keep, s, -jnp.inf)
+    m_next, alpha, p = _fold(s, v, m, l, acc)
+    return m_next, alpha * l + p.sum(axis=1), alpha[:, None] * acc + jnp.matmul(p, v, precision="highest")
+
+
+def test_the_bf16_slack_is_what_admits_one_pass(monkeypatch):
+    """Without the allowance for the learner's p @ v, the float32 tolerance alone refuses the
+    one-pass answer (the emulation really moves acc beyond float32 rounding), while one-pass
+    scores with an exact p @ v still pass: on the hidden inputs q @ k.T is exact in one pass."""
+    monkeypatch.setattr(exercises, "_acc_slack", lambda p, v: np.zeros((p.shape[0], v.shape[1])))
+    result = exercises.check_tile_body(e1_right_at_tpu_default_precision)
+    assert not result.passed and "expected acc" in result.message, result.message
+    assert exercises.check_tile_body(e1_one_pass_scores_exact_pv).passed
+
+
+def test_tile_body_cases_are_bf16_values():
+    # on bf16 values one bf16 pass of q @ k.T is exact: scores in the hundreds do not move
+    import ml_dtypes
+
+    for seed in (0, 1):
+        for case in exercises._tile_body_cases(seed):
+            arrays = [case.data["q"]] + [x for k, v, _ in case.data["tiles"] for x in (k, v)]
+            for a in arrays:
+                assert a.dtype == np.float32
+                assert np.array_equal(a.astype(ml_dtypes.bfloat16).astype(np.float32), a)
+
+
+@pytest.mark.parametrize("mistake,phrase", [(e1_acc_not_rescaled_at_tpu_default_precision, "acc was not rescaled"),
+                                            (e1_keep_ignored_at_tpu_default_precision, "masked pairs were counted")])
+def test_tile_body_checker_refuses_a_wrong_answer_at_one_bf16_pass(mistake, phrase):
+    result = exercises.check_tile_body(mistake)
+    assert not result.passed and phrase in result.message, result.message
+
+
 def test_block_size_checker_takes_a_pair_or_rejects_what_is_not_one():
     assert not exercises.check_block_sizes("3328x1536").passed
     assert not exercises.check_block_sizes((3328,)).passed

@@ -20,24 +20,14 @@ from jax.experimental.pallas import tpu as pltpu
 
 from svg_lib import METHODS, Mask, SVGMask, TileAlignedMask, VideoGeometry, attention, b3_mask, build_attention
 from svg_lib.planner import EMPTY, plan_tiles
+from svg_lib.tolerances import tolerance
 
 # -- tolerances ----------------------------------------------------------------------------
-# float32: the kernels accumulate in float32 like the reference, but in a different order
-# (online softmax over tiles, rescaled as the running max grows). With a few hundred keys per
-# row that reorders sums of O(1) terms: errors of a few float32 ulps of the output (measured
-# worst element ~2.4e-6); 1e-5 leaves room and is ~1e5 times smaller than what a wrong mask
-# changes here.
-F32 = dict(rtol=1e-5, atol=1e-5)
-# bfloat16: q, k, v are bf16 for the kernel and the float64 reference alike (the reference
-# upcasts the very same values), and the kernels accumulate in float32. What is left is bf16
-# rounding inside the kernel (unit roundoff 2^-8): q * 1/sqrt(D) is rounded to bf16 (~0.4 %
-# of each logit; logits reach ~10 here), the probabilities are rounded to bf16 before the
-# p @ v matmul, and the output is rounded to bf16 (up to 0.4 % of |out| <= ~3, i.e. 0.012).
-# Measured worst element: ~1.2e-2 (the svg_lib reference alone, which only rounds its output:
-# ~7.5e-3). atol 2e-2 plus 1 % of |out| keeps a margin and stays far below the O(1) changes a
-# wrong mask causes (checked in test_masks_are_told_apart).
-BF16 = dict(rtol=1e-2, atol=2e-2)
-TOL = {"float32": F32, "bfloat16": BF16}
+# One place per dtype, with the reasons: svg_lib/tolerances.py (float32: summation order only,
+# every matmul at float32 precision; bfloat16: bf16 rounding inside the kernel). Both are far
+# below the O(1) changes a wrong mask causes (checked in test_masks_are_told_apart).
+TOL = {"float32": tolerance("float32"), "bfloat16": tolerance("bfloat16")}
+F32 = TOL["float32"]
 # Two kernels that compute the same masked attention from the same float32 data differ only
 # in float32 summation order.
 SAME_MATH = dict(rtol=2e-6, atol=2e-6)

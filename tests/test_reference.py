@@ -9,6 +9,7 @@ import pytest
 from svg_lib.geometry import VideoGeometry
 from svg_lib.masks import SVGMask, TileAlignedMask
 from svg_lib.reference import reference_attention
+from svg_lib.tolerances import tolerance
 
 
 def naive_attention(q, k, v, keep=None):
@@ -37,9 +38,8 @@ def random_qkv(seed, heads, n, d, dtype=np.float32, sharpness=2.0):
     return tuple(jnp.asarray(x, dtype=dtype) for x in (q, k, v))
 
 
-F32 = dict(rtol=1e-5, atol=1e-5)
-# bf16 keeps 8 significant bits: the rounding of the output alone is up to 2^-9 relative
-BF16 = dict(rtol=1.6e-2, atol=1.6e-2)
+# the series' tolerances (svg_lib/tolerances.py); for bf16 the output's own rounding is what is left
+F32, BF16 = tolerance("float32"), tolerance("bfloat16")
 
 GEOMETRY = VideoGeometry(4, 6, 12, text_tokens=10)  # 298 tokens: several bands' worth
 SPATIAL = SVGMask.spatial(GEOMETRY, 0.25)
@@ -194,3 +194,103 @@ def test_additive_float_mask_is_refused():
     additive = np.where(np.tril(np.ones((32, 32), bool)), 0.0, -np.inf)
     with pytest.raises(ValueError, match="bool"):
         reference_attention(q, k, v, additive)
+
+
+# -- the float64 references on the host ------------------------------------------------------
+
+from svg_lib.reference import attention_float64, attention_gradients_float64  # noqa: E402
+
+
+@pytest.mark.parametrize("name", list(MASKS))
+def test_float64_reference_matches_naive(name):
+    mask = MASKS[name]
+    q, k, v = random_qkv(12, 2, GEOMETRY.tokens, 16)
+    got = attention_float64(q, k, v, mask)
+    assert isinstance(got, np.ndarray) and got.dtype == np.float64 and got.shape == q.shape
+    np.testing.assert_allclose(got, naive_attention(q, k, v, dense_of(mask)), rtol=1e-12, atol=1e-12)
+
+
+def test_float64_reference_reads_bf16_inputs_exactly():
+    q, k, v = random_qkv(13, 1, 64, 8, dtype=jnp.bfloat16)
+    exact = [np.asarray(x, np.float32) for x in (q, k, v)]  # bf16 -> float32 is exact
+    np.testing.assert_allclose(attention_float64(q, k, v), naive_attention(*exact), rtol=1e-12, atol=1e-12)
+
+
+def _finite_difference(q, k, v, dout, mask, which, index, h=1e-6):
+    args = [np.asarray(x, np.float64) for x in (q, k, v)]
+    up, down = [a.copy() for a in args], [a.copy() for a in args]
+    up[which][index] += h
+    down[which][index] -= h
+    f = lambda a: float(np.sum(attention_float64(*a, mask) * dout))  # noqa: E731
+    return (f(up) - f(down)) / (2 * h)
+
+
+def test_float64_gradients_match_finite_differences():
+    # an independent check of the closed form: central differences of the float64 loss
+    n = 40
+    keep = np.random.default_rng(3).random((n, n)) < 0.5
+    keep[7] = False  # a row that keeps nothing: its dq must be 0
+    q, k, v = (np.asarray(x, np.float64) for x in random_qkv(14, 1, n, 8))
+    dout = np.random.default_rng(15).standard_normal((1, n, 8))
+    grads = attention_gradients_float64(q, k, v, dout, keep)
+    assert all(g.dtype == np.float64 and g.shape == q.shape for g in grads)
+    assert (grads[0][:, 7] == 0).all()
+    rng = np.random.default_rng(16)
+    for which in range(3):
+        for _ in range(4):
+            index = (0, int(rng.integers(n)), int(rng.integers(8)))
+            fd = _finite_difference(q, k, v, dout, keep, which, index)
+            assert abs(grads[which][index] - fd) < 1e-7 * max(1.0, abs(fd)), (which, index)
+
+
+def test_float64_gradients_agree_with_jax_grad_of_the_reference():
+    import jax
+
+    q, k, v = random_qkv(17, 2, GEOMETRY.tokens, 16)
+    dout = random_qkv(18, 2, GEOMETRY.tokens, 16)[0]
+    want = jax.grad(lambda q, k, v: jnp.sum(reference_attention(q, k, v, SPATIAL) * dout), argnums=(0, 1, 2))(q, k, v)
+    for g, w in zip(attention_gradients_float64(q, k, v, dout, SPATIAL), want):
+        np.testing.assert_allclose(g, np.asarray(w), **tolerance("float32", "gradients"))
+
+
+def test_float64_references_refuse_bad_input():
+    q, k, v = random_qkv(0, 1, 32, 8)
+    with pytest.raises(ValueError, match="same shape"):
+        attention_float64(q, k[:, :16], v)
+    with pytest.raises(ValueError, match="bool"):
+        attention_float64(q, k, v, np.zeros((32, 32)))
+    with pytest.raises(ValueError, match="298"):
+        attention_gradients_float64(q, k, v, q, SPATIAL)
+    with pytest.raises(ValueError, match=r"dout must be shaped like q \(1, 32, 8\)"):
+        attention_gradients_float64(q, k, v, q[:, :16])
+
+
+# -- the tolerances ----------------------------------------------------------------------------
+
+def test_tolerances_are_one_table_per_dtype():
+    from svg_lib import tolerances
+
+    assert tolerance(jnp.float32) == tolerance("float32") == tolerances.ATTENTION["float32"]
+    assert tolerance(jnp.bfloat16, "gradients") == tolerances.GRADIENTS["bfloat16"]
+    # bf16's tolerance admits its rounding, float32's is far tighter
+    assert tolerance("float32")["atol"] * 100 <= tolerance("bfloat16")["atol"]
+    tolerance("float32")["atol"] = 1.0  # a copy: callers cannot loosen the table
+    assert tolerances.ATTENTION["float32"]["atol"] < 1.0
+    with pytest.raises(ValueError, match="float16"):
+        tolerance("float16")
+    with pytest.raises(ValueError, match="kind"):
+        tolerance("float32", "outputs")
+
+
+def test_one_bf16_pass_slack_bounds_a_bf16_rounded_matmul():
+    import ml_dtypes
+
+    from svg_lib.tolerances import one_bf16_pass_slack
+
+    rng = np.random.default_rng(19)
+    a, b = rng.standard_normal((16, 64)).astype(np.float32), rng.standard_normal((64, 8)).astype(np.float32)
+    rounded = a.astype(ml_dtypes.bfloat16).astype(np.float64) @ b.astype(ml_dtypes.bfloat16).astype(np.float64)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    slack = one_bf16_pass_slack(np.abs(a), np.abs(b))
+    assert (np.abs(rounded - exact) <= slack).all()
+    assert np.abs(rounded - exact).max() > slack.max() / 100  # a bound of the right size, not a huge one
