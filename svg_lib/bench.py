@@ -256,9 +256,53 @@ def _is_interpret(interpret) -> bool:
     return interpret is not False and interpret is not None
 
 
+# Query rows the error check samples when the full reference is too big (see `error_rows`).
+SAMPLED_ERROR_ROWS = 128
+
+
+def sample_query_rows(tokens: int, rows: int, block_q: int) -> "np.ndarray":
+    """`rows` query indices (fewer if `tokens` has fewer) spread evenly over `[0, tokens)`.
+
+    The first and last query tiles (of `block_q` rows) each get at least two: the first tile holds
+    the sink rows and the last one the padding edge, where a kernel most often goes wrong.
+    Sorted and unique, int32.
+    """
+    import numpy as np
+
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        raise ValueError(f"rows must be a positive integer (query rows to check), got {rows!r}")
+    if rows >= tokens:   # as many rows asked as there are: all of them
+        return np.arange(tokens, dtype=np.int32)
+    last_tile = (tokens - 1) // block_q * block_q
+    edges = [0, min(block_q, tokens) - 1, last_tile, tokens - 1]
+    spread = np.linspace(0, tokens - 1, num=max(rows - len(edges), 1)).round().astype(np.int64)
+    picked = np.unique(np.concatenate([np.asarray(edges, np.int64), spread]))
+    return picked.astype(np.int32)
+
+
+def sampled_reference(q, k, v, mask, rows):
+    """Float32 reference attention for the query `rows` only: `[heads, len(rows), head_dim]`.
+
+    Each query row's output depends on its own scores only, so restricting the reference to a
+    few rows costs rows x tokens per head instead of tokens x tokens: cheap at any size.
+    """
+    import jax
+    import jax.numpy as jnp
+    import math
+
+    from .reference import masked_softmax_times_v
+
+    rows = jnp.asarray(rows)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    qs = q[:, rows].astype(jnp.float32) * scale
+    s = jnp.einsum("hqd,hkd->hqk", qs, k.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+    keep = None if mask is None else mask.keep(rows[:, None], jnp.arange(q.shape[1])[None, :])
+    return masked_softmax_times_v(s, keep, v.astype(jnp.float32))
+
+
 def run_benchmark(config: BenchConfig, methods=DEFAULT_METHODS, *, repeats: int = 3, warmup: int = 1,
                   check_error: bool = True, seed: int = 0, interpret=None, progress=None,
-                  backward: bool = False) -> "BenchResult":
+                  backward: bool = False, error_rows: int | None = None) -> "BenchResult":
     """Time each of `methods` on `config`'s problem; see the module docstring.
 
     q, k, v: `[heads, tokens, head_dim]` standard normal in `config.dtype` from
@@ -266,7 +310,11 @@ def run_benchmark(config: BenchConfig, methods=DEFAULT_METHODS, *, repeats: int 
     `warmup` untimed calls, `repeats` timed calls (each until the result is ready). The
     error is the max |out - reference| with the reference in float32 under the mask the
     method computes (none for the dense methods, the rounded mask for b3); it is None when
-    `check_error` is False or tokens > 16,384 (the reference would be too slow).
+    `check_error` is False. Up to 16,384 tokens every query row is checked; above that (a full
+    reference would be too big) `SAMPLED_ERROR_ROWS` query rows spread over the sequence are, each
+    against a reference computed for those rows only. `error_rows=n` forces that sampled check
+    with n rows at any size. Each row records `error_rows`: how many query rows the error covers
+    (`tokens` when all were checked), and `error_sampled`.
     `progress(line)` is called once per method as it finishes (e.g. `progress=print`).
     `interpret=None` runs compiled on a TPU, interpret mode elsewhere.
 
@@ -304,7 +352,13 @@ def run_benchmark(config: BenchConfig, methods=DEFAULT_METHODS, *, repeats: int 
     q, k, v = (jax.random.normal(key, config.shape, dtype) for key in keys)
 
     dout = jax.random.normal(jax.random.fold_in(keys[0], 1), config.shape, dtype)
-    errors_possible = check_error and config.tokens <= DENSE_LIMIT_TOKENS
+    if error_rows is not None and (isinstance(error_rows, bool) or not isinstance(error_rows, int)
+                                   or error_rows < 1):
+        raise ValueError(f"error_rows must be a positive integer (query rows to check) or None, got {error_rows!r}")
+    sampled = error_rows is not None or config.tokens > DENSE_LIMIT_TOKENS
+    rows_checked = (sample_query_rows(config.tokens, error_rows or SAMPLED_ERROR_ROWS, bq) if sampled
+                    else None)
+    errors_possible = check_error and config.tokens <= DENSE_LIMIT_TOKENS and not sampled
     references = {}  # one float32 reference per mask and kind: ("none" | "exact" | "b3", "out" | "grad")
 
     def gradient(attend):  # (q, k, v, dout) -> (dq, dk, dv) of sum(attend(q, k, v) * dout)
@@ -318,8 +372,12 @@ def run_benchmark(config: BenchConfig, methods=DEFAULT_METHODS, *, repeats: int 
             ref_mask = {"none": None, "exact": mask, "b3": aligned}[which]
             f32 = [x.astype(jnp.float32) for x in (q, k, v)]
             attend = lambda a, b, c: reference_attention(a, b, c, ref_mask)  # noqa: E731
-            references[which, kind] = (jax.jit(attend)(*f32) if kind == "out"
-                                       else jax.jit(gradient(attend))(*f32, dout))
+            if kind == "sampled":
+                references[which, kind] = jax.jit(lambda a, b, c: sampled_reference(a, b, c, ref_mask,
+                                                                                    rows_checked))(*f32)
+            else:
+                references[which, kind] = (jax.jit(attend)(*f32) if kind == "out"
+                                           else jax.jit(gradient(attend))(*f32, dout))
         return references[which, kind]
 
     def timed(compiled, *args):
@@ -349,11 +407,16 @@ def run_benchmark(config: BenchConfig, methods=DEFAULT_METHODS, *, repeats: int 
         if errors_possible:
             diff = jnp.abs(out.astype(jnp.float32) - reference_for(method))
             max_error = float(jnp.max(diff))
+        elif check_error and sampled:
+            diff = jnp.abs(out[:, jnp.asarray(rows_checked)].astype(jnp.float32) - reference_for(method, "sampled"))
+            max_error = float(jnp.max(diff))
+        error_info = {"error_rows": None if max_error is None else (len(rows_checked) if sampled else config.tokens),
+                      "error_sampled": max_error is not None and sampled}
         del compiled, out
         row = {"method": method, **method_tiles(config, method, plan, b3_plan),
                "build_s": build_s, "compile_s": compile_s, "median_ms": statistics.median(times),
                "min_ms": min(times), "times_ms": times, "speedup": None, "max_error": max_error,
-               "blog_v6e_ms": blog_figure(config, method)}
+               **error_info, "blog_v6e_ms": blog_figure(config, method)}
         if backward:
             grads, train_times = timed(jax.jit(gradient(fn)).lower(q, k, v, dout).compile(), q, k, v, dout)
             grad_error = None
@@ -368,6 +431,8 @@ def run_benchmark(config: BenchConfig, methods=DEFAULT_METHODS, *, repeats: int 
         rows.append(row)
         if progress is not None:
             err = "" if max_error is None else f", max error {max_error:.2e}"
+            if row["error_sampled"]:
+                err += f" (over {row['error_rows']} sampled query rows)"
             train = f"; forward + backward median {row['train_median_ms']:.1f} ms" if backward else ""
             progress(f"{method}: median {row['median_ms']:.1f} ms (min {row['min_ms']:.1f}) over {repeats} "
                      f"call{'s' if repeats != 1 else ''}; build {build_s:.2f} s, compile {compile_s:.2f} s{err}{train}")
@@ -466,11 +531,14 @@ class BenchResult:
         notes = [f"tiles: {nq} x {nk} = {nq * nk:,} per head; visited, masked and steps (grid steps) are per "
                  f"head. vs B0 = splash_dense median / this median.{build} {self.repeats} timed call(s) after "
                  f"{self.warmup} warm-up."]
+        sampled = sorted({r["error_rows"] for r in self.rows if r.get("error_sampled")})
         if any(r["max_error"] is not None for r in self.rows):
+            over = (f" over {', '.join(map(str, sampled))} query rows sampled across the sequence (first and last "
+                    f"tiles included), the reference computed for those rows only" if sampled else "")
             notes.append("max error: max |out - reference|, reference in float32 under the mask each method "
-                         "computes (dense ones: no mask; b3: the tile-rounded mask).")
+                         f"computes (dense ones: no mask; b3: the tile-rounded mask){over}.")
         else:
-            notes.append(f"max error: not checked (check_error off, or more than {DENSE_LIMIT_TOKENS:,} tokens).")
+            notes.append("max error: not checked (check_error off).")
         if c.is_blog_problem and (c.block_q, c.block_kv) == (3328, 1536):
             same = "this problem and blocks"
         elif c.is_blog_problem:

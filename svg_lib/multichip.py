@@ -233,6 +233,78 @@ def make_mesh(devices: int | None = None, axis_name: str = "x"):
     return Mesh(np.array(available[:devices]), (axis_name,))
 
 
+@dataclass(frozen=True)
+class MeshChoice:
+    """Which devices a notebook's mesh runs on, and why (see `choose_mesh_devices`).
+
+    `source`: "default" (jax's default backend has enough devices: a TPU slice, or simulated CPU
+    devices on a CPU), "cpu" (the accelerator has too few, e.g. one v5e or v6e chip, so the mesh
+    runs on the CPU backend's simulated devices beside it) or "none" (fewer than `need` devices
+    anywhere: no mesh can run here). `interpret`: whether kernels on these devices run in
+    interpret mode (True on CPU devices, False on TPU chips).
+    """
+
+    devices: tuple
+    source: str
+    interpret: bool
+    default_platform: str
+    default_count: int
+
+    @property
+    def runs(self) -> bool:
+        return self.source != "none"
+
+    @property
+    def platform(self) -> str:
+        return str(self.devices[0].platform).lower() if self.devices else self.default_platform
+
+    def describe(self) -> str:
+        n = len(self.devices)
+        kernels = "interpret mode" if self.interpret else "compiled through Mosaic"
+        if self.source == "default":
+            return f"mesh over {n} {self.platform} devices of jax's default backend; kernels {kernels}"
+        if self.source == "cpu":
+            return (f"fell back to the CPU backend: the default backend ({self.default_platform}) has "
+                    f"{self.default_count} device{'s' if self.default_count != 1 else ''}, too few for a mesh, so the "
+                    f"mesh runs over {n} simulated CPU devices beside it; kernels {kernels}")
+        return (f"fell back to compiled evidence: {self.default_count} {self.default_platform} device"
+                f"{'s' if self.default_count != 1 else ''} and no simulated CPU devices (XLA_FLAGS "
+                "--xla_force_host_platform_device_count was not set before jax started), so no mesh runs here")
+
+
+def choose_mesh_devices(most: int = 8, need: int = 2, *, default_devices=None, cpu_devices=None) -> MeshChoice:
+    """Pick the devices for a mesh of up to `most` (a power of two) and at least `need` devices.
+
+    jax's default devices first (chips on a TPU slice, simulated devices on a CPU). Where they are
+    too few, e.g. Colab's single v5e or v6e chip, the CPU backend's devices: jax starts it beside
+    the TPU, and `--xla_force_host_platform_device_count` in XLA_FLAGS (set before jax starts)
+    multiplies them there too. Neither: `source="none"`, and `devices` holds the one default device.
+    `default_devices` / `cpu_devices` replace `jax.devices()` / `jax.devices("cpu")` (for tests).
+    """
+    import jax
+
+    default = list(jax.devices() if default_devices is None else default_devices)
+    if cpu_devices is None:
+        try:
+            cpu_devices = jax.devices("cpu")
+        except RuntimeError:   # a jax started with JAX_PLATFORMS naming no cpu backend
+            cpu_devices = []
+    cpu = list(cpu_devices)
+
+    def largest(pool):
+        sizes = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= min(len(pool), most)]
+        return max(sizes) if sizes else 0
+
+    platform = str(default[0].platform).lower() if default else "none"
+    n = largest(default)
+    if n >= need:
+        return MeshChoice(tuple(default[:n]), "default", platform != "tpu", platform, len(default))
+    n = largest(cpu)
+    if n >= need:
+        return MeshChoice(tuple(cpu[:n]), "cpu", True, platform, len(default))
+    return MeshChoice(tuple(default[:1]), "none", platform != "tpu", platform, len(default))
+
+
 COLLECTIVES = ("all-to-all", "all-gather", "all-reduce", "collective-permute", "reduce-scatter")
 
 

@@ -187,3 +187,24 @@ def get_preset(name: str) -> Preset:
         return PRESETS[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}") from None
+
+
+def notebook_data_file(name: str):
+    """The path of `notebooks/data/<name>` in the checkout svg_lib was imported from.
+
+    Found relative to the svg_lib package, not the working directory: a notebook may run from
+    the repository root, from notebooks/, or on Colab from /content. A missing file raises
+    FileNotFoundError naming the path looked at and how the files get there.
+    """
+    from pathlib import Path
+
+    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
+        raise ValueError(f"name must be a plain file name inside notebooks/data, got {name!r}")
+    folder = Path(__file__).resolve().parent.parent / "notebooks" / "data"
+    path = folder / name
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing: svg_lib was imported from {Path(__file__).resolve().parent}, and the recorded "
+            f"data the notebooks read lives in notebooks/data of the same checkout. Use a full clone of the "
+            f"repository (pip install -e <clone>), not an installed copy of svg_lib alone")
+    return path

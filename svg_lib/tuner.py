@@ -77,6 +77,67 @@ def default_candidates(tokens: int, per_axis: int = DEFAULT_AXIS_VALUES) -> list
     return [(bq, bkv) for bq in sizes for bkv in sizes]
 
 
+@dataclass(frozen=True)
+class SweepProblem:
+    """The problem a notebook sweeps with `tune`, chosen for the device it runs on.
+
+    `candidates` holds `sizes x sizes` runnable tile sizes followed by `bad`, two candidates
+    that no device can run (a block_q off the lane width, and a block_kv past the padded
+    sequence), so a sweep also shows what the tuner refuses and why.
+    """
+
+    label: str        # "walkthrough" (interpret mode) or "blog" (compiled, on a TPU)
+    geometry: object  # svg_lib.VideoGeometry
+    density: float
+    heads: int
+    head_dim: int
+    dtype: str
+    sizes: tuple
+    bad: tuple
+    repeats: int
+
+    @property
+    def candidates(self) -> list:
+        return [(bq, bkv) for bq in self.sizes for bkv in self.sizes] + list(self.bad)
+
+    def mask(self):
+        from .masks import SVGMask
+
+        return SVGMask.spatial(self.geometry, self.density)
+
+    def __str__(self) -> str:
+        return (f"{self.geometry}, {self.heads} head{'s' if self.heads != 1 else ''} x {self.head_dim}, {self.dtype}, "
+                f"{len(self.sizes)} x {len(self.sizes)} tile sizes + {len(self.bad)} that cannot run")
+
+
+def sweep_problem(runtime) -> SweepProblem:
+    """What notebook 05 sweeps on `runtime` (a `svg_lib.runtime.Runtime`, or anything with `.compiled`).
+
+    In interpret mode (no TPU) the kernels are an XLA loop on the host, so the sweep stays at the
+    walkthrough size: 2,520 tokens, one head, float32, tiles of 128 to 512, one timed call each.
+    On a TPU (compiled kernels) a toy size would time only launch overhead, so the sweep runs the
+    case study's problem (75,600 tokens, 10 heads x 128, bf16; q, k and v take 0.58 GB, a small share of a
+    v5e's 16 GiB) over tiles around the study's 3328 x 1536, three timed calls each.
+    """
+    from .geometry import VideoGeometry
+    from .runtime import get_preset
+
+    if getattr(runtime, "compiled", False):
+        blog = get_preset("blog")
+        # the grid holds the study's own 3328 x 1536 and its BQ = 1024 point; a size the chip's VMEM
+        # cannot hold is rejected by the tuner with its reason, not run
+        sizes, geometry, heads, head_dim, dtype, repeats = ((1024, 1536, 3328), blog.geometry, blog.heads,
+                                                           blog.head_dim, blog.dtype, 3)
+        label, density = "blog", blog.density
+    else:
+        sizes, geometry, heads, head_dim, dtype, repeats = ((128, 256, 512), VideoGeometry(21, 8, 15), 1, 128,
+                                                           "float32", 1)
+        label, density = "walkthrough", 0.35
+    too_long = padded_tokens(geometry.tokens) + LANES   # past the padded sequence on any device
+    return SweepProblem(label=label, geometry=geometry, density=density, heads=heads, head_dim=head_dim,
+                        dtype=dtype, sizes=sizes, bad=((96, 128), (128, too_long)), repeats=repeats)
+
+
 def _normalise(candidate) -> tuple:
     try:
         values = tuple(candidate)

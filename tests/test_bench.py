@@ -337,3 +337,69 @@ def test_cli_lower_exits_nonzero_on_failure(capsys):
     out, _ = capsys.readouterr()
     assert code == 1
     assert "FAILED: b3, dense" in out and out.count("overflows VMEM") == 2
+
+
+# -- the sampled error check (used above 16,384 tokens, where a full reference is too big) -------
+
+def test_sampled_rows_spread_over_the_sequence_and_hold_both_end_tiles():
+    from svg_lib.bench import sample_query_rows
+
+    rows = sample_query_rows(75_600, 128, 3328)
+    assert 64 <= len(rows) <= 256 and len(set(rows.tolist())) == len(rows) and (rows == sorted(rows)).all()
+    assert rows[0] == 0 and rows[-1] == 75_599
+    assert (rows < 3328).sum() >= 2 and (rows >= 75_600 // 3328 * 3328).sum() >= 2   # first and last tiles
+    # spread: no gap between consecutive sampled rows is much wider than an even spacing
+    assert max(b - a for a, b in zip(rows, rows[1:])) <= 2 * 75_600 / (len(rows) - 4)
+    assert len(sample_query_rows(100, 1000, 128)) == 100   # more rows asked than there are: all of them
+    with pytest.raises(ValueError, match="positive integer"):
+        sample_query_rows(100, 0, 128)
+
+
+def test_sampled_error_over_every_row_equals_the_full_check(tiny, result):
+    full = rows_by_method(result)
+    sampled = run_benchmark(tiny, ("dense", "b2", "b3"), repeats=1, warmup=0, error_rows=tiny.tokens)
+    for r in sampled.rows:
+        assert r["error_sampled"] and r["error_rows"] == tiny.tokens
+        assert r["max_error"] == pytest.approx(full[r["method"]]["max_error"], abs=1e-6)
+    assert all(r["error_sampled"] is False and r["error_rows"] == tiny.tokens for r in result.rows)
+    assert "sampled across the sequence" in sampled.table()
+
+
+def test_sampled_error_catches_wrong_kernels(tiny, monkeypatch):
+    """Forced onto the sampled path at a small size: a kernel with a wrong last row, or one built for
+    a narrower band, fails the check; the right kernel passes."""
+    import importlib
+
+    from svg_lib.masks import SVGMask
+
+    attention_module = importlib.import_module("svg_lib.attention")   # the module, not svg_lib.attention()
+
+    real_build = attention_module.build_attention
+    ok = run_benchmark(tiny, ("b2",), repeats=1, warmup=0, error_rows=64)
+    row = ok.rows[0]
+    assert row["error_sampled"] and 64 - 4 <= row["error_rows"] <= 64 and row["max_error"] < F32_TOL
+
+    def last_row_wrong(*args, **kwargs):
+        fn = real_build(*args, **kwargs)
+        return jax.jit(lambda q, k, v: fn(q, k, v).at[:, -1].add(1.0))
+
+    monkeypatch.setattr(attention_module, "build_attention", last_row_wrong)
+    bad = run_benchmark(tiny, ("b2",), repeats=1, warmup=0, error_rows=64).rows[0]
+    assert bad["max_error"] == pytest.approx(1.0, abs=1e-3)
+
+    def narrower_band(mask, **kwargs):   # the kernel of a band one lane-width narrower than the mask checked
+        return real_build(SVGMask(mask.geometry, mask.band_width - 128, mask.sink_tokens), **kwargs)
+
+    monkeypatch.setattr(attention_module, "build_attention", narrower_band)
+    wrong = run_benchmark(tiny, ("b2",), repeats=1, warmup=0, error_rows=64).rows[0]
+    assert wrong["max_error"] > 100 * F32_TOL
+
+
+def test_above_the_dense_limit_the_error_is_sampled(monkeypatch, tiny):
+    import svg_lib.bench as bench
+
+    # pretend the tiny problem is too big for a full reference: the check must sample, not vanish
+    monkeypatch.setattr(bench, "DENSE_LIMIT_TOKENS", tiny.tokens - 1)
+    row = run_benchmark(tiny, ("b3",), repeats=1, warmup=0).rows[0]
+    assert row["error_sampled"] and row["max_error"] is not None and row["max_error"] < F32_TOL
+    assert row["error_rows"] == len(bench.sample_query_rows(tiny.tokens, bench.SAMPLED_ERROR_ROWS, tiny.block_q))

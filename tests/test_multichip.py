@@ -236,3 +236,86 @@ def test_command_line_writes_the_compiled_report(tpu_compiler, tmp_path, capsys)
     assert row["permute"] == "after" and row["chips"] == 8 and row["tokens"] == 384
     assert row["collectives"]["all-to-all"]["count"] == 4 and row["collectives"]["all-gather"]["count"] == 0
     assert row["memory"]["output"] == 8 * (384 // 8) * 128 * 4   # the tiny preset is float32
+
+
+# -- choosing the mesh's devices (notebook 09) -------------------------------------------------
+
+class _FakeDevice:
+    """Just what choose_mesh_devices reads of a jax device: its platform."""
+
+    def __init__(self, platform, index):
+        self.platform, self.id = platform, index
+
+    def __repr__(self):
+        return f"{self.platform}:{self.id}"
+
+
+def _fake(platform, n):
+    return [_FakeDevice(platform, i) for i in range(n)]
+
+
+def test_choose_mesh_devices_prefers_the_default_backend():
+    from svg_lib.multichip import choose_mesh_devices
+
+    slice_ = choose_mesh_devices(8, default_devices=_fake("tpu", 8), cpu_devices=_fake("cpu", 4))
+    assert slice_.source == "default" and len(slice_.devices) == 8 and not slice_.interpret
+    assert slice_.platform == "tpu" and "default backend" in slice_.describe()
+    # a mesh of at most `most` devices, a power of two: 6 simulated devices give 4
+    cpu = choose_mesh_devices(8, default_devices=_fake("cpu", 6), cpu_devices=_fake("cpu", 6))
+    assert cpu.source == "default" and len(cpu.devices) == 4 and cpu.interpret
+
+
+def test_one_tpu_chip_falls_back_to_the_cpu_devices_beside_it():
+    from svg_lib.multichip import choose_mesh_devices
+
+    cpus = _fake("cpu", 4)
+    choice = choose_mesh_devices(8, default_devices=_fake("tpu", 1), cpu_devices=cpus)
+    assert choice.source == "cpu" and list(choice.devices) == cpus
+    assert choice.interpret, "kernels on CPU devices must run in interpret mode, even on a TPU runtime"
+    assert choice.runs and choice.platform == "cpu"
+    assert "fell back to the CPU backend" in choice.describe() and "(tpu) has 1 device" in choice.describe()
+
+
+def test_no_devices_to_spare_means_no_mesh():
+    from svg_lib.multichip import choose_mesh_devices
+
+    for default, cpu in ((_fake("tpu", 1), _fake("cpu", 1)), (_fake("cpu", 1), _fake("cpu", 1)),
+                         (_fake("tpu", 1), [])):
+        choice = choose_mesh_devices(8, default_devices=default, cpu_devices=cpu)
+        assert choice.source == "none" and not choice.runs and len(choice.devices) == 1
+        assert "fell back to compiled evidence" in choice.describe()
+
+
+def test_choose_mesh_devices_on_this_process_uses_jax():
+    import jax
+
+    from svg_lib.multichip import choose_mesh_devices
+
+    choice = choose_mesh_devices(8)
+    assert choice.default_count == len(jax.devices())
+    assert choice.runs == (len(jax.devices()) > 1 or len(jax.devices("cpu")) > 1)
+
+
+def _notebook_script(path: Path) -> str:
+    """Notebook 09's code cells as one script (it uses no IPython magics)."""
+    import json
+
+    cells = json.loads(path.read_text())["cells"]
+    code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    assert not any(line.lstrip().startswith(("%", "!")) for cell in code for line in cell.splitlines())
+    return "\n\n".join(code)
+
+
+def test_notebook_09_completes_on_a_single_device(tmp_path):
+    # One device, as on Colab's v5e-1 without simulated CPU devices: XLA_FLAGS already names the device
+    # count (1), so the first cell leaves it alone, and jax sees a single CPU device on every backend.
+    script = tmp_path / "nb09.py"
+    script.write_text(_notebook_script(REPO / "notebooks" / "09_scaling_out.ipynb"))
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu",
+           "MPLBACKEND": "Agg", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, str(script)], cwd=REPO / "notebooks", env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert "fell back to compiled evidence" in out and "1 cpu device" in out, out[:2000]
+    assert "no mesh here" in out and "mesh axis 'x'" not in out

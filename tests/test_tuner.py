@@ -219,3 +219,41 @@ def test_cli_tune_target(tpu_compiler, tmp_path, capsys):
     data = json.loads(path.read_text())
     assert data["target"]["name"] == "v5e" and len(data["rows"]) == 2
     assert "compile-checked for v5e" in out
+
+
+# -- the problem notebook 05 sweeps, chosen from the runtime ---------------------------------------
+
+def _runtime(compiled, kind="cpu"):
+    from svg_lib.runtime import Runtime
+
+    return Runtime(platform="tpu" if compiled else "cpu", device_kind=kind, device_count=1, jax_version="0",
+                   compiled=compiled)
+
+
+def test_sweep_problem_in_interpret_mode_is_the_walkthrough_size():
+    from svg_lib.tuner import check_candidates, sweep_problem
+
+    p = sweep_problem(_runtime(False))
+    assert p.label == "walkthrough" and p.mask().tokens == 2520 and p.heads == 1 and p.dtype == "float32"
+    assert len(p.candidates) == len(p.sizes) ** 2 + 2
+    valid, rejected = check_candidates(p.candidates, tokens=p.geometry.tokens, head_dim=p.head_dim,
+                                       dtype=p.dtype, generation="v6e")
+    assert {(r["block_q"], r["block_kv"]) for r in rejected} == set(p.bad)   # the grid runs, the bad two do not
+
+
+def test_sweep_problem_on_a_tpu_is_blog_shaped_and_fits_a_v5e():
+    from svg_lib.runtime import get_preset
+    from svg_lib.tuner import check_candidates, sweep_problem
+
+    blog = get_preset("blog")
+    for kind, generation in (("TPU v5 lite", "v5e"), ("TPU v6 lite", "v6e")):
+        p = sweep_problem(_runtime(True, kind))
+        assert p.label == "blog" and p.geometry == blog.geometry and p.heads == blog.heads
+        assert p.dtype == "bfloat16" and (blog.block_q, blog.block_kv) in p.candidates
+        qkv_bytes = 3 * p.heads * p.geometry.tokens * p.head_dim * 2
+        assert qkv_bytes < 16 * 2**30 / 20           # under a twentieth of a v5e's 16 GiB of HBM
+        valid, rejected = check_candidates(p.candidates, tokens=p.geometry.tokens, head_dim=p.head_dim,
+                                           dtype=p.dtype, generation=generation)
+        # the bad two are refused on any chip, whatever size the problem is
+        assert set(p.bad) <= {(r["block_q"], r["block_kv"]) for r in rejected}
+        assert (blog.block_q, blog.block_kv, None) in valid
