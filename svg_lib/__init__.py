@@ -1,4 +1,8 @@
 """svg_lib: tile-aligned sparse attention for video diffusion on TPU, as taught by the notebook series."""
+from ._environment import check_environment
+
+check_environment()  # before anything imports jax: a missing or too old package is named, with what to run
+
 from .compiler import allow_shared_libtpu
 
 allow_shared_libtpu()  # before jax sets up its backends: see svg_lib.compiler

@@ -2,12 +2,14 @@
 
 Three files say what the series runs on:
 
-* pyproject.toml: runtime dependencies plus the `dev` extra (`make lab`, `make test`), which
-  pulls in the `tpu-compile` extra (libtpu, the TPU compiler) by naming svg-lib[tpu-compile];
+* pyproject.toml: runtime dependencies plus the `lab` extra (`make lab`: the learner's setup, no
+  libtpu) and the `dev` extra (`make test`), which adds the test tools and pulls in the
+  `tpu-compile` extra (libtpu, the TPU compiler) by naming svg-lib[tpu-compile];
 * environment.yml: the conda route;
 * binder/environment.yml + binder/postBuild: the Binder (repo2docker) route.
 
-Both environment files must list exactly the packages of `pyproject.toml` (runtime + dev)
+Both environment files are learners' setups: they must list exactly the packages of
+`pyproject.toml` (runtime + lab)
 with the same version specifiers, the same Python, and jax/jaxlib pinned together. The
 comparison is a plain function, so the tests also feed it a drifted copy to show it fails.
 
@@ -145,16 +147,16 @@ def extra_requirements(pyproject: dict, extra: str, seen=()) -> list[str]:
     return lines
 
 
-def expected_requirements(pyproject: dict, python_version: str) -> dict:
-    """Runtime dependencies overlaid with the dev extra, for an environment on `python_version`.
+def expected_requirements(pyproject: dict, python_version: str, extra: str = "lab") -> dict:
+    """Runtime dependencies overlaid with an extra (`lab` by default), for an environment on `python_version`.
 
-    A dev entry replaces the runtime entry of the same package (jax>=0.6 becomes jax==0.10.2);
+    An extra's entry replaces the runtime entry of the same package (jax>=0.7.2 becomes jax==0.10.2);
     the project's own extras that dev names are expanded. Entries whose marker excludes that
     Python (tomli on 3.11+) are left out.
     """
     marker_env = {"python_version": python_version, "python_full_version": python_version + ".0"}
     expected = {}
-    for line in pyproject["project"]["dependencies"] + extra_requirements(pyproject, "dev"):
+    for line in pyproject["project"]["dependencies"] + extra_requirements(pyproject, extra):
         req = Requirement(line)
         if req.marker is None or req.marker.evaluate(marker_env):
             expected[canonicalize_name(req.name)] = req
@@ -204,8 +206,11 @@ def installed_pinned_jax(pyproject):
     return installed
 
 
-def test_dev_extra_pins_jax_and_jaxlib_to_one_version(pyproject):
-    dev = {canonicalize_name(Requirement(r).name): Requirement(r) for r in pyproject["project"]["optional-dependencies"]["dev"]}
+def test_lab_and_dev_extras_pin_jax_and_jaxlib_to_one_version(pyproject):
+    lab = expected_requirements(pyproject, "3.11", "lab")
+    assert {n: str(r) for n, r in lab.items() if n in JAX_PAIR} == \
+        {n: str(r) for n, r in expected_requirements(pyproject, "3.11", "dev").items() if n in JAX_PAIR}
+    dev = lab
     versions = []
     for name in JAX_PAIR:
         specs = list(dev[name].specifier)
@@ -229,7 +234,9 @@ def test_dev_extra_installs_the_tpu_compiler_pinned_as_jax_tpu_pins_it(pyproject
     # libtpu must match the jax driving it: the tpu-compile extra pins what jax[tpu] declares.
     libtpu = [Requirement(r) for r in pyproject["project"]["optional-dependencies"]["tpu-compile"]]
     assert [canonicalize_name(r.name) for r in libtpu] == ["libtpu"], libtpu
-    assert "libtpu" in expected_requirements(pyproject, "3.11"), "the dev extra should pull in svg-lib[tpu-compile]"
+    assert "libtpu" in expected_requirements(pyproject, "3.11", "dev"), "the dev extra should pull in svg-lib[tpu-compile]"
+    # libtpu has wheels for Linux x86_64 only: a learner's laptop (a Mac) must never need it
+    assert "libtpu" not in expected_requirements(pyproject, "3.11", "lab"), "the lab extra must not pull in libtpu"
     installed = installed_pinned_jax(pyproject)
     declared = [Requirement(r) for r in installed.get_all("Requires-Dist") or []]
     declared = [r for r in declared if canonicalize_name(r.name) == "libtpu" and r.marker is not None
@@ -254,15 +261,15 @@ def test_comparison_reports_drift(pyproject):
     # The check above must be able to fail: drift the binder file three ways.
     drifted = read(BINDER_ENV)
     for pattern, replacement in [(r"(?m)^(\s*- )jax==\S+$", r"\1jax==0.10.1"),
-                                 (r"(?m)^\s*- hypothesis\s*\n", ""),
-                                 (r"(?m)^\s*- libtpu\S*\s*\n", ""),
+                                 (r"(?m)^\s*- jupyterlab\s*\n", "      - jupyterlab\n      - libtpu==0.0.42.*\n"),
+                                 (r"(?m)^\s*- matplotlib\S*\s*\n", ""),
                                  (r"(?m)^(\s*- )python=\S+$", r"\1python=3.9")]:
         drifted, count = re.subn(pattern, replacement, drifted)
         assert count == 1, f"binder/environment.yml no longer has a line matching {pattern!r}"
     problems = disagreements(pyproject, parse_conda_env(drifted), "drifted")
     assert any("jax==0.10.1" in p for p in problems), problems
-    assert any("missing hypothesis" in p for p in problems), problems
-    assert any("missing libtpu" in p for p in problems), problems
+    assert any("missing matplotlib" in p for p in problems), problems
+    assert any("lists libtpu" in p for p in problems), problems
     assert any("python=3.9" in p for p in problems), problems
 
 
@@ -292,7 +299,7 @@ def test_pinned_jax_accepts_the_minimum_python(pyproject):
 
 def test_conda_environment_installs_this_checkout():
     _, options = conda_pip(parse_conda_env(read(CONDA_ENV)), "environment.yml")
-    assert any(re.fullmatch(r"-e\s+\.(\[dev\])?", o) for o in options), \
+    assert any(re.fullmatch(r"-e\s+\.(\[(dev|lab)\])?", o) for o in options), \
         f"environment.yml's pip section should end with '-e .' to install svg_lib; options: {options}"
 
 
@@ -302,7 +309,7 @@ def test_binder_postbuild_installs_the_repo():
     assert lines[0].startswith("#!"), "postBuild needs a shebang: repo2docker executes it"
     assert re.fullmatch(r"set -[a-z]*e[a-z]*( -o pipefail)?", code[0]), \
         f"postBuild should start with 'set -e' so a failed install fails the build, starts with {code[0]!r}"
-    assert any(re.search(r"pip install\b.*-e\s+[\"']?\.(\[dev\])?[\"']?(\s|$)", ln) for ln in code), \
+    assert any(re.search(r"pip install\b.*-e\s+[\"']?\.(\[(dev|lab)\])?[\"']?(\s|$)", ln) for ln in code), \
         "postBuild should pip-install the repository (-e .)"
     assert os.access(POSTBUILD, os.X_OK), "binder/postBuild must be executable (chmod +x)"
 
@@ -376,13 +383,44 @@ def test_sanitize_patterns_hide_addresses_only():
         assert sanitize(text) == text
 
 
-def test_make_test_runs_the_jax_floor_that_pyproject_and_readme_state(pyproject):
-    # The floor is tested, not assumed: `make test` ends with `make test-floor`, which installs
-    # the version it reads from pyproject's `"jax>=X",` line, and the README names that version.
+def test_make_test_runs_the_colab_replica_at_the_floor_pyproject_and_readme_state(pyproject):
+    # The floor is tested, not assumed: it is the jax of Colab's TPU runtime, which `make test`
+    # replicates at the end (`make test-colab`, from tools/colab-tpu-runtime.txt), and the README
+    # names it.
     runtime = {canonicalize_name(Requirement(r).name): Requirement(r) for r in pyproject["project"]["dependencies"]}
     floor = next(iter(runtime["jax"].specifier)).version
-    assert re.search(rf'(?m)^ *"jax>={re.escape(floor)}",', read(PYPROJECT)), \
-        "the Makefile reads the floor from a line '    \"jax>=X\",' in pyproject.toml's dependencies"
+    colab = dict(re.findall(r"(?m)^([A-Za-z0-9_.-]+)==(\S+)$", read(ROOT / "tools" / "colab-tpu-runtime.txt")))
+    assert colab.get("jax") == floor, f"pyproject's floor jax>={floor}, Colab's recorded jax {colab.get('jax')}"
     recipe = re.search(r"(?ms)^test:.*?(?=^\S)", read(ROOT / "Makefile"))
-    assert recipe and "test-floor" in recipe.group(0), "make test should run the floor suite (test-floor)"
+    assert recipe and "test-colab" in recipe.group(0), "make test should run the Colab replica (test-colab)"
     assert f"`jax>={floor}`" in read(ROOT / "README.md"), f"README should name the tested floor jax>={floor}"
+    assert f"jax {floor}" in read(ROOT / "WORKSHOP.md"), f"WORKSHOP.md should name the tested floor jax {floor}"
+
+
+def test_import_time_floors_agree_with_pyproject(pyproject):
+    from svg_lib._environment import FLOORS
+
+    runtime = {canonicalize_name(Requirement(r).name): Requirement(r) for r in pyproject["project"]["dependencies"]}
+    stated = {name: next(iter(req.specifier)).version for name, req in runtime.items()}
+    assert stated == FLOORS, f"pyproject.toml's dependencies {stated}, svg_lib/_environment.py's FLOORS {FLOORS}"
+
+
+def test_import_check_names_the_package_and_the_fix():
+    from svg_lib._environment import check_environment, problems, version_tuple
+
+    assert version_tuple("0.7.2") == (0, 7, 2) and version_tuple("2.1.3+cpu") == (2, 1, 3)
+    assert version_tuple("0.10.0rc1") == (0, 10, 0) and version_tuple("0.10.2") > version_tuple("0.7.2")
+
+    def installed(old=None, missing=None):
+        def version(name):
+            if name == missing:
+                raise metadata.PackageNotFoundError(name)
+            return {"jax": "0.6.2"}.get(name, "99.0") if name == old else "99.0"
+        return version
+
+    assert problems(installed()) == []
+    check_environment(installed())  # nothing to say, nothing raised
+    with pytest.raises(ImportError, match=r"jax 0\.6\.2 is older.*jax>=0\.7\.2.*pip install \"jax>=0\.7\.2\""):
+        check_environment(installed(old="jax"))
+    with pytest.raises(ImportError, match=r"numpy is not installed.*pip install \"numpy>=2\.1\""):
+        check_environment(installed(missing="numpy"))

@@ -1,33 +1,58 @@
 #!/usr/bin/env python3
-"""Execute notebooks top to bottom in place, the way their committed outputs are made.
+"""Execute notebooks top to bottom, the way their committed outputs are made, or as a reader would.
 
     .venv/bin/python tools/execute-notebooks.py notebooks/03_b1_naive_sparse.ipynb [...]
+    python tools/execute-notebooks.py --cwd /content --check notebooks/*.ipynb
 
-Runs each notebook with nbclient in its own folder (as nbval does), then drops the per-cell
-execution timestamps that nbclient records, so a re-run changes only what the cells print.
+By default each notebook runs with nbclient in its own folder (as nbval does) and is written back
+in place, without the per-cell execution timestamps that nbclient records, so a re-run changes
+only what the cells print. With --check nothing is written: the script runs every notebook, says
+which cell of which failed, and exits 1 if any did. --cwd runs the kernels in another working
+directory, as on Colab, where a notebook opened from GitHub starts in /content, not beside its
+repository.
 """
+import argparse
 import sys
 import time
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
 
 
-def execute(path: Path) -> float:
+def execute(path: Path, cwd: Path | None = None, write: bool = True) -> float:
     nb = nbformat.read(path, as_version=4)
     start = time.perf_counter()
     NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+                   resources={"metadata": {"path": str(cwd or path.parent)}}).execute()
     seconds = time.perf_counter() - start
-    for cell in nb.cells:
-        cell.metadata.pop("execution", None)
-    nbformat.write(nb, path)
+    if write:
+        for cell in nb.cells:
+            cell.metadata.pop("execution", None)
+        nbformat.write(nb, path)
     return seconds
 
 
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebooks", nargs="+", type=Path)
+    parser.add_argument("--cwd", type=Path, help="the kernels' working directory (default: each notebook's folder)")
+    parser.add_argument("--check", action="store_true", help="run only: write nothing, exit 1 if any notebook fails")
+    args = parser.parse_args(argv)
+    failed = []
+    for path in args.notebooks:
+        try:
+            print(f"{path}: {execute(path, args.cwd, write=not args.check):.1f} s", flush=True)
+        except CellExecutionError as err:
+            if not args.check:
+                raise
+            failed.append(path)
+            print(f"{path}: FAILED\n{str(err)[-3000:]}", flush=True)
+    if failed:
+        print(f"{len(failed)} of {len(args.notebooks)} notebooks failed: {', '.join(map(str, failed))}")
+    return 1 if failed else 0
+
+
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        sys.exit(__doc__)
-    for name in sys.argv[1:]:
-        print(f"{name}: {execute(Path(name)):.1f} s", flush=True)
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""What svg_lib needs from the Python it runs in, checked before anything imports jax.
+
+Standard library only, so that a missing or too old package is named with what to run instead of
+surfacing as an AttributeError deep inside a notebook. pyproject.toml's dependencies give the same
+floors (tests/test_environment.py checks they agree); jaxlib is jax's to pin. The floors are the oldest versions tested:
+Colab's TPU runtime (`make test-colab`, tools/colab-tpu-runtime.txt).
+"""
+from __future__ import annotations
+
+import re
+from importlib import metadata
+
+# distribution -> oldest version svg_lib is tested with
+FLOORS = {"numpy": "2.1", "matplotlib": "3.10", "ipywidgets": "7.7", "jax": "0.7.2"}
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """"0.7.2" -> (0, 7, 2); a suffix such as "rc1" or "+cpu" ends the numbers."""
+    numbers = []
+    for part in version.split("."):
+        match = re.match(r"\d+", part)
+        if match is None:
+            break
+        numbers.append(int(match.group()))
+        if match.end() < len(part):
+            break
+    return tuple(numbers)
+
+
+def problems(installed=None) -> list[str]:
+    """One line per package that is missing or older than its floor; [] when all is well.
+
+    `installed(name)` gives a distribution's version or raises PackageNotFoundError (default:
+    importlib.metadata.version); tests pass their own."""
+    installed = installed or metadata.version
+    found = []
+    for name, floor in FLOORS.items():
+        try:
+            have = installed(name)
+        except metadata.PackageNotFoundError:
+            found.append(f"{name} is not installed (svg_lib needs {name}>={floor})")
+            continue
+        if version_tuple(have) < version_tuple(floor):
+            found.append(f"{name} {have} is older than svg_lib needs ({name}>={floor})")
+    return found
+
+
+def check_environment(installed=None) -> None:
+    """Raise ImportError naming each missing or too old package, and what to run about it."""
+    found = problems(installed)
+    if not found:
+        return
+    names = " ".join(f'"{n}>={FLOORS[n]}"' for n in FLOORS if any(line.startswith(n + " ") for line in found))
+    raise ImportError(
+        "svg_lib cannot start: " + "; ".join(found) + ". On a machine without a TPU run: "
+        f"pip install {names}. On a TPU runtime (Colab, a TPU VM) upgrade jax with the libtpu that belongs "
+        "to it: pip install -U \"jax[tpu]>=" + FLOORS["jax"] + "\" (then restart the kernel).")
