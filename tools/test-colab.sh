@@ -19,6 +19,7 @@
 #
 # Colab runs Python 3.13; this replica uses $PYTHON (3.11 here), and says so.
 set -euo pipefail
+export PYDEVD_DISABLE_FILE_VALIDATION=1  # ipykernel 6.17 warns about frozen modules in every kernel otherwise
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=.venv-colab
