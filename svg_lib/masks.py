@@ -10,9 +10,16 @@ questions:
   the rounding of B3 and every statistic in the series are built on this.
 
 Indices at or past `tokens` (sequence padding) are never kept.
+
+Masks are values: two masks of the same class built from the same parameters (geometry, band
+width, sink, tile and window, block sizes, the contents of any table they hold) compare and
+hash equal (`Mask.cache_key`), so `attention(...)` reuses a kernel built for an equal mask
+instead of planning and compiling again. Treat a mask as immutable once built: its key is
+read from its attributes when asked for.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
@@ -37,6 +44,16 @@ def check_block_size(name: str, value) -> int:
         raise ValueError(f"{name} must be a positive multiple of {LANES} (the TPU lane width), "
                          f"got {value!r}{hint}")
     return int(value)
+
+
+def _content_key(array) -> tuple:
+    """A value key for a numpy table: dtype, shape and a 128-bit digest of its bytes.
+
+    A digest rather than the bytes themselves keeps keys small (a permutation of 75,600 tokens
+    is 600 KB); hashing it costs about a millisecond, and is done each time a key is asked for.
+    """
+    a = np.ascontiguousarray(array)
+    return a.dtype.str, a.shape, hashlib.blake2b(a.tobytes(), digest_size=16).hexdigest()
 
 
 def _is_numpy(*xs) -> bool:
@@ -168,6 +185,30 @@ class Mask:
         """
         return self.keep
 
+    # -- equality: a mask is the value of its defining parameters --------------------------
+    def cache_key(self):
+        """A hashable value that names this mask's contents, or None if it has none.
+
+        Masks with equal keys keep the same pairs and tile the same way, so a kernel built for
+        one serves the other (`attention`'s cache keys on this). Subclasses here key on their
+        class and defining parameters; a table they hold enters by a digest of its contents.
+        The base class returns None: a mask defined elsewhere, whose parameters svg_lib cannot
+        know, is equal only to itself (as Python objects are by default).
+        """
+        return None
+
+    def __eq__(self, other):
+        if self is other:
+            return True
+        if not isinstance(other, Mask):
+            return NotImplemented
+        key = self.cache_key()
+        return key is not None and key == other.cache_key()
+
+    def __hash__(self):
+        key = self.cache_key()
+        return object.__hash__(self) if key is None else hash(key)
+
     # -- everything else follows from them -----------------------------------------------
     @property
     def pair_count(self) -> int:
@@ -293,6 +334,11 @@ class SVGMask(Mask):
     def video_tokens(self) -> int:
         return self.geometry.video_tokens
 
+    def cache_key(self):
+        # `density` is left out: it is the request the band width was rounded from, and two
+        # requests that round to the same band keep the same pairs
+        return type(self), self.geometry, self.band_width, self.sink_tokens
+
     def keep(self, q, k):
         w, v, n = self.band_width, self.video_tokens, self.tokens
         return (((q - k <= w) & (k - q <= w)) | (k < self.sink_tokens) | (q >= v) | (k >= v)) & (q < n) & (k < n)
@@ -331,6 +377,12 @@ class PermutedMask(Mask):
     def pair_count(self) -> int:
         return self.permuted.pair_count  # a permutation moves pairs, it does not add or drop any
 
+    def cache_key(self):
+        base = self.permuted.cache_key()
+        if base is None:
+            return None  # the base mask is known by identity only, and so is this view of it
+        return type(self), self.tokens, base, _content_key(self.pos), _content_key(self.order)
+
     @property
     def band_width(self):
         return getattr(self.permuted, "band_width", None)
@@ -361,6 +413,10 @@ class TemporalMask(PermutedMask):
         g = base.geometry
         super().__init__(base, inverse_temporal_major_permutation(g), temporal_major_permutation(g))
         self.geometry = g
+
+    def cache_key(self):
+        base = self.permuted.cache_key()  # the permutation is the geometry's: no table to digest
+        return None if base is None else (type(self), self.tokens, base)
 
     def position(self, i):
         """Temporal-major position of frame-major token index `i` (numpy or jax arrays)."""
@@ -447,6 +503,10 @@ class TileAlignedMask(Mask):
     def band_width(self):
         return getattr(self.source, "band_width", None)
 
+    def cache_key(self):
+        # the kept tiles define it; `source` and `report` only say where they came from
+        return type(self), self.tokens, self.block_q, self.block_kv, _content_key(self.kept)
+
     def keep(self, q, k):
         n = self.tokens
         if _is_numpy(q, k):
@@ -526,6 +586,9 @@ class SlidingTileMask(Mask):
                              f"query's cube), e.g. (3, 3, 3); got {window!r}")
         self.window = tuple(int(w) for w in win)
         self.tokens = self.layout.tokens
+
+    def cache_key(self):
+        return type(self), self.geometry, self.tile, self.window
 
     # -- coordinates (numpy, or jax with truncating div/rem that Mosaic lowers anywhere) -------
     def _divmod(self, i, d):

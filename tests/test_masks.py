@@ -500,3 +500,73 @@ def test_unknown_policy_raises():
 def test_tile_aligned_mask_checks_its_tile_table():
     with pytest.raises(ValueError, match=r"\(3, 2\)"):
         TileAlignedMask(300, 128, 256, np.ones((2, 2), bool))
+
+
+# -- masks are values: equal parameters, equal masks (attention's kernel cache keys on this) ----
+
+def test_equal_parameters_make_equal_masks():
+    g = VideoGeometry(3, 8, 16, text_tokens=5)
+    a, b = SVGMask.spatial(g, 0.35), SVGMask.spatial(g, 0.35)
+    assert a is not b and a == b and hash(a) == hash(b) and len({a, b}) == 1
+    # each defining parameter tells masks apart: geometry, band width, sink
+    assert a != SVGMask.spatial(VideoGeometry(3, 8, 16), 0.35)
+    assert a != SVGMask(g, a.band_width + 128, a.sink_tokens)
+    assert a != SVGMask.spatial(g, 0.35, first_frame_sink=False)
+    # the density asked for is not one: two requests rounding to the same band keep the same pairs
+    c = SVGMask(g, a.band_width, a.sink_tokens, density=0.99)
+    assert c == a and np.array_equal(c.to_dense(), a.to_dense())
+    assert a != "SVGMask" and a != None  # noqa: E711 (comparing with anything else is not an error)
+
+
+def test_mask_classes_are_never_equal_to_one_another():
+    g = VideoGeometry(3, 8, 16)
+    spatial = SVGMask.spatial(g, 0.35)
+    temporal = SVGMask.temporal(g, 0.35)
+    assert temporal == SVGMask.temporal(g, 0.35) and hash(temporal) == hash(SVGMask.temporal(g, 0.35))
+    assert temporal != spatial and temporal.permuted == spatial
+
+    class Subclass(SVGMask):  # e.g. one that overrides keep: same parameters, maybe other pairs
+        pass
+    assert Subclass(g, spatial.band_width, spatial.sink_tokens) != spatial
+
+    from svg_lib.masks import SlidingTileMask
+    sliding = SlidingTileMask(VideoGeometry(3, 5, 16), [1, 4, 32], (1, 3, 1))
+    assert sliding == SlidingTileMask(VideoGeometry(3, 5, 16), (1, 4, 32), [1, 3, 1])
+    assert sliding != SlidingTileMask(VideoGeometry(3, 5, 16), (1, 4, 32), (1, 1, 1))
+    assert sliding.frame_major() == sliding.frame_major()  # a view holding tables, keyed by them
+
+
+def test_masks_holding_tables_are_keyed_by_their_contents():
+    g = VideoGeometry(3, 8, 16)
+    base = SVGMask.spatial(g, 0.35)
+    kept = np.eye(3, dtype=bool)
+    t1, t2 = TileAlignedMask(g.tokens, 128, 128, kept), TileAlignedMask(g.tokens, 128, 128, kept.copy())
+    assert t1 == t2 and hash(t1) == hash(t2)
+    assert t1 != TileAlignedMask(g.tokens, 128, 128, ~kept)
+    assert t1 == TileAlignedMask(g.tokens, 128, 128, kept, source=base)  # provenance is no part of it
+    assert base.tile_aligned(128, 128) == base.tile_aligned(128, 128)  # rounded again: the same tiles
+    perm = np.random.default_rng(0).permutation(g.tokens)
+    p1, p2 = PermutedMask(base, perm, np.argsort(perm)), PermutedMask(base, perm.copy(), np.argsort(perm))
+    assert p1 == p2 and hash(p1) == hash(p2)
+    other = np.roll(perm, 1)
+    assert p1 != PermutedMask(base, other, np.argsort(other))
+
+
+def test_a_mask_svg_lib_cannot_describe_is_equal_only_to_itself():
+    # a Mask subclass defined elsewhere: svg_lib does not know what defines it, so identity
+    dense = np.eye(256, dtype=bool)
+    a, b = ArrayMask(dense), ArrayMask(dense)
+    assert a.cache_key() is None
+    assert a == a and a != b and len({a, b}) == 2
+    assert PermutedMask(a, np.arange(256), np.arange(256)).cache_key() is None  # nor a view of it
+
+
+def test_attention_cache_keys_on_the_mask_value():
+    from svg_lib.attention import mask_cache_key
+
+    g = VideoGeometry(3, 8, 16)
+    assert mask_cache_key(SVGMask.spatial(g, 0.35)) == mask_cache_key(SVGMask.spatial(g, 0.35))
+    assert mask_cache_key(SVGMask.spatial(g, 0.35)) != mask_cache_key(SVGMask.spatial(g, 0.6))
+    assert mask_cache_key(None) == ("value", None)
+    a = ArrayMask(np.eye(256, dtype=bool))
+    assert mask_cache_key(a) == ("identity", id(a))
