@@ -2,8 +2,12 @@
 
 It validates inputs, pads the token axis to whole tiles, scales q, turns the mask into
 the tables the chosen kernel consumes (the planner's job), and slices the padding off
-again. Built kernels are cached, so calling it twice with the same mask and shapes
-traces and plans once.
+again. Built kernels are cached, so calling it twice with an equal mask (the same one, or
+one built again from the same parameters: `Mask.cache_key`) and shapes traces and plans once.
+
+Every method works inside a caller's `jax.jit` and `jax.grad`: the kernels carry their VMEM
+limits in their own pallas_calls' compiler parameters (Splash's through `splash.with_vmem_limit`),
+not in compiler options of a jit of ours, which jax would refuse below a caller's jit.
 """
 from __future__ import annotations
 
@@ -78,8 +82,11 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
         interpret = default_interpret()
     if method in ("splash_dense", "splash"):
         from .splash import make_splash
+        # Splash's kernels take the raised limit in their own CompilerParams, so it survives a
+        # caller's jax.jit (a jit's compiler_options would only be accepted at the top level)
         kernel = make_splash(mask, tokens=tokens, heads=heads, q_len=q_len, kv_len=kv_len, block_q=block_q,
-                             block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=interpret)
+                             block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=interpret,
+                             vmem_limit_bytes=vmem.vmem_limit_bytes)
         # Splash leaves a row that keeps no key as an average of v (or unwritten, for a query
         # block with no kept block); the series' contract is zeros, as the reference.
         run = _rows_zeroed(kernel, _rows_without_keys(mask, tokens, q_len))
@@ -116,9 +123,6 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
         run = _rows_zeroed(run, _padding_rows(mask, tokens, q_len))
 
     f = scaled_and_padded(run, tokens=tokens, head_dim=head_dim, q_len=q_len, kv_len=kv_len)
-    if splash_mask is not None and interpret is False and vmem.compiler_options:
-        # Splash takes no vmem_limit_bytes; this raises the default scoped limit it runs under
-        return jax.jit(f, compiler_options=vmem.compiler_options)
     return jax.jit(f)
 
 
@@ -212,14 +216,15 @@ def attention(q, k, v, mask: Mask | None = None, *, method: str, block_q: int = 
 def cached_build(builder, mask, q, **config):
     """`builder(mask, heads=, tokens=, head_dim=, dtype=, **config)` for q's shape, built once and kept.
 
-    A small LRU keyed by the builder, the mask's identity, q's shape and dtype and `config`,
-    so calling `attention(...)` again with the same mask and shapes plans and traces once.
+    A small LRU keyed by the builder, the mask's value (`mask_cache_key`), q's shape and dtype
+    and `config`, so calling `attention(...)` again with an equal mask and the same shapes
+    plans and traces once, even when the mask was built again (`preset.mask()` per call).
     """
     heads, tokens, head_dim = (int(s) for s in q.shape)
-    key = (builder.__qualname__, id(mask), heads, tokens, head_dim, str(q.dtype),
+    key = (builder.__qualname__, mask_cache_key(mask), heads, tokens, head_dim, str(q.dtype),
            tuple(sorted((name, repr(value)) for name, value in config.items())))
     entry = _CACHE.get(key)
-    if entry is None or entry[0] is not mask:
+    if entry is None or (key[1][0] == "identity" and entry[0] is not mask):
         import jax
 
         # Called under jit or grad, the builder's constant arrays (schedule tables, masks) would
@@ -227,9 +232,17 @@ def cached_build(builder, mask, q, **config):
         # build them as concrete arrays instead.
         with jax.ensure_compile_time_eval():
             fn = builder(mask, heads=heads, tokens=tokens, head_dim=head_dim, dtype=q.dtype, **config)
-        entry = (mask, fn)  # holding the mask keeps id(mask) from being reused while cached
+        entry = (mask, fn)  # holding the mask keeps an identity key's id(mask) from being reused
         _CACHE[key] = entry
         while len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
     _CACHE.move_to_end(key)
     return entry[1]
+
+
+def mask_cache_key(mask) -> tuple:
+    """How `cached_build` tells masks apart: ("value", mask.cache_key()) for a mask that names its
+    contents (every svg_lib mask), else ("identity", id(mask)) (a Mask subclass defined elsewhere,
+    whose parameters svg_lib cannot know: it is reused only when passed again itself)."""
+    key = None if mask is None else getattr(mask, "cache_key", lambda: None)()
+    return ("value", key) if mask is None or key is not None else ("identity", id(mask))

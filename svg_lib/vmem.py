@@ -16,9 +16,12 @@ The estimate (`estimate_vmem`) counts, per kernel instance:
   intermediates  the score slice [block_q, block_kv_compute] in f32 twice, in the input dtype
                  once, and for masking tiles two int32 index arrays and a bool mask.
 It fits when the total is within 85 % of the chip's VMEM, and asks for a scoped limit of 1.25 x
-the total + 2 MiB (capped there) when that exceeds the chip's default scoped limit: our kernels
-through `CompilerParams(vmem_limit_bytes=...)`, Splash (which takes none) through the jit's
-`compiler_options` (`xla_tpu_scoped_vmem_limit_kib`, `VmemEstimate.compiler_options`).
+the total + 2 MiB (capped there) when that exceeds the chip's default scoped limit, through each
+kernel's `CompilerParams(vmem_limit_bytes=...)`: our kernels pass it themselves; Splash, whose
+`make_splash_mha` takes none, gets it in its pallas_calls' CompilerParams by
+`splash.with_vmem_limit`. Either way the limit is part of the traced program, so it holds
+inside a caller's `jax.jit` (a jit's `compiler_options`, `VmemEstimate.compiler_options`, would
+only be accepted on the outermost jit).
 
 What the compiler does (libtpu 0.0.42.1, jax 0.10.2, compiled for TPU, nothing run):
   * It checks each kernel's *scoped* allocation against its scoped limit (the chip's default,
@@ -193,8 +196,8 @@ class VmemEstimate:
 
     @property
     def vmem_limit_bytes(self) -> int | None:
-        """The scoped VMEM limit to ask for (CompilerParams(vmem_limit_bytes=...), or for Splash
-        `compiler_options`); None when the chip's default scoped limit already covers it."""
+        """The scoped VMEM limit to ask for (CompilerParams(vmem_limit_bytes=...), Splash's through
+        `splash.with_vmem_limit`); None when the chip's default scoped limit already covers it."""
         want = int(self.total * 1.25) + 2 * MiB
         limit = int(min(-(-want // MiB) * MiB, self.budget))
         if self.default_scoped is None:  # a chip whose default we do not know: always say
@@ -204,12 +207,14 @@ class VmemEstimate:
 
     @property
     def compiler_options(self) -> dict:
-        """XLA options for `jax.jit(..., compiler_options=...)` that give a Splash kernel its limit.
+        """XLA options for a top-level `jax.jit(..., compiler_options=...)` raising the default limit.
 
-        Splash builds its own CompilerParams with no vmem_limit_bytes, so it runs under the
-        chip's default scoped limit (32 MiB on a v6e, 16 MiB on a v5e). The TPU compiler's
-        `xla_tpu_scoped_vmem_limit_kib` raises that default for one compiled function; our own
-        kernels set vmem_limit_bytes themselves and are not affected."""
+        The TPU compiler's `xla_tpu_scoped_vmem_limit_kib` raises the chip's default scoped limit
+        (32 MiB on a v6e, 16 MiB on a v5e) for one compiled function; kernels that set
+        vmem_limit_bytes are not affected. svg_lib no longer uses it (jax refuses compiler options
+        on a jit nested inside a caller's, so a model could not call such a kernel): Splash gets
+        `vmem_limit_bytes` in its own CompilerParams (`splash.with_vmem_limit`). Kept for a caller
+        who compiles a bare Splash kernel at the top level."""
         limit = self.vmem_limit_bytes
         return {} if limit is None else {"xla_tpu_scoped_vmem_limit_kib": str(limit // KiB)}
 
@@ -447,7 +452,7 @@ def _check_kernel(estimate: VmemEstimate, limit: int | None):
         return (lambda q, k, v: block_sparse_attention(q, k, v, head_kind, schedule, steps=2, stage=e.method,
                                                        keep=band, block_q=bq, block_kv=bkv, block_kv_compute=c,
                                                        interpret=False, vmem_limit_bytes=limit)), shapes
-    from .splash import _block_mask, _computable_mask, _splash
+    from .splash import _block_mask, _computable_mask, _splash, with_vmem_limit
     sa, sm = _splash()
     shape = (q_len, kv_len)
     mask = {"full": lambda: sm.FullMask(shape),
@@ -456,8 +461,8 @@ def _check_kernel(estimate: VmemEstimate, limit: int | None):
     kernel = sa.make_splash_mha_single_device(
         sm.MultiHeadMask([mask]), block_sizes=sa.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=c),
         interpret=False)
-    options = {} if limit is None else {"xla_tpu_scoped_vmem_limit_kib": str(limit // KiB)}
-    return jax.jit(kernel, compiler_options=options), shapes
+    # the limit travels as build_attention gives it: in Splash's own CompilerParams
+    return jax.jit(kernel if limit is None else with_vmem_limit(kernel, limit)), shapes
 
 
 def compile_check(estimate: VmemEstimate, target: str | None = None, limit: int | None = -1) -> CompilerCheck:

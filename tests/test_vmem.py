@@ -84,8 +84,10 @@ def test_splash_defaults_to_its_costliest_mask_form():
         estimate_vmem("b2", **BLOG, generation="v6e", splash_mask="full")
 
 
-def test_splash_limit_is_raised_through_compiler_options():
-    # Splash takes no vmem_limit_bytes: the limit becomes XLA's default scoped limit for the jit
+def test_splash_limit_and_its_top_level_compiler_options():
+    # the blog's tiles need more than a v6e's default scoped VMEM; build_attention gives Splash
+    # that limit in its own CompilerParams (splash.with_vmem_limit), and compiler_options names
+    # the same limit for a caller who compiles a bare Splash kernel at the top level
     e = estimate_vmem("splash_dense", **BLOG, generation="v6e")
     assert e.vmem_limit_bytes > TARGETS["v6e"].default_scoped_vmem
     assert e.compiler_options == {"xla_tpu_scoped_vmem_limit_kib": str(e.vmem_limit_bytes // 2**10)}
@@ -363,7 +365,7 @@ def test_default_limit_is_not_enough(tpu_compiler, target, method, bq, bkv, dtyp
 
 
 def test_build_attention_raises_splash_limit(tpu_compiler):
-    # build_attention hands Splash its limit through the jit's compiler options
+    # build_attention hands Splash its limit in Splash's own pallas_call CompilerParams
     from svg_lib import build_attention
 
     tokens = 2 * 2048 - 128  # key padding: Splash gets a mask block of 1024 x 2048
