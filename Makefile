@@ -5,7 +5,7 @@
 #
 # Setup runs once: it leaves a stamp file in .venv and is redone only when pyproject.toml
 # changes or .venv is removed. Options: PYTHON=python3.12, LAB_ARGS="--no-browser",
-# PYTEST_ARGS="-x -k masks".
+# PYTEST_ARGS="-x -k masks", PYTEST_WORKERS=1 (pytest-xdist workers; default: one per core).
 #
 # `make lab` installs pyproject's `lab` extra: jax, jaxlib, JupyterLab. No test tools and no libtpu
 # (Linux x86_64 wheels only), so it works on any OS jax installs on, a workshop's Macs included.
@@ -32,6 +32,9 @@ LAB_STAMP   := $(VENV)/.svg-lib-lab
 STAMP       := $(VENV)/.svg-lib-installed
 LAB_ARGS    ?=
 PYTEST_ARGS ?=
+# pytest-xdist workers: one per core by default. --dist loadfile keeps each test file (its module
+# fixtures: built and compiled kernels) and each notebook (its kernel) on one worker.
+PYTEST_WORKERS ?= auto
 
 .PHONY: lab test test-colab setup browser clean
 
@@ -45,7 +48,7 @@ lab: $(LAB_STAMP)
 # Exit status 5 means pytest collected nothing. tests/ always holds tests, so that points at
 # a broken checkout or a PYTEST_ARGS filter that matches nothing; it stays a failure.
 test: $(STAMP) browser
-	@status=0; SVG_LIB_REQUIRE_TPU_COMPILER=1 $(VENV_PYTHON) -m pytest $(PYTEST_ARGS) || status=$$?; \
+	@status=0; SVG_LIB_REQUIRE_TPU_COMPILER=1 $(VENV_PYTHON) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || status=$$?; \
 	if [ $$status -eq 5 ]; then \
 	  echo "make test: pytest collected no tests (exit 5). tests/ should always have some:" \
 	       "check the checkout and PYTEST_ARGS='$(PYTEST_ARGS)'." >&2; \
@@ -54,7 +57,7 @@ test: $(STAMP) browser
 	@$(MAKE) --no-print-directory test-colab
 
 test-colab:
-	@PYTHON=$(PYTHON) PYTEST_ARGS="$(PYTEST_ARGS)" bash tools/test-colab.sh
+	@PYTHON=$(PYTHON) PYTEST_ARGS="$(PYTEST_ARGS)" PYTEST_WORKERS=$(PYTEST_WORKERS) bash tools/test-colab.sh
 
 setup: $(STAMP) browser
 

@@ -55,3 +55,11 @@ def check_environment(installed=None) -> None:
         "svg_lib cannot start: " + "; ".join(found) + ". On a machine without a TPU run: "
         f"pip install {names}. On a TPU runtime (Colab, a TPU VM) upgrade jax with the libtpu that belongs "
         "to it: pip install -U \"jax[tpu]>=" + FLOORS["jax"] + "\" (then restart the kernel).")
+
+
+def installed_version(name: str) -> str | None:
+    """An installed distribution's version ("0.0.42.1" for libtpu), or None when it is absent."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None

@@ -222,9 +222,10 @@ def _compile_exported(jitted, args):
     import jax
     from jax import export  # before jax 0.8, `jax.export` is reachable only once imported
 
-    # exported from unplaced shapes: asking a compile-only device for its layouts crashes jax 0.7.2
-    unplaced = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
-    exported = export.export(jitted, platforms=["tpu"])(*unplaced)
+    # exported from shapes with their shardings but no layouts: asking a compile-only device for
+    # its layouts crashes jax 0.7.2
+    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=getattr(a, "sharding", None)) for a in args]
+    exported = export.export(jitted, platforms=["tpu"])(*shapes)
     return jax.jit(exported.call).lower(*args).compile()
 
 
@@ -269,12 +270,9 @@ def refusal_summary(err: BaseException) -> str:
 
 def libtpu_version() -> str | None:
     """The installed libtpu's version, or None without it."""
-    from importlib import metadata
+    from ._environment import installed_version
 
-    try:
-        return metadata.version("libtpu")
-    except metadata.PackageNotFoundError:
-        return None
+    return installed_version("libtpu")
 
 
 def targets_table() -> str:

@@ -608,8 +608,7 @@ def _store(path: Path, target: str, probes: list[Probe], rows: list[dict], v: di
     raw = [{**p.to_json(), **r} for p, r in zip(probes, rows)]
     result = TileCost(target, block_q, block_kv, block_kv_compute, head_dim, per_step, per_row, bundles,
                       body_bundles, v, raw)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result.to_json(), indent=1))
+    _write_cache(path, result.to_json())
     result.cache_path = str(path)
     return result
 
@@ -697,9 +696,15 @@ def backward_tile_cost(target: str = "v6e", *, block_q: int, block_kv: int, bloc
                 for kernel in BACKWARD_KERNELS}
     result = BackwardCost(target, block_q, block_kv, block_kv_compute, head_dim, per_step, v,
                           [{**p.to_json(), **r} for p, r in zip(probes, rows)])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result.to_json(), indent=1))
+    _write_cache(path, result.to_json())
     return result
+
+
+def _write_cache(path: Path, data: dict) -> None:
+    # atomically: two test workers (or two notebooks) may probe the same tiles at once
+    from .tuner import _write_json_atomic
+
+    _write_json_atomic(path, data)
 
 
 # -- the committed reference measurements ----------------------------------------------------

@@ -478,7 +478,7 @@ def compile_sharded_layer(mask=None, *, permute: str = "after", heads: int = 40,
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from .compiler import compile_only_topology
+    from .compiler import compile_only_topology, compile_placed
     from .runtime import get_preset
 
     mask = get_preset("blog").mask() if mask is None else mask
@@ -492,7 +492,7 @@ def compile_sharded_layer(mask=None, *, permute: str = "after", heads: int = 40,
                              sharding=NamedSharding(mesh, P(None, "x", None)))
     flags = jax.ShapeDtypeStruct((heads,), jnp.bool_, sharding=NamedSharding(mesh, P()))
     start = time.perf_counter()
-    compiled = f.lower(x, x, x, flags).compile()
+    compiled = compile_placed(f, (x, x, x, flags))  # Colab's older libtpu too (see compile_placed)
     seconds = time.perf_counter() - start
     stats = compiled.memory_analysis()
     memory = {name: int(getattr(stats, f"{name}_size_in_bytes"))

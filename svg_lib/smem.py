@@ -13,10 +13,13 @@ smem" error):
   8, cols to a multiple of 128 (`s32[591, 156]` took 592 x 256 words = 606,208 bytes);
 * a 1-D `[n]` array is padded to a multiple of 128 words (`s32[1]` took 512 bytes);
 * besides the tables the kernel needs a little more (1 KiB of register-allocator spill slots,
-  a few words, and what the allocator loses to placement). `FIXED_BYTES` = 3 KiB is fitted to
-  the compiler's verdicts: with a `[1]` head-kind row, a 261,248-word schedule compiles and a
-  261,376-word one (512 bytes more) is refused, so the estimate is exact at the padding's
-  granularity there; tests/test_smem.py re-checks both sides with the compiler.
+  a few words, and what the allocator loses to placement). That overhead is fitted to the
+  compiler's verdicts, per libtpu release (`FIXED_BYTES_BY_LIBTPU`): with libtpu 0.0.42 and a
+  `[1]` head-kind row, a 261,248-word schedule compiles and a 261,376-word one (512 bytes more)
+  is refused: 3 KiB, exact at the padding's granularity there. Colab's libtpu 0.0.21 refuses
+  the 261,248-word one too, so it keeps 512 bytes more. A libtpu not in the table (or none:
+  interpret mode) gets the largest, so the estimate never says "fits" where a compiler we have
+  seen refuses; tests/test_smem.py re-checks both sides with the installed compiler.
 
 The kernels pass the packed form (`planner.pack_schedule`): two 16-bit steps per int32 word,
 plus a `[heads]` int32 row of per-head kinds. SMEM per form, analytic (the rule above, applied
@@ -52,13 +55,30 @@ so at 1440p with 512 x 512 blocks only the packed form fits it (tests/test_routi
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+
+from ._environment import installed_version
 
 KiB, MiB = 2**10, 2**20
 WORD = 4                 # SMEM holds 32-bit words; scalar prefetch wants int32
 TILE_ROWS, TILE_COLS = 8, 128  # a 2-D SMEM array's (rows, cols) tile, in words
 VECTOR_WORDS = 128       # a 1-D SMEM array is padded to a multiple of this many words
-FIXED_BYTES = 3 * KiB    # what else the kernel keeps in SMEM (fitted; see the module docstring)
+# what else the kernel keeps in SMEM, by libtpu release (fitted; see the module docstring)
+FIXED_BYTES_BY_LIBTPU = {"0.0.42": 3 * KiB, "0.0.21": 3 * KiB + 512}
+FIXED_BYTES = max(FIXED_BYTES_BY_LIBTPU.values())  # for any other libtpu, or none
+
+
+@functools.lru_cache(maxsize=1)
+def _installed_libtpu() -> str | None:
+    return installed_version("libtpu")
+
+
+def fixed_bytes(libtpu: str | None = None) -> int:
+    """The SMEM overhead beside the tables for `libtpu` ("0.0.42.1"; default: the installed one)."""
+    libtpu = _installed_libtpu() if libtpu is None else libtpu
+    release = ".".join((libtpu or "").split(".")[:3])
+    return FIXED_BYTES_BY_LIBTPU.get(release, FIXED_BYTES)
 
 
 
@@ -118,7 +138,7 @@ def estimate_smem(tables: dict, generation: str | None = None) -> SmemEstimate:
     generation, capacity = smem_capacity(generation)
     rows = tuple((name, tuple(int(s) for s in getattr(t, "shape", t)), table_bytes(getattr(t, "shape", t)))
                  for name, t in tables.items())
-    return SmemEstimate(rows, FIXED_BYTES, generation, capacity)
+    return SmemEstimate(rows, fixed_bytes(), generation, capacity)
 
 
 def schedule_smem(heads: int, rows: int, steps: int, generation: str | None = None) -> SmemEstimate:
@@ -204,7 +224,7 @@ def largest_fitting_steps(form: str, heads: int = 1, generation: str | None = No
         raise ValueError(f"largest_fitting_steps answers for 'packed' or 'flat', got {form!r}")
     per_word = 2 if form == "packed" else 1
     _, capacity = smem_capacity(generation)
-    words = (capacity - FIXED_BYTES - table_bytes((heads,))) // WORD
+    words = (capacity - fixed_bytes() - table_bytes((heads,))) // WORD
     return (words // VECTOR_WORDS) * VECTOR_WORDS * per_word
 
 

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import pytest
 
 from svg_lib import SVGMask, VideoGeometry, build_attention, plan_tiles
-from svg_lib.smem import (FIXED_BYTES, KiB, VECTOR_WORDS, check_schedule_fits, estimate_smem, largest_fitting_steps,
-                          schedule_forms, schedule_smem, table_bytes)
+from svg_lib.smem import (FIXED_BYTES, FIXED_BYTES_BY_LIBTPU, KiB, VECTOR_WORDS, check_schedule_fits, estimate_smem,
+                          fixed_bytes, largest_fitting_steps, schedule_forms, schedule_smem, table_bytes)
 
 WAN_1440P = VideoGeometry(21, 90, 160)  # 302,400 tokens
 
@@ -28,12 +28,20 @@ def test_padding_rule():
         table_bytes((2, 2, 2))
 
 
+def test_fixed_overhead_is_the_installed_compilers():
+    # fitted per libtpu release; a release we have not fitted gets the largest, the safe side
+    assert fixed_bytes("0.0.42.1") == FIXED_BYTES_BY_LIBTPU["0.0.42"] == 3 * KiB
+    assert fixed_bytes("0.0.21.1") == FIXED_BYTES_BY_LIBTPU["0.0.21"] > 3 * KiB
+    assert fixed_bytes("0.0.30") == FIXED_BYTES == max(FIXED_BYTES_BY_LIBTPU.values())
+    assert fixed_bytes("") == FIXED_BYTES  # no libtpu: interpret mode, the safe side
+
+
 def test_schedule_estimate_counts_the_tables_the_kernel_gets():
     mask = SVGMask.spatial(VideoGeometry(21, 45, 80), 0.35)
     plan = plan_tiles(mask, 512, 512)
     e = schedule_smem(10, plan.grid[0], plan.steps, "v6e")
     assert dict((name, shape) for name, shape, _ in e.tables) == {"head_kind": (10,), "schedule": plan.schedule.shape}
-    assert e.total == table_bytes((10,)) + table_bytes(plan.schedule.shape) + FIXED_BYTES
+    assert e.total == table_bytes((10,)) + table_bytes(plan.schedule.shape) + fixed_bytes()
     assert e.fits and e.capacity == 1024 * KiB
     assert "KiB of SMEM" in str(e) and "v6e has 1,024 KiB per core" in str(e)
 

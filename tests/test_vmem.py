@@ -330,6 +330,13 @@ COMPILER_POINTS = [
     ("v4", "b1", 768, 1024, 1024, "bfloat16", None, False, True),
     ("v4", "b1", 512, 1024, 1024, "bfloat16", None, True, True),
 ]
+# The verdicts above are libtpu 0.0.42's. Where another release we test (Colab's, in make
+# test-colab) decides differently, on the estimate's safe side, it is recorded here:
+# {(target, method, block_q, block_kv): {libtpu release: compiles}}.
+OTHER_LIBTPU_VERDICTS = {
+    # Colab's libtpu 0.0.21 fits Splash's intermediates in 16 MiB where 0.0.42 does not
+    ("v4", "splash_dense", 1024, 1536): {"0.0.21": True},
+}
 
 
 def _point_id(p):
@@ -342,6 +349,8 @@ def test_estimate_agrees_with_the_compiler(tpu_compiler, point):
     e = estimate_vmem(method, bq, bkv, 128, dtype, c, target, splash_mask=form)
     assert e.fits == fits, e
     check = vmem_module.compile_check(e)
+    release = ".".join((tpu_compiler.libtpu_version() or "").split(".")[:3])
+    compiles = OTHER_LIBTPU_VERDICTS.get((target, method, bq, bkv), {}).get(release, compiles)
     assert check.compiled == compiles, check.error
     assert check.agrees  # where the estimate fits, it compiles; where the compiler refuses, so does it
     if check.reported is not None:  # the compiler's own count of scoped VMEM never exceeds ours
@@ -355,7 +364,7 @@ def test_estimate_agrees_with_the_compiler(tpu_compiler, point):
 ])
 def test_default_limit_is_not_enough(tpu_compiler, target, method, bq, bkv, dtype, form):
     # the same kernels as above, under the chip's default scoped limit: the compiler refuses,
-    # so the limit the estimate asks for (vmem_limit_bytes, or Splash's compiler_options) is needed
+    # so the limit the estimate asks for (vmem_limit_bytes; Splash gets it by with_vmem_limit) is needed
     e = estimate_vmem(method, bq, bkv, 128, dtype, None, target, splash_mask=form)
     assert e.vmem_limit_bytes is not None
     check = vmem_module.compile_check(e, limit=None)

@@ -9,9 +9,11 @@ in place, without the per-cell execution timestamps that nbclient records, so a 
 only what the cells print. With --check nothing is written: the script runs every notebook, says
 which cell of which failed, and exits 1 if any did. --cwd runs the kernels in another working
 directory, as on Colab, where a notebook opened from GitHub starts in /content, not beside its
-repository.
+repository. --jobs N runs N notebooks at a time (each in its own process and kernel).
 """
 import argparse
+import concurrent.futures
+import os
 import sys
 import time
 from pathlib import Path
@@ -39,16 +41,22 @@ def main(argv=None) -> int:
     parser.add_argument("notebooks", nargs="+", type=Path)
     parser.add_argument("--cwd", type=Path, help="the kernels' working directory (default: each notebook's folder)")
     parser.add_argument("--check", action="store_true", help="run only: write nothing, exit 1 if any notebook fails")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="notebooks run at a time (0: one per core of this process's CPUs)")
     args = parser.parse_args(argv)
+    jobs = args.jobs or len(os.sched_getaffinity(0))
     failed = []
-    for path in args.notebooks:
-        try:
-            print(f"{path}: {execute(path, args.cwd, write=not args.check):.1f} s", flush=True)
-        except CellExecutionError as err:
-            if not args.check:
-                raise
-            failed.append(path)
-            print(f"{path}: FAILED\n{str(err)[-3000:]}", flush=True)
+    with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+        runs = {pool.submit(execute, path, args.cwd, not args.check): path for path in args.notebooks}
+        for run in concurrent.futures.as_completed(runs):
+            path = runs[run]
+            try:
+                print(f"{path}: {run.result():.1f} s", flush=True)
+            except CellExecutionError as err:
+                if not args.check:
+                    raise
+                failed.append(path)
+                print(f"{path}: FAILED\n{str(err)[-3000:]}", flush=True)
     if failed:
         print(f"{len(failed)} of {len(args.notebooks)} notebooks failed: {', '.join(map(str, failed))}")
     return 1 if failed else 0
