@@ -1,40 +1,68 @@
-"""svg_lib: tile-aligned sparse attention for video diffusion on TPU, as taught by the notebook series."""
-from ._environment import check_environment
+"""svg_lib: tile-aligned sparse attention for video diffusion on TPU, as taught by the notebook series.
+
+The package in layers, bottom to top; a module imports only from its own layer and those below
+(import-linter checks it: pyproject.toml, tests/test_layers.py; ARCHITECTURE.md says where a change
+of each kind goes):
+
+    environment   stdlib only: the package floors, libtpu present or not
+    chips, cache  facts about TPU generations (TARGETS); where slow results are kept
+    core/         NumPy only: geometry -> masks -> planner (a mask becomes small tables)
+    problem, runtime
+                  the problem, described once (presets, BenchConfig); where the code runs
+    memory/       arithmetic: vmem, smem estimates, known before building
+    kernels/      Pallas: forward (one tile body), backward, splash, reference, tolerances
+    attention     attention() and build_attention(): plan, check memory, build
+    layers/       built on attention(): routing, profiling, multichip, synthetic
+    tpu/          TPU tooling without a TPU: lowering, compiler, errors, checks, sharded, cost
+    tools/        measuring: bench, tuner
+    teaching/     plots, explorer, traversal, inspection, exercises
+    cli/          every command line (`python -m svg_lib ...`)
+
+This module gathers the public API from all of them; nothing inside the package imports it.
+"""
+from svg_lib.environment import check_environment
 
 check_environment()  # before anything imports jax: a missing or too old package is named, with what to run
 
-from .compiler import allow_shared_libtpu
+from svg_lib.environment import allow_shared_libtpu  # noqa: E402
 
-allow_shared_libtpu()  # before jax sets up its backends: see svg_lib.compiler
-
-from .geometry import (VideoGeometry, inverse_temporal_major_permutation, temporal_major_permutation,
-                       to_frame_major, to_temporal_major)
-from .masks import Mask, PermutedMask, RoundingReport, SVGMask, TemporalMask, TileAlignedMask, check_block_size
-# 3-D sliding tiles (helper: sliding)
-from .geometry import TileLayout, from_tile_major, inverse_tile_major_permutation, tile_major_permutation, to_tile_major
-from .masks import SlidingTileMask
-from .planner import EMPTY, FULL, PARTIAL, TilePlan, plan_tiles
-from .reference import reference_attention
+allow_shared_libtpu()  # before jax sets up its backends: see svg_lib.environment
 
 __version__ = "0.1.0"
-# runtime detection, problem-size presets, plots (helper: runtime/plots/cli)
-from .runtime import PRESETS, Preset, Runtime, default_interpret, detect_runtime, get_preset, parse_tpu_generation
-from .plots import TILE_COLORS, ascii_tile_map, kept_fraction_grid, plot_mask, plot_tile_map, plot_tile_map_grid
-from .attention import METHODS, attention, b3_mask, build_attention
-from .vmem import VmemEstimate, estimate_vmem
-from .bench import BLOG_SWEEP_V6E_MS, BLOG_V6E_MS, BenchConfig, BenchResult, run_benchmark
-# compiled for TPU on this CPU by libtpu (helper: compile)
-from .compiler import TARGETS, CompileReport, compile_for_tpu
-# block-size tuner, interactive explorers, grid traversal view
-from .tuner import TuneResult, tune
-from .explorer import mask_explorer
-from .traversal import grid_trace, plot_traversal, recorded_grid_trace
-# mixed-head routing, online profiling, structured synthetic inputs, multi-chip (helper: routing/profiling/multichip)
-from .routing import (CompileCounter, build_svg_attention, build_svg_attention_in_kernel, compare_temporal_tiles,
-                      svg_attention, svg_attention_in_kernel)
-from .profiling import HeadProfile, profile_heads
-from .synthetic import attention_recall, equal_budget_table, quality_table, relative_l2, structured_qkv
-from .multichip import (ShardedCompileReport, build_sharded_svg_attention, compile_sharded_layer, make_mesh,
-                        sharded_svg_attention)
-# per-tile cost simulated by the TPU compiler, and the plan's cost model
-from .cost import TileCost, cost_model, tile_cost
+
+# chips and the problem
+from svg_lib.chips import TARGETS, parse_tpu_generation  # noqa: E402
+from svg_lib.problem import (BLOG_SWEEP_V6E_MS, BLOG_V6E_MS, PRESETS, BenchConfig, Preset,  # noqa: E402
+                             get_preset)
+from svg_lib.runtime import Runtime, default_interpret, detect_runtime  # noqa: E402
+# geometry, masks, the planner (3-D sliding tiles included)
+from svg_lib.core.geometry import (TileLayout, VideoGeometry, from_tile_major,  # noqa: E402
+                                   inverse_temporal_major_permutation, inverse_tile_major_permutation,
+                                   temporal_major_permutation, tile_major_permutation, to_frame_major,
+                                   to_temporal_major, to_tile_major)
+from svg_lib.core.masks import (Mask, PermutedMask, RoundingReport, SlidingTileMask, SVGMask,  # noqa: E402
+                                TemporalMask, TileAlignedMask, check_block_size)
+from svg_lib.core.planner import EMPTY, FULL, PARTIAL, TilePlan, plan_tiles  # noqa: E402
+# memory, kernels, attention()
+from svg_lib.memory.vmem import VmemEstimate, estimate_vmem  # noqa: E402
+from svg_lib.kernels.reference import reference_attention  # noqa: E402
+from svg_lib.attention import METHODS, attention, b3_mask, build_attention  # noqa: E402
+# layers built on attention(): mixed-head routing, online profiling, synthetic inputs, multi-chip
+from svg_lib.layers.routing import (CompileCounter, build_svg_attention, build_svg_attention_in_kernel,  # noqa: E402
+                                    compare_temporal_tiles, svg_attention, svg_attention_in_kernel)
+from svg_lib.layers.profiling import HeadProfile, profile_heads  # noqa: E402
+from svg_lib.layers.synthetic import (attention_recall, equal_budget_table, quality_table,  # noqa: E402
+                                      relative_l2, structured_qkv)
+from svg_lib.layers.multichip import build_sharded_svg_attention, make_mesh, sharded_svg_attention  # noqa: E402
+# compiled for TPU on this CPU by libtpu; per-tile cost simulated by the compiler
+from svg_lib.tpu.compiler import CompileReport, compile_for_tpu  # noqa: E402
+from svg_lib.tpu.sharded import ShardedCompileReport, compile_sharded_layer  # noqa: E402
+from svg_lib.tpu.cost import TileCost, cost_model, tile_cost  # noqa: E402
+# the benchmark and the block-size tuner
+from svg_lib.tools.bench import BenchResult, run_benchmark  # noqa: E402
+from svg_lib.tools.tuner import TuneResult, tune  # noqa: E402
+# plots, the mask explorer, the grid traversal view
+from svg_lib.teaching.plots import (TILE_COLORS, ascii_tile_map, kept_fraction_grid, plot_mask,  # noqa: E402
+                                    plot_tile_map, plot_tile_map_grid)
+from svg_lib.teaching.explorer import mask_explorer  # noqa: E402
+from svg_lib.teaching.traversal import grid_trace, plot_traversal, recorded_grid_trace  # noqa: E402

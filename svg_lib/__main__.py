@@ -1,4 +1,4 @@
-"""`python -m svg_lib ...`: see svg_lib/cli.py for the commands."""
-from .cli import main
+"""`python -m svg_lib ...`: the commands are in svg_lib/cli/."""
+from svg_lib.cli import main
 
 raise SystemExit(main())

@@ -17,12 +17,16 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .masks import Mask, TileAlignedMask, check_block_size
-from .planner import plan_tiles
-from .reference import check_qkv, reference_attention
-from .runtime import default_interpret
-from .smem import check_schedule_fits
-from .vmem import check_block_kv_compute, check_fits, estimate_vmem
+from svg_lib.core.masks import Mask, TileAlignedMask, check_block_size
+from svg_lib.core.planner import plan_tiles
+from svg_lib.kernels.backward import dense_classes, with_backward
+from svg_lib.kernels.forward import block_sparse_attention, dense_flash_attention
+from svg_lib.kernels.reference import check_qkv, reference_attention
+from svg_lib.kernels.splash import make_splash, splash_mask_form
+from svg_lib.memory.smem import check_schedule_fits
+from svg_lib.memory.vmem import check_fits, estimate_vmem
+from svg_lib.problem import check_block_kv_compute
+from svg_lib.runtime import default_interpret
 
 METHODS = ("reference", "dense", "splash_dense", "splash", "b1", "b2", "b3")
 _NEEDS_MASK = ("splash", "b1", "b2", "b3")
@@ -41,7 +45,7 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
     """A jitted `f(q, k, v) -> out` for `[heads, tokens, head_dim]` arrays of `dtype`.
 
     `generation` ("v6e", "v5e", ...) is the TPU whose VMEM the kernel is planned for: None
-    means the attached TPU, or a v6e off TPU; name one to compile for another (svg_lib.compiler).
+    means the attached TPU, or a v6e off TPU; name one to compile for another (svg_lib.tpu.compiler).
 
     Planning (tile classes, schedule tables, Splash's mask info) happens here, once; the
     returned function only pads, runs the kernel and slices.
@@ -74,14 +78,12 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
     q_len, kv_len = nq * block_q, nk * block_kv
     splash_mask = None
     if method in ("splash_dense", "splash"):
-        from .splash import splash_mask_form  # Splash's mask blocks take VMEM (see vmem.py)
         splash_mask = splash_mask_form(mask, tokens, kv_len)
     vmem = check_fits(estimate_vmem(method, block_q, block_kv, head_dim, dtype, block_kv_compute, generation,
                                     splash_mask=splash_mask))
     if interpret is None:
         interpret = default_interpret()
     if method in ("splash_dense", "splash"):
-        from .splash import make_splash
         # Splash's kernels take the raised limit in their own CompilerParams, so it survives a
         # caller's jax.jit (a jit's compiler_options would only be accepted at the top level)
         kernel = make_splash(mask, tokens=tokens, heads=heads, q_len=q_len, kv_len=kv_len, block_q=block_q,
@@ -91,8 +93,6 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
         # block with no kept block); the series' contract is zeros, as the reference.
         run = _rows_zeroed(kernel, _rows_without_keys(mask, tokens, q_len))
     elif method == "dense":
-        from .backward import dense_classes, with_backward
-        from .kernels import dense_flash_attention
         forward = functools.partial(dense_flash_attention, tokens=tokens, block_q=block_q, block_kv=block_kv,
                                     block_kv_compute=block_kv_compute, interpret=interpret,
                                     vmem_limit_bytes=vmem.vmem_limit_bytes)
@@ -101,8 +101,6 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
                             block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
                             interpret=interpret, generation=generation)
     else:
-        from .backward import with_backward
-        from .kernels import block_sparse_attention
         # B3 runs the tile-aligned mask, whose predicate masks padding only
         kernel_mask = b3_mask(mask, block_q, block_kv) if method == "b3" else mask
         keep = kernel_mask.kernel_predicate(block_q, block_kv)
@@ -116,7 +114,7 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
                                           block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
                                           interpret=interpret, vmem_limit_bytes=vmem.vmem_limit_bytes,
                                           residuals=residuals)
-        # jax.grad runs the backward kernels over the same tiles (svg_lib.backward)
+        # jax.grad runs the backward kernels over the same tiles (svg_lib.kernels.backward)
         run = with_backward(forward, plan.classes, stage=method, keep=keep, block_q=block_q, block_kv=block_kv,
                             block_kv_compute=block_kv_compute, interpret=interpret, generation=generation)
         # the planner lets padded query rows be computed unmasked; they are thrown away as zeros
@@ -204,7 +202,7 @@ def attention(q, k, v, mask: Mask | None = None, *, method: str, block_q: int = 
     interpret mode elsewhere; `pltpu.InterpretParams(...)` is passed through.
 
     Differentiable: `jax.grad` runs Pallas backward kernels over the same tiles for dense,
-    b1, b2 and b3 (svg_lib.backward; b3's gradient is that of its rounded mask), and Splash's
+    b1, b2 and b3 (svg_lib.kernels.backward; b3's gradient is that of its rounded mask), and Splash's
     own backward for splash and splash_dense.
     """
     check_qkv(q, k, v)

@@ -23,10 +23,11 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tpu_compiler():
-    from svg_lib import compiler
+    from svg_lib.environment import INSTALL_HINT, has_libtpu
+    from svg_lib.tpu import compiler
 
-    if not compiler.has_libtpu():
-        message = f"libtpu (the TPU compiler) is not installed: {compiler.INSTALL_HINT}"
+    if not has_libtpu():
+        message = f"libtpu (the TPU compiler) is not installed: {INSTALL_HINT}"
         if os.environ.get("SVG_LIB_REQUIRE_TPU_COMPILER") == "1":
             pytest.fail(message)
         pytest.skip(message)

@@ -2,7 +2,7 @@
 import jax.numpy as jnp
 import numpy as np
 
-from svg_lib.masks import Mask
+from svg_lib.core.masks import Mask
 
 
 class ArrayMask(Mask):

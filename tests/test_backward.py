@@ -1,4 +1,4 @@
-"""Gradients through the series' kernels (svg_lib.backward) against float64 and jax.grad."""
+"""Gradients through the series' kernels (svg_lib.kernels.backward) against float64 and jax.grad."""
 import math
 
 import jax
@@ -8,12 +8,12 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 from svg_lib import attention, b3_mask, plan_tiles, reference_attention
-from svg_lib.backward import dense_classes
-from svg_lib.geometry import VideoGeometry
-from svg_lib.masks import SVGMask
-from svg_lib.planner import EMPTY, FULL, PARTIAL, schedule_rows, unpack_schedule
-from svg_lib.tolerances import tolerance
-from svg_lib.vmem import estimate_vmem
+from svg_lib.kernels.backward import dense_classes
+from svg_lib.core.geometry import VideoGeometry
+from svg_lib.core.masks import SVGMask
+from svg_lib.core.planner import EMPTY, FULL, PARTIAL, schedule_rows, unpack_schedule
+from svg_lib.kernels.tolerances import tolerance
+from svg_lib.memory.vmem import estimate_vmem
 from test_kernels import EMPTY_TILE_ROW, HOLEY, _races_found_in, needs_race_state, random_qkv
 
 # 315 tokens: padded to 384 queries (3 tiles of 128) and 512 keys (2 tiles of 256), each key
@@ -22,7 +22,7 @@ MASK = SVGMask.spatial(VideoGeometry(3, 7, 15), 0.35)
 BLOCKS = dict(block_q=128, block_kv=256, block_kv_compute=128)
 METHODS = ["dense", "b1", "b2", "b3", "splash_dense", "splash"]
 # float32: the kernels and float64 differ by float32 rounding. bfloat16: q, k, v, do are bf16 and
-# the kernels round p and ds to bf16 before their matmuls (svg_lib/tolerances.py says why).
+# the kernels round p and ds to bf16 before their matmuls (svg_lib/kernels/tolerances.py says why).
 GRAD_TOL = {dtype: tolerance(dtype, "gradients") for dtype in ("float32", "bfloat16")}
 
 
@@ -194,7 +194,7 @@ def test_backward_that_overflows_vmem_is_refused_when_the_gradient_is_traced():
 def test_gradients_with_padding_inside_the_sequence(method):
     """A sliding-tile mask pads each 3-D cube: padded query rows run unmasked and are zeroed,
     padded keys are masked. Neither may leak into a gradient: every one matches float64."""
-    from svg_lib.masks import SlidingTileMask
+    from svg_lib.core.masks import SlidingTileMask
     mask = SlidingTileMask(VideoGeometry(3, 5, 16), (1, 4, 32), (1, 3, 1))  # 128-token cubes, padding inside
     assert mask.tokens > VideoGeometry(3, 5, 16).tokens
     q, k, v = random_qkv(11, 1, mask.tokens, 64, "float32")

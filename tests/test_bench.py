@@ -1,4 +1,4 @@
-"""Tests of the benchmark harness (svg_lib.bench) and TPU lowering reports (svg_lib.lowering).
+"""Tests of the benchmark harness (svg_lib.tools.bench) and TPU lowering reports (svg_lib.tpu.lowering).
 
 Kernels run at the tiny preset (384 tokens, 3 x 3 tiles) with one timed call, so the whole
 file stays within a few tens of seconds on a 2-core CPU.
@@ -13,12 +13,12 @@ import pytest
 matplotlib.use("Agg")
 
 from svg_lib.attention import b3_mask  # noqa: E402
-from svg_lib.bench import (BLOG_SWEEP_V6E_MS, BLOG_V6E_MS, DEFAULT_METHODS, BenchConfig, BenchResult,  # noqa: E402
-                           blog_figure, method_tiles, run_benchmark)
+from svg_lib.tools.bench import BenchResult, blog_figure, method_tiles, run_benchmark
+from svg_lib.problem import BLOG_SWEEP_V6E_MS, BLOG_V6E_MS, DEFAULT_METHODS, BenchConfig
 from svg_lib.cli import main  # noqa: E402
-from svg_lib.geometry import VideoGeometry  # noqa: E402
-from svg_lib.lowering import LoweringReport, lower_all, lower_for_tpu  # noqa: E402
-from svg_lib.planner import plan_tiles  # noqa: E402
+from svg_lib.core.geometry import VideoGeometry  # noqa: E402
+from svg_lib.tpu.lowering import LoweringReport, lower_all, lower_for_tpu  # noqa: E402
+from svg_lib.core.planner import plan_tiles  # noqa: E402
 from svg_lib.runtime import Runtime, detect_runtime  # noqa: E402
 
 ON_CPU = jax.devices()[0].platform == "cpu"
@@ -342,7 +342,7 @@ def test_cli_lower_exits_nonzero_on_failure(capsys):
 # -- the sampled error check (used above 16,384 tokens, where a full reference is too big) -------
 
 def test_sampled_rows_spread_over_the_sequence_and_hold_both_end_tiles():
-    from svg_lib.bench import sample_query_rows
+    from svg_lib.tools.bench import sample_query_rows
 
     rows = sample_query_rows(75_600, 128, 3328)
     assert 64 <= len(rows) <= 256 and len(set(rows.tolist())) == len(rows) and (rows == sorted(rows)).all()
@@ -370,11 +370,11 @@ def test_sampled_error_catches_wrong_kernels(tiny, monkeypatch):
     a narrower band, fails the check; the right kernel passes."""
     import importlib
 
-    from svg_lib.masks import SVGMask
+    from svg_lib.core.masks import SVGMask
 
-    attention_module = importlib.import_module("svg_lib.attention")   # the module, not svg_lib.attention()
+    bench_module = importlib.import_module("svg_lib.tools.bench")   # where run_benchmark finds build_attention
 
-    real_build = attention_module.build_attention
+    real_build = bench_module.build_attention
     ok = run_benchmark(tiny, ("b2",), repeats=1, warmup=0, error_rows=64)
     row = ok.rows[0]
     assert row["error_sampled"] and 64 - 4 <= row["error_rows"] <= 64 and row["max_error"] < F32_TOL
@@ -383,20 +383,20 @@ def test_sampled_error_catches_wrong_kernels(tiny, monkeypatch):
         fn = real_build(*args, **kwargs)
         return jax.jit(lambda q, k, v: fn(q, k, v).at[:, -1].add(1.0))
 
-    monkeypatch.setattr(attention_module, "build_attention", last_row_wrong)
+    monkeypatch.setattr(bench_module, "build_attention", last_row_wrong)
     bad = run_benchmark(tiny, ("b2",), repeats=1, warmup=0, error_rows=64).rows[0]
     assert bad["max_error"] == pytest.approx(1.0, abs=1e-3)
 
     def narrower_band(mask, **kwargs):   # the kernel of a band one lane-width narrower than the mask checked
         return real_build(SVGMask(mask.geometry, mask.band_width - 128, mask.sink_tokens), **kwargs)
 
-    monkeypatch.setattr(attention_module, "build_attention", narrower_band)
+    monkeypatch.setattr(bench_module, "build_attention", narrower_band)
     wrong = run_benchmark(tiny, ("b2",), repeats=1, warmup=0, error_rows=64).rows[0]
     assert wrong["max_error"] > 100 * F32_TOL
 
 
 def test_above_the_dense_limit_the_error_is_sampled(monkeypatch, tiny):
-    import svg_lib.bench as bench
+    import svg_lib.tools.bench as bench
 
     # pretend the tiny problem is too big for a full reference: the check must sample, not vanish
     monkeypatch.setattr(bench, "DENSE_LIMIT_TOKENS", tiny.tokens - 1)

@@ -181,7 +181,7 @@ def jupyterlab(tmp_path):
 def _expected_tiles(block_q: int, block_kv: int) -> str:
     """The tile count the explorer's statistics should print, computed here from the planner."""
     from svg_lib import SVGMask, plan_tiles
-    from svg_lib.explorer import DEFAULT_GEOMETRY
+    from svg_lib.teaching.explorer import DEFAULT_GEOMETRY
 
     s = plan_tiles(SVGMask.spatial(DEFAULT_GEOMETRY, 0.35), block_q, block_kv).stats
     return f"{s['q_tiles']} x {s['kv_tiles']} = {s['tiles_total']:,} of {block_q} x {block_kv}"
@@ -190,7 +190,7 @@ def _expected_tiles(block_q: int, block_kv: int) -> str:
 def _expected_sliding_tiles(block_q: int, block_kv: int) -> str:
     """The "B2 full/edge" row the explorer should show for its default sliding-tile mask, from the planner."""
     from svg_lib import SlidingTileMask, plan_tiles
-    from svg_lib.explorer import DEFAULT_CUBE, DEFAULT_GEOMETRY, DEFAULT_WINDOW
+    from svg_lib.teaching.explorer import DEFAULT_CUBE, DEFAULT_GEOMETRY, DEFAULT_WINDOW
 
     s = plan_tiles(SlidingTileMask(DEFAULT_GEOMETRY, DEFAULT_CUBE, DEFAULT_WINDOW), block_q, block_kv).stats
     return f"B2 full/edge{s['tiles_visited']:,}{s['tiles_masked']:,}{s['grid_steps']:,}"

@@ -26,9 +26,9 @@ import json
 import pytest
 
 from svg_lib import TARGETS, BenchConfig, CompileReport, compile_for_tpu
-from svg_lib.bench import PALLAS_METHODS
+from svg_lib.problem import PALLAS_METHODS
 from svg_lib.cli import main
-from svg_lib.compiler import check_targets, compile_all
+from svg_lib.tpu.compiler import check_targets, compile_all
 
 BLOG = BenchConfig.from_preset("blog")
 TWO_GENERATIONS = ("v6e", "v5e")
@@ -58,7 +58,7 @@ def test_splash_gets_its_vmem_through_the_default_scoped_limit(blog_reports):
     # the v5e's default scoped VMEM (16 MiB) alone refuses Splash at the blog's tiles; the limit
     # build_attention gives its pallas_calls (splash.with_vmem_limit, sized by the estimate) is
     # what makes it compile
-    from svg_lib.vmem import estimate_vmem
+    from svg_lib.memory.vmem import estimate_vmem
 
     r = blog_reports[("splash_dense", "v5e")]
     assert r.ok, r.line()
@@ -93,7 +93,7 @@ def test_each_target_gets_its_own_vmem_plan(blog_reports):
 def test_b3_gradient_compiles_at_the_blog_size(tpu_compiler):
     """jax.grad through B3 at the blog's size: its forward with the log-sum-exp and the backward's
     dq and dk/dv kernels compile for a v6e (one head: every head runs the same kernels)."""
-    from svg_lib.compiler import compile_gradient
+    from svg_lib.tpu.compiler import compile_gradient
     verdict = compile_gradient(BLOG, "b3", "v6e", heads=1)
     assert verdict["ok"], verdict["summary"] or verdict["error"]
     assert verdict["temp_bytes"] > 0
@@ -195,9 +195,11 @@ def test_cli_bad_input(tpu_compiler, capsys):
 
 
 def test_cli_without_libtpu_names_the_extra(monkeypatch, capsys):
-    from svg_lib import compiler
+    import svg_lib.cli.compile as compile_command
+    import svg_lib.environment as environment
 
-    monkeypatch.setattr(compiler, "has_libtpu", lambda: False)
+    monkeypatch.setattr(environment, "has_libtpu", lambda: False)  # what compile_for_tpu asks
+    monkeypatch.setattr(compile_command, "has_libtpu", lambda: False)  # what the command asks
     assert main(["compile", "--preset", "tiny"]) == 2
     assert "tpu-compile" in capsys.readouterr().err
     with pytest.raises(RuntimeError, match="tpu-compile"):

@@ -1,4 +1,4 @@
-"""Tests of svg_lib.cost: the TPU compiler's simulated cost of each tile body, and the plan's model.
+"""Tests of svg_lib.tpu.cost: the TPU compiler's simulated cost of each tile body, and the plan's model.
 
 Compiler tests take the `tpu_compiler` fixture and compile small probe kernels (256 x 256
 tiles) in a subprocess. They pin what the instrument must get right, never a cycle count:
@@ -10,9 +10,9 @@ import pytest
 
 from svg_lib import SVGMask, VideoGeometry, plan_tiles
 from svg_lib.attention import b3_mask
-from svg_lib.cost import (BODY_KINDS, Probe, TileCost, cost_model, filled_from, load_reference, model_cycles,
+from svg_lib.tpu.cost import (BODY_KINDS, Probe, TileCost, cost_model, filled_from, load_reference, model_cycles,
                           run_probes, step_kinds, tile_cost)
-from svg_lib.planner import EMPTY
+from svg_lib.core.planner import EMPTY
 
 BQ = BKV = 256
 
@@ -161,7 +161,7 @@ def test_backward_probes_compare_like_with_like(tpu_compiler, cost_cache, monkey
     Splash's fused kernel, one step per tile that computes s and p once, costs less than either."""
     import json
 
-    from svg_lib.cost import BACKWARD_KERNELS, REFERENCE_FILE, backward_tile_cost
+    from svg_lib.tpu.cost import BACKWARD_KERNELS, REFERENCE_FILE, backward_tile_cost
     monkeypatch.setenv("SVG_LIB_CACHE_DIR", str(cost_cache))
     cost = backward_tile_cost("v6e", block_q=512, block_kv=256)
     assert set(cost.per_step) == set(BACKWARD_KERNELS) and all(c["free"] > 0 for c in cost.per_step.values())

@@ -376,8 +376,8 @@ def test_sanitize_patterns_hide_addresses_only():
             text = re.sub(regex, replace, text)
         return text
 
-    a = "<svg_lib.masks.Mask object at 0x7f3c2a1b9d50>"
-    b = "<svg_lib.masks.Mask object at 0x55d0e1a2c3f0>"
+    a = "<svg_lib.core.masks.Mask object at 0x7f3c2a1b9d50>"
+    b = "<svg_lib.core.masks.Mask object at 0x55d0e1a2c3f0>"
     assert sanitize(a) == sanitize(b) != a
     for text in ("mask id 0x7f3c", "tokens = 75600", "<Figure size 640x480 with 1 Axes>"):
         assert sanitize(text) == text
@@ -398,15 +398,15 @@ def test_make_test_runs_the_colab_replica_at_the_floor_pyproject_and_readme_stat
 
 
 def test_import_time_floors_agree_with_pyproject(pyproject):
-    from svg_lib._environment import FLOORS
+    from svg_lib.environment import FLOORS
 
     runtime = {canonicalize_name(Requirement(r).name): Requirement(r) for r in pyproject["project"]["dependencies"]}
     stated = {name: next(iter(req.specifier)).version for name, req in runtime.items()}
-    assert stated == FLOORS, f"pyproject.toml's dependencies {stated}, svg_lib/_environment.py's FLOORS {FLOORS}"
+    assert stated == FLOORS, f"pyproject.toml's dependencies {stated}, svg_lib/environment.py's FLOORS {FLOORS}"
 
 
 def test_import_check_names_the_package_and_the_fix():
-    from svg_lib._environment import check_environment, problems, version_tuple
+    from svg_lib.environment import check_environment, problems, version_tuple
 
     assert version_tuple("0.7.2") == (0, 7, 2) and version_tuple("2.1.3+cpu") == (2, 1, 3)
     assert version_tuple("0.10.0rc1") == (0, 10, 0) and version_tuple("0.10.2") > version_tuple("0.7.2")

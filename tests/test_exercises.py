@@ -1,4 +1,4 @@
-"""Tests of the workshop kit: the checkers in `svg_lib.exercises` and the exercise notebooks.
+"""Tests of the workshop kit: the checkers in `svg_lib.teaching.exercises` and the exercise notebooks.
 
 Each checker must accept the instructor's solution (taken verbatim from the solved notebook in
 `notebooks/exercises/solutions/`, the same code nbval runs) and reject a catalogue of typical
@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 from jax.experimental import pallas as pl
 
-from svg_lib import estimate_vmem, exercises, plan_tiles
-from svg_lib.planner import EMPTY, FULL, PARTIAL
+from svg_lib import estimate_vmem, plan_tiles
+from svg_lib.teaching import exercises
+from svg_lib.core.planner import EMPTY, FULL, PARTIAL
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXERCISES = ROOT / "notebooks" / "exercises"
@@ -437,7 +438,7 @@ def test_block_size_checker_takes_a_pair_or_rejects_what_is_not_one():
 
 def test_case_study_stages_come_from_the_plans():
     from svg_lib import b3_mask
-    from svg_lib.runtime import get_preset
+    from svg_lib.problem import get_preset
 
     blog = get_preset("blog")
     plan = plan_tiles(blog.mask(), blog.block_q, blog.block_kv)

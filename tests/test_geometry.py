@@ -1,4 +1,4 @@
-"""Tests of svg_lib.geometry: token counts and the temporal-major permutation.
+"""Tests of svg_lib.core.geometry: token counts and the temporal-major permutation.
 
 The expected permutations are rebuilt here from the brief's formulas with plain
 Python loops, so a slip in the vectorised library code cannot hide behind itself.
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from svg_lib.geometry import (TileLayout, VideoGeometry, from_tile_major, inverse_temporal_major_permutation,
+from svg_lib.core.geometry import (TileLayout, VideoGeometry, from_tile_major, inverse_temporal_major_permutation,
                               inverse_tile_major_permutation, temporal_major_permutation, tile_major_permutation,
                               to_frame_major, to_temporal_major, to_tile_major)
 

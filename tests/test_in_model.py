@@ -4,7 +4,7 @@ A model calls `svg_lib.attention(...)` from inside its own jitted training step,
 the library builds may need to be the outermost jit. In particular Splash's raised VMEM limit
 used to be a `jax.jit(..., compiler_options=...)` of ours, which jax refuses below a caller's
 jit ("compiler_options can only be passed to top-level jax.jit"); it now travels in Splash's
-own pallas_call CompilerParams (`svg_lib.splash.with_vmem_limit`).
+own pallas_call CompilerParams (`svg_lib.kernels.splash.with_vmem_limit`).
 
 Three kinds of check, at the small preset (10,080 tokens, 2 heads of 128, bf16, 512 x 256):
   * lowered for TPU with `jax.export` (no libtpu needed; the only check that runs under a jax
@@ -34,10 +34,10 @@ import pytest
 
 import svg_lib
 from svg_lib.attention import METHODS
-from svg_lib.geometry import VideoGeometry
-from svg_lib.masks import SVGMask
-from svg_lib.runtime import PRESETS
-from svg_lib.vmem import estimate_vmem
+from svg_lib.core.geometry import VideoGeometry
+from svg_lib.core.masks import SVGMask
+from svg_lib.problem import PRESETS
+from svg_lib.memory.vmem import estimate_vmem
 
 SMALL = PRESETS["small"]
 SHAPE = (SMALL.heads, SMALL.geometry.tokens, SMALL.head_dim)
@@ -114,7 +114,7 @@ def test_every_method_lowers_for_tpu_inside_a_callers_jit_and_grad(method, expor
         assert calls == []  # jax.numpy throughout
     else:
         # a forward, the forward again with its residuals for the gradient, and the backward
-        # kernel(s): Splash's fused dq/dk/dv, or our dq and dk/dv (svg_lib.backward)
+        # kernel(s): Splash's fused dq/dk/dv, or our dq and dk/dv (svg_lib.kernels.backward)
         assert len(calls) >= 3, f"{method}: {len(calls)} Pallas kernels in the caller's program"
 
 
@@ -148,7 +148,7 @@ def test_a_cached_trace_without_the_limit_does_not_take_its_place():
     # Splash's entry point is a jax.jit whose trace cache keys on shapes and static arguments,
     # not on our limit: a kernel of the same shapes traced first without a limit must not hand
     # its trace (no limit) to the one that has it
-    from svg_lib.splash import make_splash
+    from svg_lib.kernels.splash import make_splash
 
     common = dict(tokens=BIG_TOKENS, heads=1, q_len=2 * 3328, kv_len=4 * 1536, block_q=3328, block_kv=1536,
                   block_kv_compute=512, interpret=False)
@@ -165,7 +165,7 @@ def test_a_cached_trace_without_the_limit_does_not_take_its_place():
 def test_a_splash_that_bypasses_pallas_call_is_refused_loudly():
     # if a jax's Splash ever stopped calling pl.pallas_call through its module, the limit would
     # be lost silently; svg_lib refuses instead
-    from svg_lib.splash import _trace_with_limit
+    from svg_lib.kernels.splash import _trace_with_limit
 
     with pytest.raises(RuntimeError, match="could not give them their VMEM limit of 64.0 MiB"):
         _trace_with_limit(64 * 2**20, lambda x: x, 1)
@@ -195,7 +195,7 @@ def test_splash_at_the_blog_tiles_compiles_nested_slow(tpu_compiler):
 def test_splash_at_the_blog_tiles_is_refused_without_its_limit_slow(tpu_compiler):
     # the same forward kernel in a caller's jit, without the limit: refused for its scoped VMEM,
     # so the compile above is the limit's doing
-    from svg_lib.splash import make_splash
+    from svg_lib.kernels.splash import make_splash
 
     kernel = make_splash(None, tokens=BIG_TOKENS, heads=1, q_len=2 * 3328, kv_len=4 * 1536, block_q=3328,
                          block_kv=1536, block_kv_compute=512, interpret=False)

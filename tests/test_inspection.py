@@ -3,8 +3,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from svg_lib import get_preset, kernels
-from svg_lib.inspection import TileBody, source_lines, tile_bodies, tile_body_table
+from svg_lib import get_preset
+from svg_lib.kernels import forward as kernels
+from svg_lib.teaching.inspection import TileBody, source_lines, tile_bodies, tile_body_table
 
 COMPARES = {"lt", "le", "gt", "ge", "eq", "ne"}
 

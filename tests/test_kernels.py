@@ -19,11 +19,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from svg_lib import METHODS, Mask, SVGMask, TileAlignedMask, VideoGeometry, attention, b3_mask, build_attention
-from svg_lib.planner import EMPTY, plan_tiles
-from svg_lib.tolerances import tolerance
+from svg_lib.core.planner import EMPTY, plan_tiles
+from svg_lib.kernels.tolerances import tolerance
 
 # -- tolerances ----------------------------------------------------------------------------
-# One place per dtype, with the reasons: svg_lib/tolerances.py (float32: summation order only,
+# One place per dtype, with the reasons: svg_lib/kernels/tolerances.py (float32: summation order only,
 # every matmul at float32 precision; bfloat16: bf16 rounding inside the kernel). Both are far
 # below the O(1) changes a wrong mask causes (checked in test_masks_are_told_apart).
 TOL = {"float32": tolerance("float32"), "bfloat16": tolerance("bfloat16")}
@@ -248,8 +248,8 @@ def _padded(x, length, fill):
 def test_garbage_in_padding_does_not_leak(method):
     """Call the kernel itself with huge values in the padded rows of q, k and v: a padded key
     that slipped into a softmax would dominate it (scores ~1e3), a padded value would show."""
-    from svg_lib.kernels import block_sparse_attention, dense_flash_attention
-    from svg_lib.splash import make_splash
+    from svg_lib.kernels.forward import block_sparse_attention, dense_flash_attention
+    from svg_lib.kernels.splash import make_splash
     n, bq, bkv, d = SMALL.tokens, 128, 128, 64
     q, k, v = random_qkv(5, 2, n, d, "float32")
     qs = q / math.sqrt(d)
@@ -390,7 +390,7 @@ def test_no_races_under_the_tpu_interpreter(method):
 def _tile_body_attention(q, k, v, keep, *, block_q, block_kv, block_kv_compute, body_interpret):
     """Attention over every tile of one head through `_online_softmax_tile` (masking each
     tile with `keep`, or none), the body told `interpret=body_interpret`; run in the interpreter."""
-    from svg_lib import kernels
+    from svg_lib.kernels import forward as kernels
 
     tokens, head_dim = q.shape
     nq, nk = tokens // block_q, tokens // block_kv

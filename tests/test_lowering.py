@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from svg_lib import SVGMask, VideoGeometry, b3_mask, build_attention, estimate_vmem, plan_tiles
-from svg_lib.planner import FULL, PARTIAL, unpack_schedule
+from svg_lib.core.planner import FULL, PARTIAL, unpack_schedule
 
 # The blog's benchmark: Wan 2.1 720p (21 latent frames of 45 x 80), 10 heads of dim 128, bf16.
 GEOMETRY = VideoGeometry(21, 45, 80)

@@ -1,4 +1,4 @@
-"""Tests of svg_lib.masks: the SVG masks, exact pair counting and B3's rounding to tiles.
+"""Tests of svg_lib.core.masks: the SVG masks, exact pair counting and B3's rounding to tiles.
 
 Every expected value is rebuilt here from first principles: the brief's formulas for the
 band and the permutation, and brute-force sums over dense masks for every count.
@@ -12,8 +12,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from mask_helpers import ArrayMask, tile_view
-from svg_lib.geometry import VideoGeometry
-from svg_lib.masks import Mask, PermutedMask, SVGMask, TemporalMask, TileAlignedMask, check_block_size
+from svg_lib.core.geometry import VideoGeometry
+from svg_lib.core.masks import Mask, PermutedMask, SVGMask, TemporalMask, TileAlignedMask, check_block_size
 
 FAST = settings(max_examples=30, deadline=None, database=None)
 FEW = settings(max_examples=12, deadline=None, database=None)
@@ -529,7 +529,7 @@ def test_mask_classes_are_never_equal_to_one_another():
         pass
     assert Subclass(g, spatial.band_width, spatial.sink_tokens) != spatial
 
-    from svg_lib.masks import SlidingTileMask
+    from svg_lib.core.masks import SlidingTileMask
     sliding = SlidingTileMask(VideoGeometry(3, 5, 16), [1, 4, 32], (1, 3, 1))
     assert sliding == SlidingTileMask(VideoGeometry(3, 5, 16), (1, 4, 32), [1, 3, 1])
     assert sliding != SlidingTileMask(VideoGeometry(3, 5, 16), (1, 4, 32), (1, 1, 1))

@@ -1,4 +1,4 @@
-"""Heads sharded over a mesh (svg_lib.multichip) against the single-device layer.
+"""Heads sharded over a mesh (svg_lib.layers.multichip) against the single-device layer.
 
 jax is already initialised with one CPU device in the pytest process, and the simulated device
 count must be set before jax starts, so the mesh tests run in a subprocess with
@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent("""
     from jax.sharding import NamedSharding, PartitionSpec as P
     from svg_lib import (SVGMask, TemporalMask, VideoGeometry, make_mesh, reference_attention,
                          sharded_svg_attention, svg_attention, temporal_major_permutation)
-    from svg_lib.multichip import (build_sharded_svg_attention, collective_counts, hlo_collectives,
+    from svg_lib.layers.multichip import (build_sharded_svg_attention, collective_counts, hlo_collectives,
                                    shard_exchange_tables)
 
     assert len(jax.devices()) == 4, jax.devices()
@@ -124,7 +124,7 @@ def test_unknown_axis_and_placement_are_refused():
                                               (VideoGeometry(8, 8, 8), 4), (VideoGeometry(2, 3, 4), 3)])
 def test_shard_exchange_tables_deliver_the_permuted_shards(geometry, devices):
     from svg_lib import temporal_major_permutation
-    from svg_lib.multichip import shard_exchange_tables
+    from svg_lib.layers.multichip import shard_exchange_tables
 
     tokens = geometry.tokens
     padded = -(-tokens // devices) * devices
@@ -143,7 +143,7 @@ def test_shard_exchange_tables_deliver_the_permuted_shards(geometry, devices):
 
 
 def test_shard_exchange_tables_refuse_bad_input():
-    from svg_lib.multichip import shard_exchange_tables
+    from svg_lib.layers.multichip import shard_exchange_tables
 
     with pytest.raises(ValueError, match="equal shards"):
         shard_exchange_tables(np.arange(10), 4)
@@ -154,7 +154,7 @@ def test_shard_exchange_tables_refuse_bad_input():
 
 
 def test_hlo_collectives_pairs_async_start_and_done():
-    from svg_lib.multichip import hlo_collectives
+    from svg_lib.layers.multichip import hlo_collectives
 
     text = textwrap.dedent("""
         %p = bf16[2,64,128]{2,1,0} parameter(0)
@@ -188,7 +188,7 @@ def compiled_layers(tpu_compiler):
 
 def test_compiled_layer_permuting_after_the_exchange_adds_no_collective(compiled_layers):
     from svg_lib import temporal_major_permutation
-    from svg_lib.multichip import shard_exchange_tables
+    from svg_lib.layers.multichip import shard_exchange_tables
 
     after, before = compiled_layers["after"], compiled_layers["before"]
     assert after.chips == before.chips == 8 and "compile-only v6e:2x4" in after.evidence
@@ -227,10 +227,10 @@ def test_compile_sharded_layer_refuses_heads_that_do_not_split(tpu_compiler):
 def test_command_line_writes_the_compiled_report(tpu_compiler, tmp_path, capsys):
     import json
 
-    from svg_lib.multichip import main
+    from svg_lib.cli import main
 
     path = tmp_path / "sharded.json"
-    assert main(["--preset", "tiny", "--heads", "8", "--permute", "after", "--json", str(path)]) == 0
+    assert main(["sharded", "--preset", "tiny", "--heads", "8", "--permute", "after", "--json", str(path)]) == 0
     assert "compile-only v6e:2x4" in capsys.readouterr().out
     (row,) = json.loads(path.read_text())
     assert row["permute"] == "after" and row["chips"] == 8 and row["tokens"] == 384
@@ -255,7 +255,7 @@ def _fake(platform, n):
 
 
 def test_choose_mesh_devices_prefers_the_default_backend():
-    from svg_lib.multichip import choose_mesh_devices
+    from svg_lib.layers.multichip import choose_mesh_devices
 
     slice_ = choose_mesh_devices(8, default_devices=_fake("tpu", 8), cpu_devices=_fake("cpu", 4))
     assert slice_.source == "default" and len(slice_.devices) == 8 and not slice_.interpret
@@ -266,7 +266,7 @@ def test_choose_mesh_devices_prefers_the_default_backend():
 
 
 def test_one_tpu_chip_falls_back_to_the_cpu_devices_beside_it():
-    from svg_lib.multichip import choose_mesh_devices
+    from svg_lib.layers.multichip import choose_mesh_devices
 
     cpus = _fake("cpu", 4)
     choice = choose_mesh_devices(8, default_devices=_fake("tpu", 1), cpu_devices=cpus)
@@ -277,7 +277,7 @@ def test_one_tpu_chip_falls_back_to_the_cpu_devices_beside_it():
 
 
 def test_no_devices_to_spare_means_no_mesh():
-    from svg_lib.multichip import choose_mesh_devices
+    from svg_lib.layers.multichip import choose_mesh_devices
 
     for default, cpu in ((_fake("tpu", 1), _fake("cpu", 1)), (_fake("cpu", 1), _fake("cpu", 1)),
                          (_fake("tpu", 1), [])):
@@ -289,7 +289,7 @@ def test_no_devices_to_spare_means_no_mesh():
 def test_choose_mesh_devices_on_this_process_uses_jax():
     import jax
 
-    from svg_lib.multichip import choose_mesh_devices
+    from svg_lib.layers.multichip import choose_mesh_devices
 
     choice = choose_mesh_devices(8)
     assert choice.default_count == len(jax.devices())

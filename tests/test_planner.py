@@ -1,4 +1,4 @@
-"""Tests of svg_lib.planner: tile classes and the scalar-prefetch schedule.
+"""Tests of svg_lib.core.planner: tile classes and the scalar-prefetch schedule.
 
 Expected classes come from the dense mask, zero-padded to the tile grid and summed per tile;
 the schedule is checked row by row against the tiles that brute force says are visited.
@@ -11,9 +11,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from mask_helpers import ArrayMask, tile_view
-from svg_lib.geometry import VideoGeometry
-from svg_lib.masks import PermutedMask, SVGMask, TileAlignedMask
-from svg_lib.planner import (CLASS_BITS, CLASS_NAMES, EMPTY, FULL, MAX_KV_TILES, PARTIAL, STEP_BITS, TilePlan,
+from svg_lib.core.geometry import VideoGeometry
+from svg_lib.core.masks import PermutedMask, SVGMask, TileAlignedMask
+from svg_lib.core.planner import (CLASS_BITS, CLASS_NAMES, EMPTY, FULL, MAX_KV_TILES, PARTIAL, STEP_BITS, TilePlan,
                              pack_schedule, plan_tiles, stack_schedules, unpack_schedule)
 
 FAST = settings(max_examples=30, deadline=None, database=None)

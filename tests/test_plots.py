@@ -1,4 +1,4 @@
-"""Tests of svg_lib.plots: mask images, tile maps (figure and ASCII).
+"""Tests of svg_lib.teaching.plots: mask images, tile maps (figure and ASCII).
 
 Expected values come from dense masks (small sizes), the plan's own class arrays, and
 orientation facts of the SVG mask (the sink is a column on the left: keys < S).
@@ -12,14 +12,14 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.colors import to_rgb  # noqa: E402
 
-from svg_lib.geometry import VideoGeometry  # noqa: E402
-from svg_lib.masks import SVGMask  # noqa: E402
-from svg_lib.planner import EMPTY, FULL, PARTIAL, plan_tiles  # noqa: E402
+from svg_lib.core.geometry import VideoGeometry  # noqa: E402
+from svg_lib.core.masks import SVGMask  # noqa: E402
+from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles  # noqa: E402
 from svg_lib.attention import b3_mask  # noqa: E402
-from svg_lib.plots import (ADDED_COLOR, DROPPED_COLOR, TILE_COLORS, ascii_tile_map, kept_fraction_grid,  # noqa: E402
+from svg_lib.teaching.plots import (ADDED_COLOR, DROPPED_COLOR, TILE_COLORS, ascii_tile_map, kept_fraction_grid,  # noqa: E402
                            plot_mask, plot_query_frames, plot_rounding_diff, plot_schedule, plot_speedups,
                            plot_stage_costs, plot_tile_map, plot_tile_map_grid, plot_tile_maps, rounding_diff)
-from svg_lib.runtime import get_preset  # noqa: E402
+from svg_lib.problem import get_preset  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -299,7 +299,8 @@ class _FakeRuntime:
 
 
 def _fake_result(rows):
-    from svg_lib.bench import BenchConfig, BenchResult
+    from svg_lib.tools.bench import BenchResult
+    from svg_lib.problem import BenchConfig
 
     keys = BenchResult.ROW_KEYS
     return BenchResult(BenchConfig.from_preset("tiny"), _FakeRuntime(), [dict(dict.fromkeys(keys), **r) for r in rows],

@@ -1,5 +1,5 @@
 """float32 means float32 on every backend: every matmul of the kernels, the backward kernels and the
-references states its precision (`svg_lib.kernels.matmul_precision`).
+references states its precision (`svg_lib.kernels.forward.matmul_precision`).
 
 With float32 operands Mosaic's and XLA:TPU's default matmul is one bf16 pass; only the CPU
 interpreter computes true float32 by default, so a CPU cannot show the difference by running. The
@@ -21,10 +21,11 @@ import numpy as np
 import pytest
 from jax import export
 
-from svg_lib import SVGMask, VideoGeometry, attention, build_attention, kernels, reference_attention
-from svg_lib.kernels import matmul_precision
-from svg_lib.reference import attention_float64
-from svg_lib.tolerances import tolerance
+from svg_lib import SVGMask, VideoGeometry, attention, build_attention, reference_attention
+from svg_lib.kernels import forward as kernels
+from svg_lib.kernels.forward import matmul_precision
+from svg_lib.kernels.reference import attention_float64
+from svg_lib.kernels.tolerances import tolerance
 
 MASK = SVGMask.spatial(VideoGeometry(3, 8, 16), 0.35)  # 384 tokens: 3 x 3 tiles of 128, some partial
 HIGHEST, DEFAULT = jax.lax.Precision.HIGHEST, jax.lax.Precision.DEFAULT
@@ -162,7 +163,7 @@ def test_mosaic_lowering_accepts_the_stated_precision(dtype, precision):
 
 def test_float32_kernels_at_highest_compile_for_a_v6e(tpu_compiler):
     """The real TPU compiler (libtpu, compile-only v6e) takes the float32 forward and gradient."""
-    from svg_lib.bench import BenchConfig
+    from svg_lib.problem import BenchConfig
 
     config = BenchConfig(geometry=MASK.geometry, heads=1, head_dim=128, density=0.35, block_q=128, block_kv=128,
                          dtype="float32")

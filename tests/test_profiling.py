@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from svg_lib import HeadProfile, SVGMask, TemporalMask, VideoGeometry, profile_heads, reference_attention, structured_qkv
-from svg_lib.profiling import sample_rows
+from svg_lib.layers.profiling import sample_rows
 
 GEOMETRY = VideoGeometry(8, 16, 16)
 

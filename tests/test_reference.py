@@ -1,4 +1,4 @@
-"""Tests of svg_lib.reference: the ground-truth attention every kernel is compared with.
+"""Tests of svg_lib.kernels.reference: the ground-truth attention every kernel is compared with.
 
 It is checked against the textbook formula written here in float64 numpy.
 """
@@ -6,10 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from svg_lib.geometry import VideoGeometry
-from svg_lib.masks import SVGMask, TileAlignedMask
-from svg_lib.reference import reference_attention
-from svg_lib.tolerances import tolerance
+from svg_lib.core.geometry import VideoGeometry
+from svg_lib.core.masks import SVGMask, TileAlignedMask
+from svg_lib.kernels.reference import reference_attention
+from svg_lib.kernels.tolerances import tolerance
 
 
 def naive_attention(q, k, v, keep=None):
@@ -38,7 +38,7 @@ def random_qkv(seed, heads, n, d, dtype=np.float32, sharpness=2.0):
     return tuple(jnp.asarray(x, dtype=dtype) for x in (q, k, v))
 
 
-# the series' tolerances (svg_lib/tolerances.py); for bf16 the output's own rounding is what is left
+# the series' tolerances (svg_lib/kernels/tolerances.py); for bf16 the output's own rounding is what is left
 F32, BF16 = tolerance("float32"), tolerance("bfloat16")
 
 GEOMETRY = VideoGeometry(4, 6, 12, text_tokens=10)  # 298 tokens: several bands' worth
@@ -198,7 +198,7 @@ def test_additive_float_mask_is_refused():
 
 # -- the float64 references on the host ------------------------------------------------------
 
-from svg_lib.reference import attention_float64, attention_gradients_float64  # noqa: E402
+from svg_lib.kernels.reference import attention_float64, attention_gradients_float64  # noqa: E402
 
 
 @pytest.mark.parametrize("name", list(MASKS))
@@ -268,7 +268,7 @@ def test_float64_references_refuse_bad_input():
 # -- the tolerances ----------------------------------------------------------------------------
 
 def test_tolerances_are_one_table_per_dtype():
-    from svg_lib import tolerances
+    from svg_lib.kernels import tolerances
 
     assert tolerance(jnp.float32) == tolerance("float32") == tolerances.ATTENTION["float32"]
     assert tolerance(jnp.bfloat16, "gradients") == tolerances.GRADIENTS["bfloat16"]
@@ -285,7 +285,7 @@ def test_tolerances_are_one_table_per_dtype():
 def test_one_bf16_pass_slack_bounds_a_bf16_rounded_matmul():
     import ml_dtypes
 
-    from svg_lib.tolerances import one_bf16_pass_slack
+    from svg_lib.kernels.tolerances import one_bf16_pass_slack
 
     rng = np.random.default_rng(19)
     a, b = rng.standard_normal((16, 64)).astype(np.float32), rng.standard_normal((64, 8)).astype(np.float32)

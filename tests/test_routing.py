@@ -1,4 +1,4 @@
-"""Mixed-head attention (svg_lib.routing): routing by flags, both permutation placements, no recompiles.
+"""Mixed-head attention (svg_lib.layers.routing): routing by flags, both permutation placements, no recompiles.
 
 Interpret mode on CPU, 128-token tiles, 480 tokens (not a multiple of 128, so padding is exercised),
 4 heads. The per-head reference is `reference_attention` under the spatial SVG mask for spatial heads
@@ -13,9 +13,9 @@ import pytest
 from svg_lib import (CompileCounter, SVGMask, TemporalMask, VideoGeometry, build_svg_attention,
                      build_svg_attention_in_kernel, compare_temporal_tiles, reference_attention, svg_attention,
                      svg_attention_in_kernel)
-from svg_lib.planner import stack_schedules
-from svg_lib.routing import plan_kind
-from svg_lib.synthetic import computed_mask
+from svg_lib.core.planner import stack_schedules
+from svg_lib.layers.routing import plan_kind
+from svg_lib.layers.synthetic import computed_mask
 
 # float32 kernels vs float32 reference: summation order only (see tests/test_kernels.py for the derivation)
 F32 = dict(rtol=1e-5, atol=1e-5)
@@ -167,16 +167,16 @@ def test_public_layer_under_jit_compiles_once(mask, qkv, per_kind_reference):
 def test_in_kernel_layer_runs_the_one_block_sparse_kernel(mask, qkv, monkeypatch):
     """No second pallas_call: the routed layer calls kernels.block_sparse_attention with both
     kinds' predicates and the planner's stacked schedule."""
-    import svg_lib.kernels as kernels
+    import svg_lib.layers.routing as routing  # where the in-kernel routing finds the kernel
 
     calls = []
-    real = kernels.block_sparse_attention
+    real = routing.block_sparse_attention
 
     def spy(*args, **kwargs):
         calls.append((args, kwargs))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(kernels, "block_sparse_attention", spy)
+    monkeypatch.setattr(routing, "block_sparse_attention", spy)
     f = build_svg_attention_in_kernel(mask, method="b2", heads=HEADS, tokens=GEOMETRY.tokens, head_dim=HEAD_DIM,
                                       dtype=jnp.float32, block_q=BLOCK, block_kv=BLOCK)
     f(*qkv, jnp.asarray(np.array(ROUTINGS["mixed"]))).block_until_ready()

@@ -7,11 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from svg_lib.geometry import VideoGeometry
-from svg_lib.masks import SVGMask
-import svg_lib.runtime as runtime_module
-from svg_lib.runtime import (PRESETS, Preset, Runtime, default_interpret, detect_runtime, get_preset,
-                             parse_tpu_generation)
+from svg_lib.core.geometry import VideoGeometry
+from svg_lib.core.masks import SVGMask
+import svg_lib.chips as chips_module
+from svg_lib.runtime import Runtime, default_interpret, detect_runtime
+from svg_lib.problem import PRESETS, Preset, get_preset
+from svg_lib.chips import parse_tpu_generation
 
 ON_CPU = jax.devices()[0].platform == "cpu"
 
@@ -90,7 +91,7 @@ def test_parse_tpu_generation(kind, generation):
 @pytest.mark.parametrize("kind, generation", DEVICE_KINDS + [(k, None) for k in NOT_A_KNOWN_TPU])
 def test_our_parser_alone_handles_every_generation(kind, generation, monkeypatch):
     # an older jax (our floor is 0.6.2) may have no chip_version_from_device_kind
-    monkeypatch.setattr(runtime_module, "_jax_chip_version", lambda device_kind: None)
+    monkeypatch.setattr(chips_module, "_jax_chip_version", lambda device_kind: None)
     assert parse_tpu_generation(kind) == generation
 
 
@@ -102,9 +103,9 @@ def test_our_parser_agrees_with_jax_where_jax_has_one():
         chip = tpu_info.chip_version_from_device_kind(kind)
         assert chip is not None, kind
         assert generation.lstrip("v") == chip.value.lstrip("v"), kind
-        assert runtime_module._parse_device_kind(kind) == generation
+        assert chips_module._parse_device_kind(kind) == generation
     # every chip jax knows has a name here
-    assert {c.value for c in tpu_info.ChipVersion} == set(runtime_module._JAX_CHIP_NAMES)
+    assert {c.value for c in tpu_info.ChipVersion} == set(chips_module._JAX_CHIP_NAMES)
 
 
 def test_banner_on_an_unknown_tpu_names_no_generation():
@@ -167,7 +168,7 @@ def test_preset_rejects_block_sizes_off_the_lane_width():
 
 
 def test_tiny_preset_holds_every_tile_class():
-    from svg_lib.planner import EMPTY, FULL, PARTIAL, plan_tiles
+    from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles
 
     p = get_preset("tiny")
     plan = plan_tiles(p.mask(), p.block_q, p.block_kv)

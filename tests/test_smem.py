@@ -1,4 +1,4 @@
-"""SMEM estimates of the schedule tables (svg_lib.smem), checked against the TPU compiler.
+"""SMEM estimates of the schedule tables (svg_lib.memory.smem), checked against the TPU compiler.
 
 The arithmetic tests run anywhere. Tests taking `tpu_compiler` compile for a v6e on this CPU
 (libtpu, compile-only, nothing runs): the estimate must refuse exactly the schedules the
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import pytest
 
 from svg_lib import SVGMask, VideoGeometry, build_attention, plan_tiles
-from svg_lib.smem import (FIXED_BYTES, FIXED_BYTES_BY_LIBTPU, KiB, VECTOR_WORDS, check_schedule_fits, estimate_smem,
+from svg_lib.memory.smem import (FIXED_BYTES, FIXED_BYTES_BY_LIBTPU, KiB, VECTOR_WORDS, check_schedule_fits, estimate_smem,
                           fixed_bytes, largest_fitting_steps, schedule_forms, schedule_smem, table_bytes)
 
 WAN_1440P = VideoGeometry(21, 90, 160)  # 302,400 tokens
@@ -63,12 +63,12 @@ def test_unknown_generation_is_an_error():
 def test_build_attention_refuses_an_overflowing_schedule_before_any_kernel(monkeypatch):
     """1440p at density 0.35 with 256 x 256 tiles: 1,182 x 516 steps do not fit; the error says
     so with the sizes and the capacity, and names larger blocks that fit."""
-    kernels = importlib.import_module("svg_lib.kernels")
+    attention_module = importlib.import_module("svg_lib.attention")  # where build_attention finds the kernel
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("a kernel was built before the SMEM check")
 
-    monkeypatch.setattr(kernels, "block_sparse_attention", must_not_run)
+    monkeypatch.setattr(attention_module, "block_sparse_attention", must_not_run)
     mask = SVGMask.spatial(WAN_1440P, 0.35)
     with pytest.raises(ValueError, match="overflows SMEM") as info:
         build_attention(mask, method="b2", heads=1, tokens=mask.tokens, head_dim=128, dtype=jnp.bfloat16,
@@ -96,7 +96,7 @@ def test_check_names_the_stacked_kinds():
 def _compiles(compiler, words, *, heads=1, kinds=1, stage="b2", nq=2, block=512):
     """Compile the block-sparse kernel with a `words`-long schedule for v6e: True, or False when
     the compiler refuses it for SMEM (any other error propagates)."""
-    from svg_lib.kernels import block_sparse_attention
+    from svg_lib.kernels.forward import block_sparse_attention
 
     n = nq * block
     steps = 2 * words // (nq * kinds)

@@ -1,11 +1,11 @@
-"""Structured synthetic inputs and the quality metrics (svg_lib.synthetic)."""
+"""Structured synthetic inputs and the quality metrics (svg_lib.layers.synthetic)."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from svg_lib import (SVGMask, TemporalMask, VideoGeometry, attention_recall, quality_table, reference_attention,
                      relative_l2, structured_qkv)
-from svg_lib.synthetic import computed_mask
+from svg_lib.layers.synthetic import computed_mask
 
 GEOMETRY = VideoGeometry(8, 16, 16)  # band at density 0.2 (128) is narrower than a frame (256)
 ROWS = np.arange(0, GEOMETRY.tokens, 5)
@@ -108,12 +108,12 @@ def test_local3d_attention_decays_with_distance_in_frames_rows_and_cols():
 
 @pytest.fixture(scope="module")
 def budget_table():
-    from svg_lib.synthetic import equal_budget_table
+    from svg_lib.layers.synthetic import equal_budget_table
     return equal_budget_table(GEOMETRY, (1, 8, 16), (3, 3, 1), num_rows=32)
 
 
 def test_equal_budget_table_rows_and_budgets(budget_table):
-    from svg_lib.masks import SlidingTileMask
+    from svg_lib.core.masks import SlidingTileMask
     budget = SlidingTileMask(GEOMETRY, (1, 8, 16), (3, 3, 1)).pair_density
     assert budget == pytest.approx(6 / 16)
     assert [(r["kind"], r["method"]) for r in budget_table] == [

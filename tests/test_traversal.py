@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 
 from svg_lib import b3_mask, get_preset, plan_tiles
-from svg_lib.masks import TileAlignedMask
-from svg_lib.planner import EMPTY
-from svg_lib.traversal import RECORD_LIMIT_STEPS, grid_trace, kernel_plan, plot_traversal, recorded_grid_trace
+from svg_lib.core.masks import TileAlignedMask
+from svg_lib.core.planner import EMPTY
+from svg_lib.teaching.traversal import RECORD_LIMIT_STEPS, grid_trace, kernel_plan, plot_traversal, recorded_grid_trace
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Tests of svg_lib.vmem: the VMEM arithmetic that jax.export cannot do for us.
+"""Tests of svg_lib.memory.vmem: the VMEM arithmetic that jax.export cannot do for us.
 
 The byte counts are recomputed here from what each buffer is (not from vmem.py's formulas),
 capacities are checked against jax's own TPU table, and the errors are checked for the
@@ -12,10 +12,13 @@ import jax.numpy as jnp
 import pytest
 
 from svg_lib import SVGMask, VideoGeometry, attention
-import svg_lib.vmem as vmem_module
-from svg_lib.compiler import TARGETS
+import svg_lib.memory.vmem as vmem_module
+from svg_lib.environment import libtpu_version
+from svg_lib.tpu import checks
+from svg_lib.chips import TARGETS
 from svg_lib.runtime import Runtime
-from svg_lib.vmem import HEADROOM, check_block_kv_compute, check_fits, estimate_vmem, tpu_memory
+from svg_lib.memory.vmem import HEADROOM, check_fits, estimate_vmem, tpu_memory
+from svg_lib.problem import check_block_kv_compute
 
 MiB = 2**20
 BLOG = dict(block_q=3328, block_kv=1536, head_dim=128, dtype=jnp.bfloat16)
@@ -136,7 +139,7 @@ class FakeInfo:
 def on_tpu(monkeypatch, device_kind, info):
     """Pretend jax reports a TPU of `device_kind` whose get_tpu_info() is `info` (None: no such function)."""
     runtime = Runtime(platform="tpu", device_kind=device_kind, device_count=1, jax_version="0.10.2", compiled=True)
-    monkeypatch.setattr("svg_lib.runtime.detect_runtime", lambda: runtime)
+    monkeypatch.setattr(vmem_module, "detect_runtime", lambda: runtime)
     monkeypatch.setattr(vmem_module, "_tpu_info", lambda: info)
 
 
@@ -283,17 +286,13 @@ def test_bad_block_kv_compute(value, match):
 
 @pytest.mark.parametrize("method", ["dense", "splash", "b2", "b3"])
 def test_attention_refuses_overflow_before_running(method, monkeypatch):
-    attention_module = importlib.import_module("svg_lib.attention")
-    kernels = importlib.import_module("svg_lib.kernels")
-    splash = importlib.import_module("svg_lib.splash")
+    attention_module = importlib.import_module("svg_lib.attention")  # where build_attention finds them
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("planning or a kernel ran before the VMEM check")
 
-    monkeypatch.setattr(attention_module, "plan_tiles", must_not_run)
-    monkeypatch.setattr(kernels, "dense_flash_attention", must_not_run)
-    monkeypatch.setattr(kernels, "block_sparse_attention", must_not_run)
-    monkeypatch.setattr(splash, "make_splash", must_not_run)
+    for name in ("plan_tiles", "dense_flash_attention", "block_sparse_attention", "make_splash"):
+        monkeypatch.setattr(attention_module, name, must_not_run)
     mask = SVGMask.spatial(VideoGeometry(2, 8, 16), 0.5)
     q = jnp.zeros((1, mask.tokens, 128), jnp.bfloat16)
     with pytest.raises(ValueError, match=r"overflows VMEM.*block_q=\d+, block_kv=8192, block_kv_compute=\d+ fits"):
@@ -348,8 +347,8 @@ def test_estimate_agrees_with_the_compiler(tpu_compiler, point):
     target, method, bq, bkv, c, dtype, form, fits, compiles = point
     e = estimate_vmem(method, bq, bkv, 128, dtype, c, target, splash_mask=form)
     assert e.fits == fits, e
-    check = vmem_module.compile_check(e)
-    release = ".".join((tpu_compiler.libtpu_version() or "").split(".")[:3])
+    check = checks.compile_check(e)
+    release = ".".join((libtpu_version() or "").split(".")[:3])
     compiles = OTHER_LIBTPU_VERDICTS.get((target, method, bq, bkv), {}).get(release, compiles)
     assert check.compiled == compiles, check.error
     assert check.agrees  # where the estimate fits, it compiles; where the compiler refuses, so does it
@@ -367,7 +366,7 @@ def test_default_limit_is_not_enough(tpu_compiler, target, method, bq, bkv, dtyp
     # so the limit the estimate asks for (vmem_limit_bytes; Splash gets it by with_vmem_limit) is needed
     e = estimate_vmem(method, bq, bkv, 128, dtype, None, target, splash_mask=form)
     assert e.vmem_limit_bytes is not None
-    check = vmem_module.compile_check(e, limit=None)
+    check = checks.compile_check(e, limit=None)
     assert not check.compiled
     assert check.limit == TARGETS[target].default_scoped_vmem
     assert check.limit < check.reported <= e.vmem_limit_bytes
@@ -389,9 +388,9 @@ def test_reported_sizes_from_both_kinds_of_refusal():
     scoped = ("RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom: ... Scoped allocation with size 43.88M "
               "and limit 32.00M exceeded scoped vmem limit by 11.88M.")
     program = "XLA:TPU compile permanent error. Ran out of memory in memory space vmem. Used 22.39M of 16.00M vmem."
-    assert vmem_module.reported_scoped_bytes(scoped) == (int(43.88 * MiB), 32 * MiB)
-    assert vmem_module.reported_scoped_bytes(program) == (int(22.39 * MiB), 16 * MiB)
-    assert vmem_module.reported_scoped_bytes("Ran out of memory in memory space smem") is None
+    assert checks.reported_scoped_bytes(scoped) == (int(43.88 * MiB), 32 * MiB)
+    assert checks.reported_scoped_bytes(program) == (int(22.39 * MiB), 16 * MiB)
+    assert checks.reported_scoped_bytes("Ran out of memory in memory space smem") is None
 
 
 @pytest.mark.parametrize("fits,compiled,agrees,conservative", [
@@ -399,7 +398,7 @@ def test_reported_sizes_from_both_kinds_of_refusal():
 def test_compiler_check_verdicts(fits, compiled, agrees, conservative):
     e = estimate_vmem("b2", **BLOG, generation="v4" if not fits else "v6e")
     assert e.fits == fits
-    check = vmem_module.CompilerCheck(e, e.generation, 16 * MiB, compiled, None, None, 1.0)
+    check = checks.CompilerCheck(e, e.generation, 16 * MiB, compiled, None, None, 1.0)
     assert (check.agrees, check.conservative) == (agrees, conservative)
     assert check.row()["agrees"] == agrees and ("DISAGREES" in str(check)) == (not agrees)
 
@@ -407,7 +406,7 @@ def test_compiler_check_verdicts(fits, compiled, agrees, conservative):
 # -- the recorded compiler boundary (svg_lib/data/largest_block_q.json) ----------------------
 
 def test_recorded_largest_block_q_is_labelled_and_above_the_estimate():
-    doc = vmem_module.load_largest_block_q()
+    doc = checks.load_largest_block_q()
     assert doc["evidence"].startswith("compiled for TPU") and doc["libtpu"] and doc["jax"] and doc["date"]
     assert doc["results"]
     for r in doc["results"]:

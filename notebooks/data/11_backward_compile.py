@@ -15,9 +15,10 @@ import jax
 import jax.numpy as jnp
 
 from svg_lib import build_attention
-from svg_lib.compiler import compile_fn, libtpu_version
-from svg_lib.runtime import get_preset
-from svg_lib.vmem import estimate_vmem
+from svg_lib.tpu.compiler import compile_fn
+from svg_lib.environment import libtpu_version
+from svg_lib.problem import get_preset
+from svg_lib.memory.vmem import estimate_vmem
 
 blog = get_preset("blog")  # 21 x 45 x 80 = 75,600 tokens, blocks 3328 x 1536
 out_path = pathlib.Path(sys.argv[1])

@@ -1,0 +1,59 @@
+"""Command line: `python -m svg_lib <command> ...`.
+
+    python -m svg_lib plan --preset blog                  # the plan in words + ASCII tile map
+    python -m svg_lib plan --preset blog --block-q 1024   # a preset with one value overridden
+    python -m svg_lib compile --preset blog --target v6e  # compile every kernel for a TPU v6e (libtpu)
+    python -m svg_lib plan --frames 21 --height 45 --width 80 --density 0.35 \\
+        --block-q 3328 --block-kv 1536 --json             # plan.stats as one JSON object
+
+The top layer of svg_lib: all argument parsing lives here, one module per command
+(`svg_lib/cli/<command>.py`), each defining `COMMAND = Command(name, help, add_arguments, run)`
+over the library's functions; `svg_lib.cli.common` holds the problem flags they share. Adding
+a command: write that module and add it to `COMMANDS` below. `run` reports bad input by raising
+`UsageError` (or a library `ValueError`): main prints it as one line and returns 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from svg_lib import __version__
+from svg_lib.cli import bench, cost, lower, plan, sharded, tune, vmem
+from svg_lib.cli import compile as compile_command  # the module, not the builtin
+from svg_lib.cli.common import PROG, Command, _Parser
+
+COMMANDS: tuple[Command, ...] = tuple(m.COMMAND for m in (plan, bench, lower, compile_command, tune, cost, vmem,
+                                                          sharded))
+
+
+def commands() -> list[Command]:
+    """Every command, in the order `--help` lists them."""
+    return list(COMMANDS)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="svg_lib: tile-aligned sparse video attention, from the command line")
+    parser.add_argument("--version", action="version", version=f"svg_lib {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in commands():
+        command_parser = sub.add_parser(command.name, help=command.help, description=command.help)
+        command.add_arguments(command_parser)
+        command_parser.set_defaults(_run=command.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse `argv` (default: sys.argv[1:]), run the command, return its exit status.
+
+    Bad input gives one line on stderr and status 2, never a traceback.
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # --help, --version and argparse errors: return instead of exiting
+        return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    try:
+        return int(args._run(args))
+    except ValueError as err:  # UsageError, or the library refusing a value it was given
+        print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
+        return 2

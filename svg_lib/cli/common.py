@@ -1,0 +1,124 @@
+"""What every command shares: the Command record, UsageError, and the problem flags."""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from typing import Callable
+
+from svg_lib.core.geometry import VideoGeometry
+from svg_lib.problem import DEFAULT_METHODS, BenchConfig, get_preset
+from svg_lib.tools.bench import check_methods
+
+PROG = "python -m svg_lib"
+
+class UsageError(ValueError):
+    """Bad command-line input: printed as one line on stderr, exit status 2."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its arguments and what it does (returns the exit status)."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but errors are one line (no usage dump) so scripts can show them as they are."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+# -- problem flags shared by every command ---------------------------------------------------
+
+PROBLEM_DEFAULTS = {"text_tokens": 0, "heads": 2, "head_dim": 128, "dtype": "bfloat16"}
+
+
+def add_problem_arguments(parser: argparse.ArgumentParser, *, model: bool = True, blocks: bool = True) -> None:
+    """The problem flags of plan, bench, lower and tune: a --preset, then explicit overrides.
+
+    Defaults are None so that "not given" can be told from "given". `model` adds heads, head
+    dim and dtype (what a kernel run needs); `blocks` adds one block size per axis.
+    """
+    parser.add_argument("--preset", choices=("tiny", "small", "blog"),
+                        help="start from a preset (flags given override it)")
+    parser.add_argument("--frames", type=int, metavar="F", help="latent frames")
+    parser.add_argument("--height", type=int, metavar="H", help="tokens per frame, vertically")
+    parser.add_argument("--width", type=int, metavar="W", help="tokens per frame, horizontally")
+    parser.add_argument("--text-tokens", type=int, metavar="P", help="text tokens after the video (default 0)")
+    parser.add_argument("--density", type=float, metavar="D", help="fraction of pairs the band keeps, in (0, 1]")
+    parser.add_argument("--no-sink", action="store_true", help="leave out the first-frame sink")
+    if model:
+        parser.add_argument("--heads", type=int, metavar="H", help="attention heads (default 2 without a preset)")
+        parser.add_argument("--head-dim", type=int, metavar="D", help="head dimension (default 128 without a preset)")
+        parser.add_argument("--dtype", choices=("float32", "bfloat16"),
+                            help="dtype of q, k, v (default bfloat16 without a preset)")
+    if blocks:
+        parser.add_argument("--block-q", type=int, metavar="BQ", help="query tile size, a multiple of 128")
+        parser.add_argument("--block-kv", type=int, metavar="BKV", help="key/value tile size, a multiple of 128")
+
+
+def problem_values(args: argparse.Namespace, keys) -> dict:
+    """Values for `keys` (flag names with underscores): preset values overridden by flags.
+
+    Raises UsageError naming every flag that is still missing.
+    """
+    values = {key: PROBLEM_DEFAULTS.get(key) for key in keys}
+    if args.preset is not None:
+        p = get_preset(args.preset)
+        g = p.geometry
+        preset = dict(frames=g.frames, height=g.height, width=g.width, text_tokens=g.text_tokens, heads=p.heads,
+                      head_dim=p.head_dim, density=p.density, block_q=p.block_q, block_kv=p.block_kv, dtype=p.dtype)
+        values.update({key: preset[key] for key in keys if key in preset})
+    for key in keys:
+        if getattr(args, key, None) is not None:
+            values[key] = getattr(args, key)
+    missing = ["--" + k.replace("_", "-") for k, v in values.items() if v is None]
+    if missing:
+        raise UsageError(f"missing {', '.join(missing)}; give them, or start from --preset tiny|small|blog")
+    return values
+
+
+# -- command line: shared problem flags ------------------------------------------------------
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """The problem flags shared by `bench` and `lower`: a preset, then explicit overrides."""
+    add_problem_arguments(parser)
+    parser.add_argument("--block-kv-compute", type=int, metavar="C",
+                        help="keys per inner step of a key tile: a multiple of 128 dividing --block-kv")
+    parser.add_argument("--methods", metavar="M1,M2,...",
+                        help=f"comma-separated methods (default {','.join(DEFAULT_METHODS)})")
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    """The BenchConfig the flags describe; bad values raise UsageError naming the flag."""
+    values = problem_values(args, ("frames", "height", "width", "text_tokens", "heads", "head_dim", "density",
+                                   "block_q", "block_kv", "dtype"))
+    values["block_kv_compute"] = args.block_kv_compute
+    try:
+        geometry = VideoGeometry(values.pop("frames"), values.pop("height"), values.pop("width"),
+                                 values.pop("text_tokens"))
+        config = BenchConfig(geometry=geometry, first_frame_sink=not args.no_sink, **values)
+        config.mask()  # e.g. a density too low for the text tokens
+    except (TypeError, ValueError) as err:
+        raise UsageError(f"{err} (check the flags)") from None
+    return config
+
+
+def methods_from_args(args: argparse.Namespace, default=DEFAULT_METHODS) -> tuple[str, ...]:
+    if args.methods is None:
+        return tuple(default)
+    try:
+        return check_methods([m.strip() for m in args.methods.split(",") if m.strip()])
+    except ValueError as err:
+        raise UsageError(f"--methods: {err}") from None
+
+
+def write_json(path: str, data: dict) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1)
+        fh.write("\n")

@@ -1,0 +1,53 @@
+"""`python -m svg_lib lower`: lower the kernels for TPU with jax.export."""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import asdict
+
+from svg_lib.cli.common import (
+    Command,
+    UsageError,
+    add_config_arguments,
+    config_from_args,
+    methods_from_args,
+    write_json,
+)
+from svg_lib.problem import PALLAS_METHODS
+from svg_lib.runtime import detect_runtime
+from svg_lib.tpu.lowering import lower_all, splash_note
+
+# -- command line ----------------------------------------------------------------------------
+
+def _lower_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
+    parser.add_argument("--json", metavar="PATH", help="also write the reports as JSON to PATH")
+
+
+def _lower_run(args: argparse.Namespace) -> int:
+    import jax
+
+    config = config_from_args(args)
+    methods = methods_from_args(args, default=PALLAS_METHODS)
+    if "reference" in methods:
+        raise UsageError(f"--methods: 'reference' is plain jax.numpy, nothing to lower for TPU; "
+                         f"choose from {', '.join(PALLAS_METHODS)}")
+    runtime = detect_runtime()
+    print(f"lower for TPU (jax.export, platforms=['tpu']) on {runtime.platform} ({runtime.device_kind}), "
+          f"jax {jax.__version__}: {config.describe()}", flush=True)
+    if splash_note(config, methods):
+        print(splash_note(config, methods), flush=True)
+    reports = lower_all(config, methods, progress=lambda r: print(r.line(), flush=True))
+    failed = [r.method for r in reports if not r.ok]
+    print(f"{len(reports) - len(failed)} of {len(reports)} lowered"
+          + (f"; FAILED: {', '.join(failed)}" if failed else "")
+          + ". Lowering checks block shapes and ops; VMEM is the estimate above, not a compile.", flush=True)
+    if args.json:
+        write_json(args.json, {"config": config.to_json(), "runtime": asdict(runtime),
+                               "reports": [r.to_json() for r in reports]})
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+COMMAND = Command("lower", "lower the Pallas kernels for TPU with jax.export (works on a CPU) and check VMEM",
+            _lower_arguments, _lower_run)

@@ -1,0 +1,59 @@
+"""`python -m svg_lib sharded`: the sharded SVG layer compiled for a TPU slice (libtpu, compile-only).
+
+Defaults to the case study's per-layer size on "v6e:2x4", both placements (a few minutes on a
+2-core CPU: each compile takes 30 to 60 s of CPU time).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+from svg_lib.cli.common import Command, UsageError
+from svg_lib.environment import INSTALL_HINT, has_libtpu
+from svg_lib.layers.multichip import PLACEMENTS
+from svg_lib.problem import PRESETS, get_preset
+from svg_lib.tpu.sharded import compile_sharded_layer
+
+
+def _sharded_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--permute", nargs="+", choices=PLACEMENTS, default=list(PLACEMENTS))
+    parser.add_argument("--preset", default="blog", choices=tuple(PRESETS),
+                        help="problem size whose mask is used (default: blog)")
+    parser.add_argument("--heads", type=int, default=40, help="heads of the layer, split over the chips (default 40)")
+    parser.add_argument("--method", default="b3", choices=("b1", "b2", "b3"))
+    parser.add_argument("--block-q", type=int, default=None, help="default: the preset's")
+    parser.add_argument("--block-kv", type=int, default=None, help="default: the preset's")
+    parser.add_argument("--topology", default="v6e:2x4")
+    parser.add_argument("--json", metavar="PATH", help="also write the reports as JSON")
+
+
+def _sharded_run(args: argparse.Namespace) -> int:
+    import jax  # only for its version in the JSON
+
+    if not has_libtpu():
+        raise UsageError("the TPU compiler (libtpu) is not installed. Install it with: " + INSTALL_HINT)
+    preset = get_preset(args.preset)
+    reports = []
+    for permute in args.permute:
+        report = compile_sharded_layer(preset.mask(), permute=permute, heads=args.heads, head_dim=preset.head_dim,
+                                       dtype=preset.dtype, method=args.method,
+                                       block_q=args.block_q or preset.block_q, block_kv=args.block_kv or preset.block_kv,
+                                       topology=args.topology)
+        print(report.describe(), flush=True)
+        reports.append(report)
+    if args.json:
+        rows = []
+        for r in reports:
+            row = {f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "compiled"}
+            row["collectives"] = {k: dataclasses.asdict(c) for k, c in r.collectives.items()}
+            row["evidence"] = r.evidence
+            row["jax"] = jax.__version__
+            rows.append(row)
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 0
+
+
+COMMAND = Command("sharded", "compile the sharded SVG layer for a TPU slice with libtpu and report its "
+                  "collectives and per-chip memory (nothing runs)", _sharded_arguments, _sharded_run)

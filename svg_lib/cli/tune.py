@@ -1,0 +1,95 @@
+"""`python -m svg_lib tune`: time one method over tile sizes."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from svg_lib.chips import TARGETS, check_target
+from svg_lib.cli.common import PROG, Command, UsageError, add_problem_arguments, problem_values, write_json
+from svg_lib.core.geometry import VideoGeometry
+from svg_lib.core.masks import LANES
+from svg_lib.environment import INSTALL_HINT, has_libtpu
+from svg_lib.problem import BenchConfig
+from svg_lib.runtime import detect_runtime
+from svg_lib.tools.bench import INTERPRET_WORK_LIMIT
+from svg_lib.tools.tuner import TUNE_METHODS, default_candidates, tune
+
+
+def _int_list(flag):
+    def parse(text):
+        try:
+            values = [int(t) for t in text.split(",") if t.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} takes comma-separated integers like 128,256, got {text!r}")
+        if not values:
+            raise argparse.ArgumentTypeError(f"{flag} needs at least one value, e.g. 128,256")
+        return values
+    return parse
+
+
+def _tune_arguments(parser: argparse.ArgumentParser) -> None:
+    add_problem_arguments(parser, blocks=False)  # tune takes lists of block sizes instead
+    parser.add_argument("--method", default="b2", choices=TUNE_METHODS, help="the method to tune (default b2)")
+    parser.add_argument("--block-q", type=_int_list("--block-q"), metavar="BQ,...",
+                        help="query tile sizes to try (default: a grid scaled to the problem)")
+    parser.add_argument("--block-kv", type=_int_list("--block-kv"), metavar="BKV,...",
+                        help="key/value tile sizes to try (every pair with --block-q is tried)")
+    parser.add_argument("--repeats", type=int, default=3, metavar="N", help="timed calls per candidate (default 3)")
+    parser.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed calls first (default 1)")
+    parser.add_argument("--no-cache", action="store_true", help="measure again even when a cached result exists")
+    parser.add_argument("--target", metavar="NAME",
+                        help=f"also compile each candidate for this TPU ({', '.join(TARGETS)}) with libtpu and "
+                             "drop those the compiler refuses")
+    parser.add_argument("--json", metavar="PATH", help="also write the result as JSON to PATH")
+    parser.add_argument("--force", action="store_true",
+                        help="run even when interpret mode would take hours (e.g. --preset blog on a CPU)")
+
+
+def _tune_run(args: argparse.Namespace) -> int:
+    values = problem_values(args, ("frames", "height", "width", "text_tokens", "heads", "head_dim", "density",
+                                   "dtype"))
+    if args.repeats < 1 or args.warmup < 0:
+        raise UsageError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and {args.warmup}")
+    try:
+        geometry = VideoGeometry(values["frames"], values["height"], values["width"], values["text_tokens"])
+        config = BenchConfig(geometry, values["heads"], values["head_dim"], values["density"], LANES, LANES,
+                             dtype=values["dtype"], first_frame_sink=not args.no_sink)
+        mask = config.mask()
+    except (TypeError, ValueError) as err:
+        raise UsageError(f"{err} (check the flags)") from None
+
+    candidates = None
+    if args.block_q or args.block_kv:
+        default = default_candidates(mask.tokens)
+        bqs = args.block_q or sorted({c[0] for c in default})
+        bkvs = args.block_kv or sorted({c[1] for c in default})
+        candidates = [(bq, bkv) for bq in bqs for bkv in bkvs]
+    if args.target is not None:
+        try:
+            check_target(args.target)
+        except ValueError as err:
+            raise UsageError(f"--target: {err}") from None
+        if not has_libtpu():
+            raise UsageError("--target needs the TPU compiler (libtpu), which is not installed. Install it with: "
+                             + INSTALL_HINT)
+    runtime = detect_runtime()
+    work = config.heads * float(config.tokens) ** 2
+    if not runtime.compiled and work > INTERPRET_WORK_LIMIT and not args.force:
+        raise UsageError(f"{config.tokens:,} tokens x {config.heads} heads in interpret mode on {runtime.platform} "
+                         f"would take hours per candidate. Try `{PROG} tune --preset small`; --force runs it anyway")
+    print(f"tune: {config.geometry}, {config.heads} heads x {config.head_dim}, {config.dtype}, density "
+          f"{config.density}; method {args.method}", file=sys.stderr, flush=True)
+    result = tune(mask, heads=config.heads, head_dim=config.head_dim, method=args.method, candidates=candidates,
+                  dtype=config.dtype, repeats=args.repeats, warmup=args.warmup, cache=not args.no_cache,
+                  progress=True, target=args.target)
+    print(result.table())
+    if result.from_cache:
+        print(f"(from cache: {result.cache_path}; --no-cache measures again)", file=sys.stderr)
+    if args.json:
+        write_json(args.json, result.to_json())
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0 if result.rows else 1
+
+
+COMMAND = Command("tune", "time one method over tile sizes (block_q x block_kv) and report the fastest",
+            _tune_arguments, _tune_run)

@@ -1,0 +1,321 @@
+"""The series' Pallas TPU attention kernels: dense, B1, B2 and B3.
+
+Every kernel is the same online-softmax loop over key/value tiles; they differ only
+in which tiles the grid visits and which of them evaluate a mask:
+
+    dense  grid (heads, q tiles, kv tiles)  every tile; padding mask on the last kv tile
+    B1     grid (heads, q tiles, steps)     planner's non-empty tiles; mask on every one
+    B2     same schedule as B1              FULL tiles skip the mask; PARTIAL tiles mask
+    B3     schedule of the tile-aligned     like B2, but only tiles touching key padding
+           mask                             mask, and only for padding
+
+The tile body (`_online_softmax_tile`) is shared by all four. Kernels never see a
+Mask object's structure, only tables from the planner (scalar-prefetched into SMEM)
+and an elementwise predicate `keep(q_ids, k_ids)` for the tiles that must mask. The
+in-kernel routing (routing.py) runs the same block-sparse kernel with one schedule and
+one predicate per kind of head.
+
+All arrays here are already padded: q `[heads, nq * block_q, head_dim]`, k and v
+`[heads, nk * block_kv, head_dim]`, q pre-scaled by 1/sqrt(head_dim).
+
+Code size. Every `pl.when` branch is compiled, so a kernel carries one copy of the tile body
+per kind it can run. At the blog's tiles (3328 x 1536, block_kv_compute 512, v6e, libtpu
+0.0.42.1; `svg_lib.tpu.cost` probe kernels, final VLIW bundles) a mask-free body is about 13,100
+bundles, an SVG-masked one 25,400, a padding-masked one 14,400, and the grid loop and pipeline
+around them 1,300. Summed per kernel: dense ~28,800 (free + padding), B1 ~26,700 (masked),
+B2 ~39,800 (free + masked), B3 ~28,800 (free + padding); Splash's forward kernel, one body,
+16,050 mask-free. (Before the tile body was tuned with the compiler's profile, the issue that
+asked for it measured 25,948 bundles for the mask-free body and 48,932 for the masked one.)
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from svg_lib.core.planner import CLASS_BITS, EMPTY, FULL, PARTIAL, STEP_BITS
+
+# A finite "minus infinity": exp(MASK_VALUE - m) is exactly 0 for any real score m, and
+# unlike -inf it never produces inf - inf = nan in a row that has seen no kept key yet.
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+LANES = 128
+# Unroll the key-chunk loop up to this many chunks. Unrolling is not free: each chunk is one
+# more copy of the body in instruction memory. The TPU compiler's static profile (svg_lib.tpu.cost,
+# v6e, libtpu 0.0.42.1) at the blog's 3328 x 1536 tiles, 3 chunks of 512, mask-free probe kernel:
+# rolled 6,114 bundles and 14,895 cycles per step, unrolled 14,380 bundles and 13,284 cycles
+# (Splash, unrolled: 16,050 bundles, 14,411 cycles). Three chunks pay; more are left rolled.
+MAX_UNROLLED_CHUNKS = 3
+NT = (((1,), (1,)), ((), ()))  # dot_general dimensions of a @ b^T: contract both operands' last dims
+NN = (((1,), (0,)), ((), ()))  # a @ b
+
+
+def matmul_precision(dtype):
+    """The precision every matmul of the series states: HIGHEST for float32 operands, DEFAULT otherwise.
+
+    With float32 operands Mosaic's and XLA:TPU's default is one bf16 pass of the MXU (about three
+    significant digits); HIGHEST issues six passes and gives float32 results. Only the CPU
+    interpreter computes true float32 by default. bf16 operands are exact in one pass: DEFAULT.
+    """
+    return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else jax.lax.Precision.DEFAULT
+
+
+def _dot(a, b, dims):
+    """`dot_general` on the MXU with float32 results, at the precision of the operands' dtype."""
+    return jax.lax.dot_general(a, b, dims, precision=matmul_precision(a.dtype), preferred_element_type=jnp.float32)
+
+
+def _lanes(x, width: int, interpret: bool):
+    """A lane-replicated `[rows, 128]` state array, widened to `[rows, width]`.
+
+    On a TPU the state is already one value per row repeated over the 128 lanes, so
+    repeating whole vregs (`jnp.tile`) costs nothing, while `x[:, :1]` asks for a lane
+    broadcast of every vreg: the compiler's profile put that at twice Splash's cycles per
+    tile. The interpreter prefers the [rows, 1] column, which XLA broadcasts for free.
+    """
+    if width == LANES:
+        return x
+    if interpret or (width > LANES and width % LANES):
+        return x[:, :1]
+    return x[:, :width] if width < LANES else jnp.tile(x, (1, width // LANES))
+
+
+def _online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_start, k_start,
+                         block_kv_compute, interpret=False):
+    """Fold one key/value tile into the running softmax state of one query tile.
+
+    q_ref `[block_q, head_dim]`; k_ref, v_ref `[block_kv, head_dim]`; m_ref, l_ref
+    `[block_q, 128]` f32 running max and sum (replicated over lanes, the layout the VPU
+    likes); acc_ref `[block_q, head_dim]` f32 unnormalised output. For each slice of
+    `block_kv_compute` keys (the slice bounds the VMEM of the score block): scores
+    `s = q k^T`, masked if `keep` is given, then the online-softmax update of m, l and acc.
+
+    `keep` is None (a mask-free tile: the MXU path with no per-element VPU work) or a
+    predicate on global token indices, called with a `[block_q, 1]` column of query indices
+    and a `[1, block_kv_compute]` row of key indices (it must broadcast them): a predicate on
+    keys alone (padding) then costs one row, not a tile. `interpret` (known at trace time)
+    picks the broadcasts each backend does cheaply (see `_lanes`). Both matmuls go through `_dot`,
+    which states the precision of the inputs' dtype (`matmul_precision`): float32 tiles get float32
+    products on a TPU too, not its default single bf16 pass.
+
+    Two choices serve the CPU interpreter, at no cost on a TPU: kernels call this only under
+    `pl.when`, and blocks are read inside the loop. Without them the interpreter copies the
+    whole q, k and v arrays at every grid step (XLA turns its write-back of a block into a
+    copy). On a TPU the loop is unrolled up to `MAX_UNROLLED_CHUNKS` chunks: each unrolled
+    chunk is another copy of the body in instruction memory, bought for a shorter step (the
+    numbers are beside the constant).
+    """
+    block_q = q_ref.shape[0]
+    head_dim = acc_ref.shape[1]
+    chunks = k_ref.shape[0] // block_kv_compute
+
+    def chunk(c, carry):
+        q = q_ref[...]  # read inside the loop too, for the same interpreter reason
+        ks = pl.ds(pl.multiple_of(c * block_kv_compute, block_kv_compute), block_kv_compute)
+        k = k_ref[ks, :]
+        v = v_ref[ks, :]
+        s = _dot(q, k, NT)                                                # q @ k^T
+        if keep is not None:
+            q_ids = q_start + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)
+            k_ids = k_start + c * block_kv_compute + jax.lax.broadcasted_iota(jnp.int32, (1, block_kv_compute), 1)
+            s = jnp.where(keep(q_ids, k_ids), s, MASK_VALUE)
+        m_prev = m_ref[...]
+        m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))  # [block_q, 128]
+        p = jnp.exp(s - _lanes(m_next, block_kv_compute, interpret))
+        alpha = jnp.exp(m_prev - m_next)
+        l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
+        m_ref[...] = m_next
+        pv = _dot(p.astype(v.dtype), v, NN)                               # p @ v
+        acc_ref[...] = _lanes(alpha, head_dim, interpret) * acc_ref[...] + pv
+        return carry
+
+    jax.lax.fori_loop(0, chunks, chunk, None, unroll=chunks <= MAX_UNROLLED_CHUNKS)
+
+
+def _interpreting(interpret) -> bool:
+    """Whether a kernel given `interpret` runs in the CPU interpreter (True or InterpretParams)."""
+    return interpret is not None and interpret is not False
+
+
+def _init_state(m_ref, l_ref, acc_ref):
+    m_ref[...] = jnp.full(m_ref.shape, MASK_VALUE, jnp.float32)
+    l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
+    acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+
+
+def _finish(m_ref, l_ref, acc_ref, o_ref, interpret=False, lse_ref=None):
+    # A row whose max never rose above MASK_VALUE saw no kept key: it gets zeros, like the
+    # reference, instead of the average of masked values.
+    head_dim = acc_ref.shape[1]
+    seen = _lanes(m_ref[...], head_dim, interpret) > 0.5 * MASK_VALUE
+    l = _lanes(l_ref[...], head_dim, interpret)
+    o_ref[...] = jnp.where(seen, acc_ref[...] / jnp.where(seen, l, 1.0), 0.0).astype(o_ref.dtype)
+    if lse_ref is not None:
+        # log-sum-exp of each row's kept scores, what the backward needs to rebuild p. A row
+        # with no kept key gets +inf, so that the backward's exp(s - lse) is exactly 0 there.
+        m = m_ref[...]
+        lse_ref[...] = jnp.where(m > 0.5 * MASK_VALUE, m + jnp.log(jnp.maximum(l_ref[...], 1e-30)), jnp.inf)
+
+
+def _outputs(q, block_q, index_map, residuals):
+    """out_shape and out_specs: the output `[heads, nq_pad, head_dim]`, and with `residuals` the
+    per-row log-sum-exp `[heads, nq_pad, 128]` f32 (replicated over lanes, like m and l)."""
+    heads, nq_pad, head_dim = q.shape
+    shapes = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
+    specs = [pl.BlockSpec((None, block_q, head_dim), index_map)]
+    if residuals:
+        shapes.append(jax.ShapeDtypeStruct((heads, nq_pad, LANES), jnp.float32))
+        specs.append(pl.BlockSpec((None, block_q, LANES), index_map))
+    return (tuple(shapes), tuple(specs)) if residuals else (shapes[0], specs[0])
+
+
+def _scratch(block_q, head_dim):
+    return [pltpu.VMEM((block_q, LANES), jnp.float32),   # m: running max
+            pltpu.VMEM((block_q, LANES), jnp.float32),   # l: running sum
+            pltpu.VMEM((block_q, head_dim), jnp.float32)]  # acc: unnormalised output
+
+
+def _compiler_params(vmem_limit_bytes):
+    # heads and query tiles are independent; the kv axis carries the softmax state
+    return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary"),
+                                vmem_limit_bytes=vmem_limit_bytes)
+
+
+# -- dense ---------------------------------------------------------------------------------
+
+def dense_flash_attention(q, k, v, *, tokens, block_q, block_kv, block_kv_compute, interpret,
+                          vmem_limit_bytes=None, residuals=False):
+    """Dense flash attention: every (query tile, key tile) pair, K/V tiles along the grid.
+
+    Only the last key tile can reach into padding, so only it masks (`k < tokens`).
+    The test is made at run time even when there is no padding: a branch known at trace
+    time would be folded away, and the interpreter's copies with it (see the tile body).
+    With `residuals`, returns `(out, lse)`, lse f32 `[heads, nq_pad, 128]` for the backward.
+    """
+    heads, nq_pad, head_dim = q.shape
+    nq, nk = nq_pad // block_q, k.shape[1] // block_kv
+    on_cpu = _interpreting(interpret)
+
+    def not_padding(q_ids, k_ids):
+        return k_ids < tokens
+
+    def kernel(q_ref, k_ref, v_ref, o_ref, *refs):
+        lse_ref, (m_ref, l_ref, acc_ref) = (refs[0], refs[1:]) if residuals else (None, refs)
+        i, j = pl.program_id(1), pl.program_id(2)
+        tile = functools.partial(_online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
+                                 q_start=i * block_q, k_start=j * block_kv,
+                                 block_kv_compute=block_kv_compute, interpret=on_cpu)
+
+        @pl.when(j == 0)
+        def _():
+            _init_state(m_ref, l_ref, acc_ref)
+
+        masked = (j + 1) * block_kv > tokens  # the tile reaches into key padding
+        pl.when(jnp.logical_not(masked))(lambda: tile(keep=None))
+        pl.when(masked)(lambda: tile(keep=not_padding))
+
+        @pl.when(j == nk - 1)
+        def _():
+            _finish(m_ref, l_ref, acc_ref, o_ref, on_cpu, lse_ref)
+
+    out_shape, out_specs = _outputs(q, block_q, lambda h, i, j: (h, i, 0), residuals)
+    return pl.pallas_call(
+        kernel,
+        grid=(heads, nq, nk),
+        in_specs=[pl.BlockSpec((None, block_q, head_dim), lambda h, i, j: (h, i, 0)),
+                  pl.BlockSpec((None, block_kv, head_dim), lambda h, i, j: (h, j, 0)),
+                  pl.BlockSpec((None, block_kv, head_dim), lambda h, i, j: (h, j, 0))],
+        out_specs=out_specs,
+        out_shape=out_shape,
+        scratch_shapes=_scratch(block_q, head_dim),
+        compiler_params=_compiler_params(vmem_limit_bytes),
+        interpret=interpret,
+        name="dense_flash_attention",
+    )(q, k, v)
+
+
+# -- block-sparse: B1, B2, B3 ---------------------------------------------------------------
+
+def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, block_q, block_kv,
+                           block_kv_compute, interpret, vmem_limit_bytes=None, residuals=False):
+    """B1 / B2 / B3 over a planner schedule.
+
+    schedule: int32 `[ceil(kinds * nq * steps / 2)]` from the planner (`TilePlan.schedule`,
+    or `stack_schedules` for several masks): one 16-bit entry per grid step, the key tile to
+    fetch and its class, two entries to a word; `steps` grid steps per query tile. head_kind:
+    int32 `[heads]`, which of the `kinds` schedules (and predicates) head h follows; all zeros
+    for one mask. Both are scalar-prefetched into SMEM so the index maps can read them. Grid
+    step (h, i, s) fetches the key tile of its entry; idle steps (class EMPTY) repeat the
+    resident tile, so the pipeline issues no DMA for them. `keep(q_ids, k_ids)` is the
+    elementwise predicate for masked tiles (the exact mask for B1/B2, padding only for B3), or
+    a tuple of them, one per kind. With `residuals`, returns `(out, lse)`, lse f32
+    `[heads, nq_pad, 128]` for the backward (svg_lib.kernels.backward).
+    """
+    if stage not in ("b1", "b2", "b3"):
+        raise ValueError(f"stage must be 'b1', 'b2' or 'b3', got {stage!r}")
+    keeps = keep if isinstance(keep, tuple) else (keep,)
+    heads, nq_pad, head_dim = q.shape
+    nq = nq_pad // block_q
+    words = -(-len(keeps) * nq * steps // 2)
+    if tuple(schedule.shape) != (words,) or tuple(head_kind.shape) != (heads,):
+        raise ValueError(f"for {len(keeps)} kind(s) x {nq} query tiles x {steps} steps and {heads} heads the "
+                         f"schedule must be int32 [{words}] and head_kind int32 [{heads}] (planner.pack_schedule / "
+                         f"stack_schedules); got {tuple(schedule.shape)} and {tuple(head_kind.shape)}")
+
+    def step_at(head_kind_ref, schedule_ref, h, i, s):
+        """(key tile, class) of grid step (h, i, s): entry n of the schedule, half of word n // 2."""
+        n = (head_kind_ref[h] * nq + i) * steps + s
+        entry = (schedule_ref[n >> 1] >> (STEP_BITS * (n & 1))) & 0xFFFF
+        return entry >> CLASS_BITS, entry & ((1 << CLASS_BITS) - 1)
+
+    def kernel(head_kind_ref, schedule_ref, q_ref, k_ref, v_ref, o_ref, *refs):
+        lse_ref, (m_ref, l_ref, acc_ref) = (refs[0], refs[1:]) if residuals else (None, refs)
+        h, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+        kv_tile, cls = step_at(head_kind_ref, schedule_ref, h, i, s)
+        tile = functools.partial(_online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
+                                 q_start=i * block_q, k_start=kv_tile * block_kv,
+                                 block_kv_compute=block_kv_compute, interpret=_interpreting(interpret))
+
+        def masked_tile():  # the predicate of this head's kind (one kind unless routing)
+            for kind, keep_kind in enumerate(keeps):
+                pl.when(head_kind_ref[h] == kind)(functools.partial(tile, keep=keep_kind))
+
+        @pl.when(s == 0)
+        def _():
+            _init_state(m_ref, l_ref, acc_ref)
+
+        if stage == "b1":  # B1: skip empty tiles, but mask every visited one
+            pl.when(cls != EMPTY)(masked_tile)
+        else:              # B2, B3: a full tile takes the mask-free path
+            pl.when(cls == FULL)(lambda: tile(keep=None))
+            pl.when(cls == PARTIAL)(masked_tile)
+
+        @pl.when(s == steps - 1)
+        def _():
+            _finish(m_ref, l_ref, acc_ref, o_ref, _interpreting(interpret), lse_ref)
+
+    def q_map(h, i, s, *_):
+        return h, i, 0
+
+    def kv_map(h, i, s, head_kind_ref, schedule_ref):
+        return h, step_at(head_kind_ref, schedule_ref, h, i, s)[0], 0
+
+    out_shape, out_specs = _outputs(q, block_q, q_map, residuals)
+    return pl.pallas_call(
+        kernel,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=2,
+            grid=(heads, nq, steps),
+            in_specs=[pl.BlockSpec((None, block_q, head_dim), q_map),
+                      pl.BlockSpec((None, block_kv, head_dim), kv_map),
+                      pl.BlockSpec((None, block_kv, head_dim), kv_map)],
+            out_specs=out_specs,
+            scratch_shapes=_scratch(block_q, head_dim)),
+        out_shape=out_shape,
+        compiler_params=_compiler_params(vmem_limit_bytes),
+        interpret=interpret,
+        name=f"{stage}_block_sparse_attention",
+    )(head_kind, schedule, q, k, v)

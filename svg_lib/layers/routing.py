@@ -1,0 +1,298 @@
+"""Mixed-head attention: spatial and temporal heads in one layer, routed by per-head flags.
+
+A spatial head runs the SVG mask on frame-major tokens. A temporal head runs the *same*
+mask on tokens permuted to temporal-major order (brief, section 2), and its output is
+permuted back. Two ways to do that are here, so they can be compared:
+
+* `svg_attention` (physical permutation, the blog's choice): gather each temporal head's
+  q, k, v into temporal-major order, run one kernel with one mask over every head, gather
+  the output back. The kernel sees the band in both cases, so it visits the same few tiles.
+* `svg_attention_in_kernel` (no data movement): temporal heads stay frame-major and one
+  kernel, reading per-head flags from SMEM, follows each head's own tile schedule and
+  evaluates the temporal mask (`TemporalMask`, arithmetic `keep`) in place. In
+  frame-major order that mask is a set of strided diagonals that touch most tiles, so the
+  kernel visits many more of them (`compare_temporal_tiles` counts them).
+
+Routing never changes a shape: `is_temporal` is a bool `[heads]` array used only as data
+(a `jnp.where` over the head axis picks each head's gather indices; the in-kernel version
+scalar-prefetches the flags), so under `jax.jit` a new routing is new data, not a new program
+(`CompileCounter` counts XLA compilations to show it).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from svg_lib.attention import build_attention, cached_build, scaled_and_padded
+from svg_lib.core.geometry import inverse_temporal_major_permutation, temporal_major_permutation
+from svg_lib.core.masks import Mask, SVGMask, TemporalMask, check_block_size
+from svg_lib.core.planner import plan_tiles, stack_schedules
+from svg_lib.kernels.forward import block_sparse_attention
+from svg_lib.kernels.reference import check_qkv
+from svg_lib.memory.smem import check_schedule_fits, schedule_smem
+from svg_lib.memory.vmem import check_fits, estimate_vmem
+from svg_lib.problem import check_block_kv_compute
+from svg_lib.runtime import default_interpret
+
+# -- validation ------------------------------------------------------------------------------
+
+def check_spatial_mask(mask, tokens: int | None = None) -> SVGMask:
+    """The mask routing needs: the *spatial* SVG mask (temporal heads reuse it after the permutation)."""
+    if isinstance(mask, TemporalMask) or (isinstance(mask, Mask) and not isinstance(mask, SVGMask)):
+        raise TypeError(f"routing needs the spatial SVGMask (SVGMask.spatial(geometry, density)); got "
+                        f"{type(mask).__name__}. Temporal heads use that same mask after the permutation, "
+                        "so pass the spatial one and mark the temporal heads in is_temporal")
+    if not isinstance(mask, SVGMask):
+        raise TypeError(f"mask must be an SVGMask (SVGMask.spatial(geometry, density)), got {type(mask).__name__}")
+    if tokens is not None and mask.tokens != tokens:
+        raise ValueError(f"the mask covers {mask.tokens} tokens ({mask.geometry}) but q, k, v have {tokens}")
+    return mask
+
+
+def check_flags(is_temporal, heads: int):
+    """`is_temporal` as a jnp bool `[heads]` array (traced arrays pass through unchanged)."""
+    import jax.numpy as jnp
+
+    if isinstance(is_temporal, (list, tuple, np.ndarray)):
+        arr = np.asarray(is_temporal)
+        if arr.dtype != bool:
+            raise TypeError(f"is_temporal must be booleans (True = temporal head), got dtype {arr.dtype}")
+        is_temporal = jnp.asarray(arr)
+    shape, dtype = tuple(getattr(is_temporal, "shape", ())), getattr(is_temporal, "dtype", None)
+    if shape != (heads,):
+        raise ValueError(f"is_temporal must be shaped [heads] = ({heads},), got shape {shape}")
+    if dtype != jnp.bool_:
+        raise TypeError(f"is_temporal must be a bool array (True = temporal head), got dtype {dtype}")
+    return is_temporal
+
+
+# -- the per-head permutation ------------------------------------------------------------------
+
+def head_gather_index(is_temporal, geometry, inverse: bool = False):
+    """Per-head gather indices `[heads, tokens]` int32: the permutation for temporal heads, identity otherwise.
+
+    One `jnp.where` over the head axis picks each head's row, so every head is gathered exactly
+    once whatever the routing (no "gather all heads, then select" doubling of memory traffic).
+    `inverse=True` gives the indices that undo it.
+    """
+    import jax.numpy as jnp
+
+    perm = inverse_temporal_major_permutation(geometry) if inverse else temporal_major_permutation(geometry)
+    perm = jnp.asarray(perm, dtype=jnp.int32)
+    ident = jnp.arange(geometry.tokens, dtype=jnp.int32)
+    return jnp.where(is_temporal[:, None], perm[None, :], ident[None, :])
+
+
+def gather_heads(x, index):
+    """`x[h, index[h, t], :]` for `[heads, tokens, head_dim]` x and `[heads, tokens]` index."""
+    import jax.numpy as jnp
+
+    return jnp.take_along_axis(x, index[:, :, None], axis=1)
+
+
+def routed_attention(kernel, q, k, v, is_temporal, geometry):
+    """Route through an already built `kernel(q, k, v)`: permute temporal heads, run, permute back.
+
+    The building block shared by `svg_attention` and the sharded layer (which calls it on its
+    head-local slice). All arrays `[heads, tokens, head_dim]`, frame-major; is_temporal `[heads]`.
+    """
+    fwd = head_gather_index(is_temporal, geometry)
+    out = kernel(gather_heads(q, fwd), gather_heads(k, fwd), gather_heads(v, fwd))
+    return gather_heads(out, head_gather_index(is_temporal, geometry, inverse=True))
+
+
+# -- planning each kind of head in frame-major order ----------------------------------------------
+
+def plan_kind(mask: SVGMask, kind: int, block_q: int, block_kv: int, rounded: bool = False):
+    """The tile plan of one kind of head as the in-kernel kernel sees it (frame-major order):
+    kind 0 the spatial mask itself, kind 1 `TemporalMask(mask)`; `rounded` plans B3's
+    tile-aligned version."""
+    if kind == 0:
+        m = mask.tile_aligned(block_q, block_kv) if rounded else mask
+        return plan_tiles(m, block_q, block_kv)
+    temporal = TemporalMask(mask)  # counts its pairs per tile in closed form, at any size
+    return plan_tiles(temporal.tile_aligned(block_q, block_kv) if rounded else temporal, block_q, block_kv)
+
+
+# -- building and caching ----------------------------------------------------------------------
+
+def build_svg_attention(mask: SVGMask, *, method: str = "b2", heads: int, tokens: int, head_dim: int, dtype,
+                        block_q: int = 512, block_kv: int = 512, block_kv_compute: int | None = None,
+                        interpret=None):
+    """A jitted `f(q, k, v, is_temporal) -> out` (physical permutation); plans the kernel once.
+
+    q, k, v `[heads, tokens, head_dim]` frame-major, is_temporal bool `[heads]`. Use it to
+    time the layer (time f, not svg_attention) and to count compilations across routings.
+    """
+    import jax
+
+    mask = check_spatial_mask(mask, tokens)
+    kernel = build_attention(mask, method=method, heads=heads, tokens=tokens, head_dim=head_dim, dtype=dtype,
+                             block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
+                             interpret=interpret)
+    geometry = mask.geometry
+
+    def f(q, k, v, is_temporal):
+        return routed_attention(kernel, q, k, v, is_temporal, geometry)
+
+    return jax.jit(f)
+
+
+def build_svg_attention_in_kernel(mask: SVGMask, *, method: str = "b2", heads: int, tokens: int, head_dim: int,
+                                  dtype, block_q: int = 512, block_kv: int = 512,
+                                  block_kv_compute: int | None = None, interpret=None):
+    """A jitted `f(q, k, v, is_temporal) -> out`: the block-sparse kernel following each head's kind.
+
+    Both tile plans (the band for spatial heads, the frame-major `TemporalMask` for temporal
+    heads) are stacked by the planner into one schedule table (`stack_schedules`: kind 0 rows,
+    then kind 1 rows), and `kernels.block_sparse_attention` gets the flags as its per-head
+    `head_kind` and one predicate per kind: a head fetches its own kind's tiles, and partial
+    tiles evaluate its own kind's mask (`TemporalMask.keep` is arithmetic, so it runs inside the
+    kernel). No token is moved. Methods b1, b2, b3 (b3 rounds each kind's mask in the order the
+    kernel sees it, here the scattered frame-major one).
+
+    Cost: each head does only its own kind's work, but every head runs the grid's step count,
+    the larger of the two plans (the temporal one); a spatial head's extra steps are idle
+    (no DMA, no compute, only the grid-step overhead).
+    """
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+
+    mask = check_spatial_mask(mask, tokens)
+    if method not in ("b1", "b2", "b3"):
+        raise ValueError(f"the in-kernel layer runs the block-sparse stages 'b1', 'b2' or 'b3', got {method!r}")
+    block_q = check_block_size("block_q", block_q)
+    block_kv = check_block_size("block_kv", block_kv)
+    block_kv_compute = check_block_kv_compute(block_kv, block_kv_compute, block_q)
+    vmem = check_fits(estimate_vmem(method, block_q, block_kv, head_dim, dtype, block_kv_compute))
+    interpret = default_interpret() if interpret is None else interpret
+
+    def kind_plans(bq, bkv):  # kind 0 = spatial, kind 1 = temporal
+        return [plan_kind(mask, kind, bq, bkv, rounded=method == "b3") for kind in (0, 1)]
+
+    def suggest(bq, bkv):
+        plans = kind_plans(bq, bkv)
+        return schedule_smem(heads, 2 * plans[0].grid[0], max(p.steps for p in plans))
+
+    plans = kind_plans(block_q, block_kv)
+    steps = max(p.steps for p in plans)
+    check_schedule_fits(plans[0], method=method, heads=heads, kinds=2, steps=steps, suggest=suggest)
+    keeps = tuple(p.mask.kernel_predicate(block_q, block_kv) for p in plans)  # b3: key padding only
+    schedule = jnp.asarray(stack_schedules(plans))
+    kernel = functools.partial(block_sparse_attention, steps=steps, stage=method, keep=keeps, block_q=block_q,
+                               block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=interpret,
+                               vmem_limit_bytes=vmem.vmem_limit_bytes)
+
+    def run(q, k, v, is_temporal):
+        return kernel(q, k, v, is_temporal.astype(jnp.int32), schedule)
+
+    nq, nk = plans[0].grid
+    return jax.jit(scaled_and_padded(run, tokens=tokens, head_dim=head_dim, q_len=nq * block_q,
+                                     kv_len=nk * block_kv))
+
+
+# -- the public layer ------------------------------------------------------------------------
+
+def svg_attention(q, k, v, is_temporal, mask: SVGMask, *, method: str = "b2", block_q: int = 512,
+                  block_kv: int = 512, block_kv_compute: int | None = None, interpret=None):
+    """SVG attention with per-head routing, temporal heads permuted physically.
+
+    q, k, v: `[heads, tokens, head_dim]` in frame-major order. is_temporal: bool `[heads]`
+    (True = temporal head; may be traced). mask: the spatial `SVGMask`. Each temporal head's
+    q, k, v are gathered into temporal-major order, every head runs the same `method` kernel
+    with the same mask (b3 rounds it to tiles, as `attention` does), and temporal heads'
+    outputs are gathered back. Returns `[heads, tokens, head_dim]`, frame-major.
+
+    The kernel is built once per (mask, shapes, config) and cached; the routing is data, so
+    under `jax.jit` any new `is_temporal` reuses the compiled program.
+    """
+    heads, tokens, _ = check_qkv(q, k, v)
+    mask = check_spatial_mask(mask, tokens)
+    is_temporal = check_flags(is_temporal, heads)
+    f = cached_build(build_svg_attention, mask, q, method=method, block_q=block_q, block_kv=block_kv,
+                     block_kv_compute=block_kv_compute, interpret=interpret)
+    return f(q, k, v, is_temporal)
+
+
+def svg_attention_in_kernel(q, k, v, is_temporal, mask: SVGMask, *, method: str = "b2", block_q: int = 512,
+                            block_kv: int = 512, block_kv_compute: int | None = None, interpret=None):
+    """The in-kernel alternative to `svg_attention`: no permutation, the kernel follows the temporal layout.
+
+    Same arguments and result. Temporal heads stay frame-major and use `TemporalMask(mask)`,
+    whose `keep` computes temporal-major positions arithmetically inside the kernel; the
+    planner classifies tiles of that scattered mask directly (`TemporalMask` counts its pairs
+    per tile in closed form, at any size). b3 rounds the scattered mask to tiles in frame-major order.
+
+    One pallas_call serves both kinds: the per-head flags are scalar-prefetched beside both
+    kinds' schedule tables, so a head fetches and masks only its own kind's tiles (see
+    `build_svg_attention_in_kernel`). What it costs instead of the permutation: the temporal
+    mask is scattered in frame-major order, so temporal heads visit (and mask) far more tiles
+    than the band (`compare_temporal_tiles`), and every head runs that longer grid row (a
+    spatial head's extra steps are idle). Methods: b1, b2, b3.
+    """
+    heads, tokens, _ = check_qkv(q, k, v)
+    mask = check_spatial_mask(mask, tokens)
+    is_temporal = check_flags(is_temporal, heads)
+    f = cached_build(build_svg_attention_in_kernel, mask, q, method=method, block_q=block_q, block_kv=block_kv,
+                     block_kv_compute=block_kv_compute, interpret=interpret)
+    return f(q, k, v, is_temporal)
+
+
+# -- comparing the two placements of the permutation ------------------------------------------------
+
+def compare_temporal_tiles(mask: SVGMask, block_q: int, block_kv: int) -> dict:
+    """Tiles a temporal head visits: physical permutation (band) vs in-kernel (scattered), as plan stats.
+
+    Returns {"physical": stats, "in_kernel": stats} with the `TilePlan.stats` dicts of the band
+    (what the kernel sees after the permutation) and of `TemporalMask(mask)` in frame-major
+    order. Both plans are closed-form counts: at the blog's 75,600 tokens this takes well under a second.
+    """
+    mask = check_spatial_mask(mask)
+    return {"physical": plan_tiles(mask, block_q, block_kv).stats,
+            "in_kernel": plan_kind(mask, 1, block_q, block_kv).stats}
+
+
+# -- counting compilations ----------------------------------------------------------------------
+
+class CompileCounter:
+    """Counts XLA backend compilations while active (a jax.monitoring listener).
+
+    >>> with CompileCounter() as c:          # doctest: +SKIP
+    ...     f(q, k, v, flags_a); f(q, k, v, flags_b)
+    >>> c.count                              # doctest: +SKIP
+    1
+
+    jax records the event "/jax/core/compile/backend_compile_duration" once per executable it
+    compiles (cache hits record nothing), so this counts real compilations of any program,
+    jitted functions and eager ops alike: warm up eager helpers before counting.
+    """
+
+    EVENT = "/jax/core/compile/backend_compile_duration"
+    # One listener for the whole process, registered on first use and never removed: jax before
+    # 0.8.1 has no public way to unregister a listener (Colab's 0.7.2 among them), so counters
+    # come and go from this list instead.
+    _active: list = []
+    _registered = False
+
+    def __init__(self):
+        self.count = 0
+
+    @classmethod
+    def _dispatch(cls, event, duration, **kwargs):
+        if event == cls.EVENT:
+            for counter in cls._active:
+                counter.count += 1
+
+    def __enter__(self):
+        import jax
+
+        if not CompileCounter._registered:
+            jax.monitoring.register_event_duration_secs_listener(CompileCounter._dispatch)
+            CompileCounter._registered = True
+        CompileCounter._active.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        CompileCounter._active.remove(self)
+        return False

@@ -1,0 +1,251 @@
+"""SMEM estimates for the block-sparse kernels' schedule tables, known before compiling.
+
+A block-sparse kernel scalar-prefetches its schedule into SMEM, the TensorCore's small scalar
+memory (1 MiB per core on v4 through v7x, jax's TPU info table). `jax.export` lowers any
+schedule, however large; only the TPU compiler refuses one that does not fit ("Ran out of
+memory in memory space smem"). This module does the compiler's arithmetic first.
+
+How Mosaic lays a scalar-prefetched int32 array out in SMEM (libtpu 0.0.42.1, compile-only
+v6e, read from the compiler's allocation report in its "Ran out of memory in memory space
+smem" error):
+
+* a 2-D `[rows, cols]` array is stored in (8, 128)-word tiles: rows padded to a multiple of
+  8, cols to a multiple of 128 (`s32[591, 156]` took 592 x 256 words = 606,208 bytes);
+* a 1-D `[n]` array is padded to a multiple of 128 words (`s32[1]` took 512 bytes);
+* besides the tables the kernel needs a little more (1 KiB of register-allocator spill slots,
+  a few words, and what the allocator loses to placement). That overhead is fitted to the
+  compiler's verdicts, per libtpu release (`FIXED_BYTES_BY_LIBTPU`): with libtpu 0.0.42 and a
+  `[1]` head-kind row, a 261,248-word schedule compiles and a 261,376-word one (512 bytes more)
+  is refused: 3 KiB, exact at the padding's granularity there. Colab's libtpu 0.0.21 refuses
+  the 261,248-word one too, so it keeps 512 bytes more. A libtpu not in the table (or none:
+  interpret mode) gets the largest, so the estimate never says "fits" where a compiler we have
+  seen refuses; tests/test_smem.py re-checks both sides with the installed compiler.
+
+The kernels pass the packed form (`planner.pack_schedule`): two 16-bit steps per int32 word,
+plus a `[heads]` int32 row of per-head kinds. SMEM per form, analytic (the rule above, applied
+to planned schedules; `smem_table`), one head, SVG band + first-frame sink, density 0.35,
+Wan 2.1 latents of 21 frames (720p 45 x 80, 1080p 68 x 120, 1440p 90 x 160 tokens per frame;
+v6e: 1,024 KiB per core; * = does not fit):
+
+    geometry  tokens   blocks       B2 rows x steps  packed     flat (1 word/step)  two tables
+    720p      75,600   512 x 512    148 x 67         23 KiB     43 KiB              155 KiB
+    1080p    171,360   512 x 512    335 x 147        100 KiB    196 KiB             675 KiB
+    1440p    302,400   512 x 512    591 x 260        304 KiB    604 KiB             1,779 KiB *
+    720p      75,600   3328 x 1536   23 x 26           5 KiB      6 KiB              27 KiB
+    1080p    171,360   3328 x 1536   52 x 53           9 KiB     15 KiB              59 KiB
+    1440p    302,400   3328 x 1536   91 x 90          20 KiB     36 KiB              99 KiB
+
+(B3's schedules are a few steps shorter.) Where each form stops fitting: the two tables at
+1440p / 512 x 512 above density ~0.15, once a row passes 128 steps (estimated 1,187 KiB at 0.2
+and 1,779 KiB at 0.35, where the compiler reported "Used 1.16M of 1.00M" and "1.74M"); one word per step at 261,248 steps, i.e. 1440p / 512 x 512 above density
+~0.55, or 384 x 384 blocks at 0.35; the packed form at 522,496 steps: 1440p / 512 x 512 fits
+at any density (a dense schedule is 591 x 591 = 686 KiB), 384 x 384 fits at 0.35 (534 KiB),
+256 x 256 does not (1,195 KiB). Larger blocks shrink both factors of rows x steps.
+
+The in-kernel routing (routing.build_svg_attention_in_kernel) stacks both kinds' rows at the
+longer kind's step count (the temporal mask, scattered in frame-major order), two heads:
+
+    geometry  blocks       rows x steps   packed       flat (1 word/step)  two tables
+    720p      512 x 512    296 x 126       77 KiB      150 KiB             299 KiB
+    1080p     512 x 512    670 x 211      280 KiB      556 KiB             1,347 KiB *
+    1440p     512 x 512   1182 x 317      736 KiB      1,468 KiB *         3,555 KiB *
+    1440p     3328 x 1536  182 x 173       65 KiB      127 KiB             371 KiB
+
+so at 1440p with 512 x 512 blocks only the packed form fits it (tests/test_routing.py compiles it).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from svg_lib.core.masks import SVGMask, TileAlignedMask
+from svg_lib.core.planner import plan_tiles
+from svg_lib.environment import installed_version
+from svg_lib.memory.vmem import tpu_memory
+
+KiB, MiB = 2**10, 2**20
+WORD = 4                 # SMEM holds 32-bit words; scalar prefetch wants int32
+TILE_ROWS, TILE_COLS = 8, 128  # a 2-D SMEM array's (rows, cols) tile, in words
+VECTOR_WORDS = 128       # a 1-D SMEM array is padded to a multiple of this many words
+# what else the kernel keeps in SMEM, by libtpu release (fitted; see the module docstring)
+FIXED_BYTES_BY_LIBTPU = {"0.0.42": 3 * KiB, "0.0.21": 3 * KiB + 512}
+FIXED_BYTES = max(FIXED_BYTES_BY_LIBTPU.values())  # for any other libtpu, or none
+
+
+@functools.lru_cache(maxsize=1)
+def _installed_libtpu() -> str | None:
+    return installed_version("libtpu")
+
+
+def fixed_bytes(libtpu: str | None = None) -> int:
+    """The SMEM overhead beside the tables for `libtpu` ("0.0.42.1"; default: the installed one)."""
+    libtpu = _installed_libtpu() if libtpu is None else libtpu
+    release = ".".join((libtpu or "").split(".")[:3])
+    return FIXED_BYTES_BY_LIBTPU.get(release, FIXED_BYTES)
+
+
+
+def table_bytes(shape) -> int:
+    """SMEM bytes of one int32 array of `shape` (0-D, 1-D or 2-D) after Mosaic's padding."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) == 0:
+        words = 1
+    elif len(shape) == 1:
+        words = -(-shape[0] // VECTOR_WORDS) * VECTOR_WORDS
+    elif len(shape) == 2:
+        rows, cols = shape
+        words = -(-rows // TILE_ROWS) * TILE_ROWS * (-(-cols // TILE_COLS) * TILE_COLS)
+    else:
+        raise ValueError(f"SMEM tables here are 0-, 1- or 2-D, got shape {shape}")
+    return words * WORD
+
+
+@dataclass(frozen=True)
+class SmemEstimate:
+    """SMEM one kernel needs: its scalar-prefetched tables (padded) plus a fixed overhead."""
+
+    tables: tuple          # ((name, shape, padded bytes), ...)
+    fixed: int
+    generation: str
+    capacity: int
+
+    @property
+    def total(self) -> int:
+        return sum(b for _, _, b in self.tables) + self.fixed
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{name} {'x'.join(map(str, shape)) or 'scalar'} int32 = {b / KiB:,.1f} KiB"
+                          for name, shape, b in self.tables)
+        return (f"{self.total / KiB:,.1f} KiB of SMEM ({parts}, fixed {self.fixed / KiB:.1f} KiB); "
+                f"{self.generation} has {self.capacity / KiB:,.0f} KiB per core")
+
+
+def smem_capacity(generation: str | None = None) -> tuple[str, int]:
+    """(generation, SMEM bytes per core); the attached TPU's (or the offline v6e's) when None.
+
+    From the same table as VMEM (`svg_lib.memory.vmem.tpu_memory`: the compile targets, or
+    `pltpu.get_tpu_info()` on an attached TPU)."""
+    memory = tpu_memory(generation)
+    if not memory.smem_bytes:
+        raise ValueError(f"no SMEM capacity known for TPU generation {memory.generation!r} ({memory.source})")
+    return memory.generation, memory.smem_bytes
+
+
+def estimate_smem(tables: dict, generation: str | None = None) -> SmemEstimate:
+    """Estimate SMEM for a kernel whose scalar-prefetch operands are `tables` {name: shape or array}."""
+    generation, capacity = smem_capacity(generation)
+    rows = tuple((name, tuple(int(s) for s in getattr(t, "shape", t)), table_bytes(getattr(t, "shape", t)))
+                 for name, t in tables.items())
+    return SmemEstimate(rows, fixed_bytes(), generation, capacity)
+
+
+def schedule_smem(heads: int, rows: int, steps: int, generation: str | None = None) -> SmemEstimate:
+    """SMEM of `block_sparse_attention`: a `[heads]` kind row and the packed schedule, two
+    16-bit steps per int32 word (`planner.pack_schedule`): `[ceil(rows * steps / 2)]`.
+
+    rows = kinds x query tiles (one kind unless the in-kernel routing stacks two).
+    """
+    return estimate_smem({"head_kind": (heads,), "schedule": (-(-rows * steps // 2),)}, generation)
+
+
+class SmemOverflowError(ValueError):
+    """A schedule that would not fit SMEM, refused before compiling (a ValueError)."""
+
+
+def check_schedule_fits(plan, *, method: str, heads: int, kinds: int = 1, steps: int | None = None,
+                        generation: str | None = None, suggest=None) -> SmemEstimate:
+    """Raise a ValueError naming the sizes, the capacity and blocks that fit, if `plan`'s schedule
+    (stacked `kinds` times, `steps` per row, the plan's own by default) overflows SMEM.
+
+    `suggest(block_q, block_kv) -> SmemEstimate | None` estimates another block size (None
+    when it cannot be planned); by default the plan's mask is planned again at larger blocks.
+    """
+    nq = plan.grid[0]
+    steps = plan.steps if steps is None else steps
+    estimate = schedule_smem(heads, kinds * nq, steps, generation)
+    if estimate.fits:
+        return estimate
+    if suggest is None:
+        def suggest(bq, bkv):
+            mask = plan.mask  # B3's rounded mask is rounded again, from its source, at the new blocks
+            if isinstance(mask, TileAlignedMask):
+                if mask.source is None:
+                    return None
+                mask = mask.source.tile_aligned(bq, bkv)
+            trial = plan_tiles(mask, bq, bkv)
+            return schedule_smem(heads, kinds * trial.grid[0], trial.steps, estimate.generation)
+    hint = "; no larger block up to 4096 fits either: split the sequence or use a mask with fewer tiles"
+    for bq, bkv in _larger_blocks(plan.block_q, plan.block_kv):
+        trial = suggest(bq, bkv)
+        if trial is not None and trial.fits:
+            hint = f"; block_q={bq}, block_kv={bkv} fits ({trial.total / KiB:,.1f} KiB)"
+            break
+    raise SmemOverflowError(f"{method} schedule of {kinds * nq} rows x {steps} steps "
+                     f"({plan.block_q}x{plan.block_kv} tiles over {plan.tokens:,} tokens) overflows SMEM: "
+                     f"{estimate}{hint}")
+
+
+def _larger_blocks(block_q: int, block_kv: int, limit: int = 4096):
+    """Block sizes to try, fewest tiles last: grow both sides by 128 lanes at a time, then each."""
+    seen = set()
+    for grow in range(128, limit, 128):
+        for bq, bkv in ((block_q + grow, block_kv + grow), (block_q + grow, block_kv), (block_q, block_kv + grow)):
+            if bq <= limit and bkv <= limit and (bq, bkv) not in seen:
+                seen.add((bq, bkv))
+                yield bq, bkv
+
+
+# -- comparing table forms ---------------------------------------------------------------------
+
+FORMS = ("packed", "flat", "two_tables")
+
+
+def schedule_forms(heads: int, rows: int, steps: int, generation: str | None = None) -> dict:
+    """{form: SmemEstimate} for one schedule of `rows` x `steps` in each table form:
+
+    * "packed": what the kernels use, two 16-bit steps per int32 word (`schedule_smem`);
+    * "flat": one int32 word per step (`kv_index << 2 | class`), `[rows * steps]`;
+    * "two_tables": the series' first form, `kv_index` and `step_class` as two `[rows, steps]`
+      int32 tables, each stored in (8, 128)-word tiles.
+    """
+    return {"packed": schedule_smem(heads, rows, steps, generation),
+            "flat": estimate_smem({"head_kind": (heads,), "schedule": (rows * steps,)}, generation),
+            "two_tables": estimate_smem({"kv_index": (rows, steps), "step_class": (rows, steps)}, generation)}
+
+
+def largest_fitting_steps(form: str, heads: int = 1, generation: str | None = None) -> int:
+    """The most grid steps (rows x steps, one kind) a schedule of `form` can hold, for a 1-row estimate
+    of `form` ("packed" or "flat"); "two_tables" depends on the row count, see `schedule_forms`."""
+    if form not in ("packed", "flat"):
+        raise ValueError(f"largest_fitting_steps answers for 'packed' or 'flat', got {form!r}")
+    per_word = 2 if form == "packed" else 1
+    _, capacity = smem_capacity(generation)
+    words = (capacity - fixed_bytes() - table_bytes((heads,))) // WORD
+    return (words // VECTOR_WORDS) * VECTOR_WORDS * per_word
+
+
+def smem_table(geometries: dict, density: float = 0.35, blocks=((512, 512), (3328, 1536)),
+               methods=("b2", "b3"), generation: str = "v6e") -> list[dict]:
+    """SMEM of each table form for SVG masks of `geometries` {name: VideoGeometry}, one head.
+
+    Analytic: planned schedules and the padding rule above (no compiler). One dict per
+    (geometry, blocks, method) with the plan's rows x steps and each form's KiB and fit.
+    """
+    out = []
+    for name, geometry in geometries.items():
+        mask = SVGMask.spatial(geometry, density)
+        for bq, bkv in blocks:
+            for method in methods:
+                plan = plan_tiles(mask.tile_aligned(bq, bkv) if method == "b3" else mask, bq, bkv)
+                forms = schedule_forms(1, plan.grid[0], plan.steps, generation)
+                row = {"geometry": name, "tokens": geometry.tokens, "block_q": bq, "block_kv": bkv,
+                       "method": method, "rows": plan.grid[0], "steps": plan.steps}
+                for form, e in forms.items():
+                    row[form + "_kib"] = e.total / KiB
+                    row[form + "_fits"] = e.fits
+                out.append(row)
+    return out

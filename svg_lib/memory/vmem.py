@@ -1,0 +1,322 @@
+"""VMEM estimates for the attention kernels: arithmetic, known before anything is built.
+
+`jax.export` lowers a kernel for TPU on any machine but cannot tell whether its blocks fit in
+VMEM; this module does that arithmetic. `svg_lib.tpu.checks` holds it against the real TPU
+compiler (libtpu, compile-only, on this CPU: `compile_check`, `verify_against_compiler`,
+`largest_block_q`); what that found is written below.
+
+Capacities come from one table, `svg_lib.chips.TARGETS` (v4, v5e, v5p, v6e); on a TPU, from
+`pltpu.get_tpu_info()` where jax has it. Off a TPU we plan for a v6e (the blog's chip); on a
+TPU whose device kind we do not recognise we refuse to guess (`attached_tpu_memory`).
+
+The estimate (`estimate_vmem`) counts, per kernel instance:
+  pipeline       q, out, k, v blocks, double-buffered (Splash adds its mask: a [block_q,
+                 block_kv] int32 block double-buffered for a mask given as blocks, a
+                 [block_q, 128] int32 index block for a computable one);
+  scratch        running max and sum ([block_q, 128] f32 each) and the f32 accumulator;
+  intermediates  the score slice [block_q, block_kv_compute] in f32 twice, in the input dtype
+                 once, and for masking tiles two int32 index arrays and a bool mask.
+It fits when the total is within 85 % of the chip's VMEM, and asks for a scoped limit of 1.25 x
+the total + 2 MiB (capped there) when that exceeds the chip's default scoped limit, through each
+kernel's `CompilerParams(vmem_limit_bytes=...)`: our kernels pass it themselves; Splash, whose
+`make_splash_mha` takes none, gets it in its pallas_calls' CompilerParams by
+`splash.with_vmem_limit`. Either way the limit is part of the traced program, so it holds
+inside a caller's `jax.jit` (a jit's `compiler_options`, `VmemEstimate.compiler_options`, would
+only be accepted on the outermost jit).
+
+What the compiler does (libtpu 0.0.42.1, jax 0.10.2, compiled for TPU, nothing run):
+  * It checks each kernel's *scoped* allocation against its scoped limit (the chip's default,
+    or what the kernel asks for: any value is accepted, only allocations are checked) and
+    refuses with "CompileTimeScopedVmemOom ... Scoped allocation with size X and limit Y".
+    That allocation is the pipeline and scratch alone: dense 3328 x 1536 bf16 needs 9.62 MiB
+    with block_kv_compute 512 and 1536 alike (ours: 4.75 + 4.88 = 9.63 MiB).
+  * Then it checks the whole program's VMEM (scoped allocations plus what Mosaic keeps of a
+    kernel's intermediate values) against the chip's capacity: "Ran out of memory in memory
+    space vmem. Used X of Y vmem". On a v4 (16 MiB) B2 at 2048 x 1536 with block_kv_compute
+    768 fails there (17.21 MiB) although its blocks and scratch take 6.5 MiB, and compiles
+    with block_kv_compute 256; Splash at 1024 x 1536 (compute 1536) fails with 22.39 MiB.
+    The intermediates cost it about 4 to 7 bytes per element of the score slice
+    [block_q, block_kv_compute]; the estimate counts 19 to 21.
+  * So the estimate is conservative, and by its intermediates term mostly: where it says
+    "fits", the kernel compiles (the limit it asks for covers the scoped allocation with room
+    to spare); where the compiler refuses, the estimate refuses too; in between it refuses
+    tiles the compiler would take (tests/test_vmem.py holds points on each side;
+    `largest_block_q` and data/largest_block_q.json give the compiler's boundary).
+  * Splash's partial-mask block (the "blocks" form, which `splash_dense` uses whenever the
+    tokens need key padding) is an int32 [block_q, block_kv] block, double-buffered: 39 MiB at
+    3328 x 1536, more than a v6e's 32 MiB default scoped limit (refused: 43.88 MiB at 6,000
+    tokens). At 75,600 tokens on a v6e it compiled anyway: XLA chose to keep the whole mask
+    table resident in VMEM (an S(1) operand), so the kernel did not double-buffer it. That is
+    XLA's memory-space heuristic, not a promise: on a v5e the same call was refused (20.12 MiB
+    over its 16 MiB default). The estimate counts the mask block double-buffered, and
+    `build_attention` raises Splash's limit to cover it. (With that, the blog's splash_dense,
+    75,600 tokens at 3328 x 1536, compiles for a v5e too.)
+
+Largest block_q at block_kv 1536, bf16, head_dim 128, default block_kv_compute, scoped limit at
+the chip's whole VMEM (compiled for TPU, libtpu 0.0.42.1 compile-only; data/largest_block_q.json;
+in brackets the largest the estimate lets through):
+    v4   B2 1792 (256)    splash_dense with mask blocks 512 (256)
+    v5p                   splash_dense with mask blocks 3072 (1792): the blog's 3328 is refused
+    v6e                   splash_dense with mask blocks 8192 (5632): 8448 is refused (129.36 MiB)
+B2 on v5e, v5p and v6e is not bisected: its boundary lies at block_q in the tens of
+thousands (compiles of many minutes each). The estimate is most conservative on a v4: its
+default compute slice (2M score elements, 38 MiB of intermediates by our count) alone exceeds
+a v4's budget; a smaller block_kv_compute is what fits there.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from svg_lib.chips import TARGETS
+from svg_lib.core.masks import LANES, check_block_size
+from svg_lib.problem import check_block_kv_compute
+from svg_lib.runtime import detect_runtime
+
+MiB = 2**20
+KiB = 2**10
+OFFLINE_GENERATION = "v6e"  # what we plan for when no TPU is attached (the blog's chip)
+HEADROOM = 0.85  # leave room for Mosaic's internal scratch and alignment padding
+
+_MASKED_METHODS = ("b1", "b2", "b3", "dense")
+SPLASH_METHODS = ("splash_dense", "splash")
+SPLASH_MASK_FORMS = ("full", "blocks", "computable")  # see splash.splash_mask_form
+
+
+@dataclass(frozen=True)
+class TpuMemory:
+    """Per-TensorCore memory of one TPU generation, and where the numbers came from."""
+
+    generation: str
+    vmem_bytes: int
+    default_scoped: int | None  # a kernel's VMEM limit unless it asks; None: not known for this chip
+    smem_bytes: int | None
+    source: str  # "compile targets (svg_lib.chips.TARGETS)" or "pltpu.get_tpu_info() on this TPU"
+
+
+def _from_target(generation: str) -> TpuMemory:
+    t = TARGETS[generation]
+    return TpuMemory(generation, t.vmem_bytes, t.default_scoped_vmem, t.smem_bytes,
+                     "compile targets (svg_lib.chips.TARGETS)")
+
+
+def attached_tpu_memory(runtime=None) -> TpuMemory:
+    """The attached TPU's generation and memory; a RuntimeError for a TPU we cannot plan for.
+
+    Capacities come from `pltpu.get_tpu_info()` where the installed jax has it, else from the
+    compile-target table. A TPU whose device kind we do not recognise is an error: planning it
+    as a v6e (128 MiB) would overflow chips with 64 MiB or less."""
+    runtime = runtime or detect_runtime()
+    if runtime.platform != "tpu":
+        raise RuntimeError(f"no TPU attached (jax reports {runtime.platform} {runtime.device_kind!r})")
+    generation = runtime.tpu_generation
+    if generation is None:
+        raise RuntimeError(f"this TPU reports device_kind {runtime.device_kind!r}, which svg_lib does not "
+                           f"recognise (jax {runtime.jax_version}); it will not guess its VMEM. Known "
+                           f"generations: {', '.join(_known_generations())}. Pass generation=... to "
+                           "estimate_vmem explicitly, or upgrade jax and svg_lib.")
+    info = _tpu_info()
+    default = TARGETS[generation].default_scoped_vmem if generation in TARGETS else None
+    if info is not None:
+        return TpuMemory(generation, int(info.vmem_capacity_bytes), default,
+                         int(getattr(info, "smem_capacity_bytes", 0)) or None, "pltpu.get_tpu_info() on this TPU")
+    if generation in TARGETS:
+        return _from_target(generation)
+    raise RuntimeError(f"this TPU is a {generation}, but the installed jax {runtime.jax_version} has no "
+                       "pltpu.get_tpu_info() to report its VMEM and svg_lib has no table entry for it; "
+                       "upgrade jax (0.10 has it) or pass generation=... explicitly")
+
+
+def _tpu_info():
+    """pltpu.get_tpu_info() for the attached TPU, or None where this jax lacks it."""
+    try:
+        from jax.experimental.pallas import tpu as pltpu
+        get = pltpu.get_tpu_info
+    except (ImportError, AttributeError):
+        return None
+    return get()
+
+
+def _known_generations():
+    return tuple(TARGETS)
+
+
+def tpu_memory(generation: str | None = None) -> TpuMemory:
+    """Memory facts for `generation` ("v6e", ...); None means the attached TPU, or the offline v6e.
+
+    Named generations come from `svg_lib.chips.TARGETS` (the chips the compiler on this
+    machine builds for: one table for both); another name is accepted only when it is the
+    attached TPU's, with its capacity from `pltpu.get_tpu_info()`."""
+    if generation is None:
+        runtime = detect_runtime()
+        return attached_tpu_memory(runtime) if runtime.platform == "tpu" else _from_target(OFFLINE_GENERATION)
+    if generation in TARGETS:
+        return _from_target(generation)
+    runtime = detect_runtime()
+    if runtime.platform == "tpu" and runtime.tpu_generation == generation:
+        return attached_tpu_memory(runtime)
+    raise ValueError(f"unknown TPU generation {generation!r}; known: {', '.join(TARGETS)}"
+                     + (f" and the attached {runtime.tpu_generation}" if runtime.tpu_generation else ""))
+
+
+@dataclass(frozen=True)
+class VmemEstimate:
+    """Bytes of VMEM one kernel instance needs, by kind of buffer, and what it asks the compiler for."""
+
+    method: str
+    block_q: int
+    block_kv: int
+    block_kv_compute: int
+    head_dim: int
+    dtype: str
+    pipeline: int       # double-buffered q, k, v and output blocks (+ Splash's mask blocks, `mask_table`)
+    scratch: int        # running max, sum (lane-replicated) and f32 accumulator
+    intermediates: int  # scores, probabilities, and (for masking tiles) index and mask arrays
+    generation: str
+    capacity: int
+    default_scoped: int | None
+    splash_mask: str | None = None  # how Splash holds its mask: "full", "blocks", "computable"
+    mask_table: int = 0             # the part of `pipeline` that is Splash's mask blocks / q indices
+
+    @property
+    def total(self) -> int:
+        return self.pipeline + self.scratch + self.intermediates
+
+    @property
+    def budget(self) -> int:
+        return int(self.capacity * HEADROOM)
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.budget
+
+    @property
+    def vmem_limit_bytes(self) -> int | None:
+        """The scoped VMEM limit to ask for (CompilerParams(vmem_limit_bytes=...), Splash's through
+        `splash.with_vmem_limit`); None when the chip's default scoped limit already covers it."""
+        want = int(self.total * 1.25) + 2 * MiB
+        limit = int(min(-(-want // MiB) * MiB, self.budget))
+        if self.default_scoped is None:  # a chip whose default we do not know: always say
+            return limit
+        # asking for no more than the default would only ever lower it (v4's budget is below it)
+        return limit if limit > self.default_scoped else None
+
+    @property
+    def compiler_options(self) -> dict:
+        """XLA options for a top-level `jax.jit(..., compiler_options=...)` raising the default limit.
+
+        The TPU compiler's `xla_tpu_scoped_vmem_limit_kib` raises the chip's default scoped limit
+        (32 MiB on a v6e, 16 MiB on a v5e) for one compiled function; kernels that set
+        vmem_limit_bytes are not affected. svg_lib no longer uses it (jax refuses compiler options
+        on a jit nested inside a caller's, so a model could not call such a kernel): Splash gets
+        `vmem_limit_bytes` in its own CompilerParams (`splash.with_vmem_limit`). Kept for a caller
+        who compiles a bare Splash kernel at the top level."""
+        limit = self.vmem_limit_bytes
+        return {} if limit is None else {"xla_tpu_scoped_vmem_limit_kib": str(limit // KiB)}
+
+    def __str__(self) -> str:
+        form = f", mask {self.splash_mask}" if self.splash_mask else ""
+        return (f"{self.method} {self.block_q}x{self.block_kv} (compute {self.block_kv_compute}{form}), head_dim "
+                f"{self.head_dim}: {self.total / MiB:.1f} MiB of VMEM (pipeline {self.pipeline / MiB:.1f}, "
+                f"scratch {self.scratch / MiB:.1f}, intermediates {self.intermediates / MiB:.1f}); "
+                f"{self.generation} budget {self.budget / MiB:.0f} MiB")
+
+
+def tpu_generation() -> str:
+    """The attached TPU's generation ("v6e", ...), or the offline default when there is none.
+
+    Raises a RuntimeError on a TPU we do not recognise (see `attached_tpu_memory`)."""
+    return tpu_memory(None).generation
+
+
+def estimate_vmem(method: str, block_q: int, block_kv: int, head_dim: int, dtype,
+                  block_kv_compute: int | None = None, generation: str | None = None, *,
+                  splash_mask: str | None = None) -> VmemEstimate:
+    """Estimate the VMEM of one kernel of `method` ("dense", "b1", "b2", "b3", "splash_dense", "splash").
+
+    `splash_mask` says how a Splash method holds its mask (`splash.splash_mask_form`): "blocks"
+    (the default, the costliest: a `[block_q, block_kv]` int32 mask block, double-buffered),
+    "computable" (a `[block_q, 128]` int32 index block) or "full" (nothing). A backward kernel
+    of dense, b1, b2 or b3 is named with its pass: "b3:dq", "b3:dkv" (`svg_lib.kernels.backward`).
+    """
+    block_q = check_block_size("block_q", block_q)
+    block_kv = check_block_size("block_kv", block_kv)
+    block_kv_compute = check_block_kv_compute(block_kv, block_kv_compute, block_q)
+    memory = tpu_memory(generation)
+    if ":" in method:
+        return _estimate_backward(method, block_q, block_kv, head_dim, dtype, block_kv_compute, memory)
+    splash = method in SPLASH_METHODS
+    if splash:
+        splash_mask = splash_mask or "blocks"
+        if splash_mask not in SPLASH_MASK_FORMS:
+            raise ValueError(f"splash_mask must be one of {SPLASH_MASK_FORMS}, got {splash_mask!r}")
+    elif splash_mask is not None:
+        raise ValueError(f"splash_mask applies to {SPLASH_METHODS} only, not {method!r}")
+    import jax.numpy as jnp  # bfloat16 is a jax dtype
+    itemsize = jnp.dtype(dtype).itemsize
+    # Splash's mask buffers, double-buffered like q, k, v (a bool block is int32 in VMEM)
+    mask_table = {None: 0, "full": 0, "blocks": 2 * 4 * block_q * block_kv,
+                  "computable": 2 * 4 * block_q * LANES}[splash_mask]
+    pipeline = 2 * itemsize * head_dim * (2 * block_q + 2 * block_kv) + mask_table  # q, out, k, v
+    scratch = 4 * block_q * (2 * LANES + head_dim)
+    chunk = block_q * block_kv_compute
+    # s and p in f32 plus p in the input dtype; tiles that mask add two int32 index arrays
+    # and a bool mask (Splash: a slice of its int32 mask block and a bool, or two index arrays
+    # and a bool). Splash multiplies p by v in f32, so it also holds a f32 copy of a v chunk.
+    masks = splash_mask != "full" if splash else method in _MASKED_METHODS
+    per_element = 8 + itemsize + (9 if masks else 0)
+    intermediates = chunk * per_element + (4 * block_kv_compute * head_dim if splash else 0)
+    return VmemEstimate(method, block_q, block_kv, block_kv_compute, head_dim, jnp.dtype(dtype).name, pipeline,
+                        scratch, intermediates, memory.generation, memory.vmem_bytes, memory.default_scoped,
+                        splash_mask, mask_table)
+
+
+BACKWARD_PASSES = ("dq", "dkv")
+
+
+def _estimate_backward(method, block_q, block_kv, head_dim, dtype, block_kv_compute, memory) -> VmemEstimate:
+    """The backward kernels' VMEM (svg_lib.kernels.backward), counted like the forward's.
+
+    dq: q, do, dq blocks `[block_q, head_dim]`, k, v blocks, lse and D `[block_q, 128]` f32, all
+    double-buffered; an f32 dq accumulator; per score element s, p, dp, ds in f32 and ds in the
+    input dtype. dkv: q, do blocks, k, v, dk, dv blocks, lse and D rows (`[1, block_q]`, padded
+    to 8 sublanes); f32 dk and dv accumulators; per element as dq plus p in the input dtype.
+    """
+    import jax.numpy as jnp
+    stage, _, which = method.partition(":")
+    if stage not in _MASKED_METHODS or which not in BACKWARD_PASSES:
+        raise ValueError(f"backward kernels are named '<stage>:<pass>' with stage in {_MASKED_METHODS} and pass "
+                         f"in {BACKWARD_PASSES} (e.g. 'b3:dkv'), got {method!r}")
+    itemsize = jnp.dtype(dtype).itemsize
+    chunk = block_q * block_kv_compute
+    if which == "dq":
+        pipeline = 2 * (itemsize * head_dim * (3 * block_q + 2 * block_kv) + 2 * 4 * block_q * LANES)
+        scratch = 4 * block_q * head_dim
+        per_element = 16 + itemsize
+    else:
+        pipeline = 2 * (itemsize * head_dim * (2 * block_q + 4 * block_kv) + 2 * 4 * 8 * block_q)
+        scratch = 2 * 4 * block_kv * head_dim
+        per_element = 16 + 2 * itemsize
+    intermediates = chunk * (per_element + 9)  # every stage has tiles that mask (padding at least)
+    return VmemEstimate(method, block_q, block_kv, block_kv_compute, head_dim, jnp.dtype(dtype).name, pipeline,
+                        scratch, intermediates, memory.generation, memory.vmem_bytes, memory.default_scoped)
+
+
+def check_fits(estimate: VmemEstimate) -> VmemEstimate:
+    """Raise a ValueError with the numbers and a configuration that fits, if `estimate` does not."""
+    if estimate.fits:
+        return estimate
+    e = estimate
+    suggestion = None
+    for bq in range(e.block_q, LANES - 1, -LANES):
+        for c in sorted((c for c in range(LANES, e.block_kv + 1, LANES) if e.block_kv % c == 0), reverse=True):
+            trial = estimate_vmem(e.method, bq, e.block_kv, e.head_dim, e.dtype, c, e.generation,
+                                  splash_mask=e.splash_mask)
+            if trial.fits:
+                suggestion = trial
+                break
+        if suggestion:
+            break
+    hint = (f"; block_q={suggestion.block_q}, block_kv={suggestion.block_kv}, "
+            f"block_kv_compute={suggestion.block_kv_compute} fits ({suggestion.total / MiB:.1f} MiB)"
+            if suggestion else "; reduce block_kv")
+    raise ValueError(f"tile configuration overflows VMEM: {e}{hint}")

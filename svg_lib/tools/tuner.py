@@ -1,0 +1,627 @@
+"""Block-size tuning: time one attention method over a grid of tile sizes and keep the fastest.
+
+    from svg_lib import SVGMask, VideoGeometry, tune
+    result = tune(SVGMask.spatial(VideoGeometry(21, 16, 30), 0.35), heads=2, head_dim=128)
+    print(result.table()); result.heatmap(); result.scatter()
+
+A candidate is `(block_q, block_kv)` or `(block_q, block_kv, block_kv_compute)`. Candidates
+that cannot run here are dropped with the reason recorded (`result.rejected`): not a multiple
+of 128, larger than the token count padded to whole lanes, a `block_kv_compute` that does not
+divide `block_kv`, or more VMEM than the TPU this runs on (a v6e when there is none) can give.
+With `target="v6e"` (any name of svg_lib.chips.TARGETS) each remaining candidate is also
+compiled for that TPU by the real TPU compiler (libtpu, on this CPU; nothing runs there), and
+those it refuses (a VMEM or SMEM overflow, ...) are dropped with its reason. Compiles are
+slow, so each verdict is cached beside the results, keyed by the libtpu and jax versions.
+
+Each valid candidate is built with `build_attention` (planning, not timed), compiled, warmed
+up and timed `repeats` times; the median counts. Next to the time go what the blog's lesson
+is about: the fraction of visited tiles that need a mask, the fraction of tiles visited, the
+grid steps and the VMEM estimate. Results are cached as JSON (see `cache_dir`), keyed by
+device kind, jax version and the problem, so rerunning a notebook is instant.
+
+jax and matplotlib are imported inside functions, so importing this module stays cheap.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from svg_lib import cache as cache_files  # `cache` is a parameter name here
+from svg_lib.attention import b3_mask, build_attention
+from svg_lib.chips import check_target
+from svg_lib.core.geometry import VideoGeometry
+from svg_lib.core.masks import LANES, Mask, PermutedMask, SVGMask, TileAlignedMask, check_block_size
+from svg_lib.core.planner import plan_tiles
+from svg_lib.environment import libtpu_version, require_libtpu
+from svg_lib.memory.smem import SmemOverflowError
+from svg_lib.memory.vmem import MiB, estimate_vmem
+from svg_lib.problem import check_block_kv_compute, get_preset
+from svg_lib.runtime import default_interpret, detect_runtime
+from svg_lib.tpu.compiler import compile_verdict
+from svg_lib.tpu.errors import first_lines
+
+TUNE_METHODS = ("dense", "splash_dense", "splash", "b1", "b2", "b3")
+CACHE_FORMAT = 1  # bump when the stored rows change meaning
+DEFAULT_AXIS_VALUES = 4  # block sizes per axis in the default grid
+
+
+def cache_dir() -> Path:
+    """Where tuning results live: `svg_lib.cache.cache_dir("tune")`."""
+    return cache_files.cache_dir("tune")
+
+
+# -- candidates ---------------------------------------------------------------------------
+
+def padded_tokens(tokens: int) -> int:
+    """`tokens` rounded up to whole lanes: the largest block size worth trying."""
+    return -(-int(tokens) // LANES) * LANES
+
+
+def default_candidates(tokens: int, per_axis: int = DEFAULT_AXIS_VALUES) -> list[tuple[int, int]]:
+    """A modest grid scaled to the problem: up to `per_axis` sizes per axis, log-spaced.
+
+    The sizes are 128 x powers of two from about tokens / 64 up to the padded token count
+    (tiles much smaller than that make a huge grid of tiny steps; larger ones are all padding).
+    """
+    top = padded_tokens(tokens)
+    low = max(LANES, top // 64)
+    sizes = [LANES * 2 ** k for k in range(0, 32) if low <= LANES * 2 ** k <= top]
+    if not sizes:
+        sizes = [LANES]
+    if len(sizes) > per_axis:
+        picks = np.unique(np.rint(np.linspace(0, len(sizes) - 1, per_axis)).astype(int))
+        sizes = [sizes[p] for p in picks]
+    return [(bq, bkv) for bq in sizes for bkv in sizes]
+
+
+@dataclass(frozen=True)
+class SweepProblem:
+    """The problem a notebook sweeps with `tune`, chosen for the device it runs on.
+
+    `candidates` holds `sizes x sizes` runnable tile sizes followed by `bad`, two candidates
+    that no device can run (a block_q off the lane width, and a block_kv past the padded
+    sequence), so a sweep also shows what the tuner refuses and why.
+    """
+
+    label: str        # "walkthrough" (interpret mode) or "blog" (compiled, on a TPU)
+    geometry: object  # svg_lib.VideoGeometry
+    density: float
+    heads: int
+    head_dim: int
+    dtype: str
+    sizes: tuple
+    bad: tuple
+    repeats: int
+
+    @property
+    def candidates(self) -> list:
+        return [(bq, bkv) for bq in self.sizes for bkv in self.sizes] + list(self.bad)
+
+    def mask(self):
+        return SVGMask.spatial(self.geometry, self.density)
+
+    def __str__(self) -> str:
+        return (f"{self.geometry}, {self.heads} head{'s' if self.heads != 1 else ''} x {self.head_dim}, {self.dtype}, "
+                f"{len(self.sizes)} x {len(self.sizes)} tile sizes + {len(self.bad)} that cannot run")
+
+
+def sweep_problem(runtime) -> SweepProblem:
+    """What notebook 05 sweeps on `runtime` (a `svg_lib.runtime.Runtime`, or anything with `.compiled`).
+
+    In interpret mode (no TPU) the kernels are an XLA loop on the host, so the sweep stays at the
+    walkthrough size: 2,520 tokens, one head, float32, tiles of 128 to 512, one timed call each.
+    On a TPU (compiled kernels) a toy size would time only launch overhead, so the sweep runs the
+    case study's problem (75,600 tokens, 10 heads x 128, bf16; q, k and v take 0.58 GB, a small share of a
+    v5e's 16 GiB) over tiles around the study's 3328 x 1536, three timed calls each.
+    """
+    if getattr(runtime, "compiled", False):
+        blog = get_preset("blog")
+        # the grid holds the study's own 3328 x 1536 and its BQ = 1024 point; a size the chip's VMEM
+        # cannot hold is rejected by the tuner with its reason, not run
+        sizes, geometry, heads, head_dim, dtype, repeats = ((1024, 1536, 3328), blog.geometry, blog.heads,
+                                                           blog.head_dim, blog.dtype, 3)
+        label, density = "blog", blog.density
+    else:
+        sizes, geometry, heads, head_dim, dtype, repeats = ((128, 256, 512), VideoGeometry(21, 8, 15), 1, 128,
+                                                           "float32", 1)
+        label, density = "walkthrough", 0.35
+    too_long = padded_tokens(geometry.tokens) + LANES   # past the padded sequence on any device
+    return SweepProblem(label=label, geometry=geometry, density=density, heads=heads, head_dim=head_dim,
+                        dtype=dtype, sizes=sizes, bad=((96, 128), (128, too_long)), repeats=repeats)
+
+
+def _normalise(candidate) -> tuple:
+    try:
+        values = tuple(candidate)
+    except TypeError:
+        raise ValueError(f"a candidate is (block_q, block_kv) or (block_q, block_kv, block_kv_compute), "
+                         f"got {candidate!r}") from None
+    if len(values) not in (2, 3):
+        raise ValueError(f"a candidate is (block_q, block_kv) or (block_q, block_kv, block_kv_compute), "
+                         f"got {candidate!r}")
+    if len(values) == 2:
+        values = values + (None,)
+    return tuple(v if v is None or isinstance(v, bool) or not isinstance(v, (int, np.integer)) else int(v)
+                 for v in values)
+
+
+def check_candidates(candidates, *, tokens: int, head_dim: int, method: str = "b2", dtype="bfloat16",
+                     generation: str | None = None) -> tuple[list[tuple], list[dict]]:
+    """Split candidates into those that can run here and those that cannot (with the reason).
+
+    Returns `(valid, rejected)`: valid `(block_q, block_kv, block_kv_compute or None)` triples in
+    the order given (duplicates dropped), and one dict per rejected candidate with
+    "block_q", "block_kv", "block_kv_compute" and "reason".
+    """
+    valid, rejected, seen = [], [], set()
+    top = padded_tokens(tokens)
+    for candidate in candidates:
+        bq, bkv, bkvc = _normalise(candidate)
+        if (bq, bkv, bkvc) in seen:
+            continue
+        seen.add((bq, bkv, bkvc))
+
+        def reject(reason):
+            rejected.append({"block_q": bq, "block_kv": bkv, "block_kv_compute": bkvc, "reason": reason})
+
+        try:
+            check_block_size("block_q", bq)
+            check_block_size("block_kv", bkv)
+        except ValueError as err:
+            reject(str(err))
+            continue
+        too_big = [f"{name}={value}" for name, value in (("block_q", bq), ("block_kv", bkv)) if value > top]
+        if too_big:
+            reject(f"{' and '.join(too_big)} exceeds the {tokens:,} tokens padded to whole lanes ({top:,}): "
+                   "the tile would be mostly padding")
+            continue
+        try:
+            compute = check_block_kv_compute(bkv, bkvc, bq)
+        except ValueError as err:
+            reject(str(err))
+            continue
+        estimate = estimate_vmem(method, bq, bkv, head_dim, dtype, compute, generation)
+        if not estimate.fits:
+            reject(f"VMEM overflow: needs {estimate.total / MiB:.1f} MiB, the {estimate.generation} budget is "
+                   f"{estimate.budget / MiB:.0f} MiB")
+            continue
+        valid.append((bq, bkv, bkvc))
+    return valid, rejected
+
+
+# -- the TPU compiler's verdict on a candidate ---------------------------------------------
+
+def compile_check(mask: Mask, *, method: str, heads: int, head_dim: int, dtype, block_q: int, block_kv: int,
+                  block_kv_compute: int | None, target: str, cache: bool = True) -> dict:
+    """Whether the TPU compiler accepts `method` at these blocks for `target`: a dict with
+    "ok", "stage", "summary" (why it refused), "compile_s" and "from_cache".
+
+    Built with interpret=False and compiled for a compile-only `target` chip (see
+    svg_lib.tpu.compiler). The verdict is cached in `cache_dir() / "compile"`, keyed by the libtpu
+    and jax versions, the target, the problem and the blocks.
+    """
+    import jax
+
+    require_libtpu()
+    spec = check_target(target)
+    key = {"format": CACHE_FORMAT, "libtpu": libtpu_version(), "jax": jax.__version__, "target": spec.name,
+           "method": method, "problem": {"mask": describe_mask(mask), "heads": heads, "head_dim": head_dim,
+                                         "dtype": np.dtype(dtype).name if not isinstance(dtype, str) else dtype},
+           "blocks": [block_q, block_kv, block_kv_compute]}
+    digest = cache_files.key_digest(key)
+    path = cache_dir() / "compile" / f"{digest}.json"
+    if cache and path.is_file():
+        try:
+            stored = json.loads(path.read_text(encoding="utf-8"))
+            if stored.get("key") == key:
+                return dict(stored["verdict"], from_cache=True)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # unreadable: compile again and overwrite
+    try:
+        fn = build_attention(mask, method=method, heads=heads, tokens=mask.tokens, head_dim=head_dim, dtype=dtype,
+                             block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=False,
+                             generation=spec.name)
+    except Exception as err:  # a verdict, not a crash
+        stage = "smem" if isinstance(err, SmemOverflowError) else "build"  # smem: our estimate, before compiling
+        verdict = {"ok": False, "stage": stage, "summary": first_lines(err, 1), "compile_s": None}
+    else:
+        full = compile_verdict(fn, [((heads, mask.tokens, head_dim), dtype)] * 3, spec.name)
+        verdict = {name: full[name] for name in ("ok", "stage", "summary", "compile_s")}
+    if cache:
+        cache_files.write_json_atomic(path, {"key": key, "verdict": verdict})
+    return dict(verdict, from_cache=False)
+
+
+# -- the problem, for the cache key --------------------------------------------------------
+
+def describe_mask(mask: Mask) -> dict:
+    """A JSON-ready description that tells masks apart: geometry, band, sink, density, pairs."""
+    out = {"type": type(mask).__name__, "tokens": int(mask.tokens)}
+    geometry = getattr(mask, "geometry", None)
+    if geometry is not None:
+        out["geometry"] = [geometry.frames, geometry.height, geometry.width, geometry.text_tokens]
+    for name in ("band_width", "sink_tokens", "density"):
+        value = getattr(mask, name, None)
+        if value is not None:
+            out[name] = value if isinstance(value, float) else int(value)
+    if isinstance(mask, TileAlignedMask):
+        out["tiles"] = [mask.block_q, mask.block_kv]
+        out["kept_sha1"] = hashlib.sha1(np.packbits(mask.kept).tobytes()).hexdigest()
+        if mask.source is not None:
+            out["source"] = describe_mask(mask.source)
+    elif isinstance(mask, PermutedMask):
+        out["permuted"] = describe_mask(mask.permuted)
+        out["pos_sha1"] = hashlib.sha1(np.ascontiguousarray(mask.pos).tobytes()).hexdigest()
+    else:
+        out["pairs"] = int(mask.pair_count)
+    return out
+
+
+def _runtime_key(interpret) -> dict:
+
+    r = detect_runtime()
+    mode = "compiled" if interpret is False else "interpret"
+    key = {"platform": r.platform, "device_kind": r.device_kind, "jax": r.jax_version, "mode": mode}
+    if interpret not in (None, True, False):
+        key["interpret"] = repr(interpret)  # InterpretParams: a different simulation, a different time
+    return key
+
+
+def _cache_file(key: dict) -> Path:
+    return cache_dir() / f"{cache_files.key_digest(key)}.json"
+
+
+# -- the result ---------------------------------------------------------------------------
+
+@dataclass
+class TuneResult:
+    """What `tune` measured: one row (a dict) per candidate; `best` is the row with the lowest median."""
+
+    method: str
+    problem: dict        # mask description, heads, head_dim, dtype
+    runtime: dict        # platform, device kind, jax version, mode
+    rows: list           # see ROW_KEYS
+    rejected: list = field(default_factory=list)  # candidates that could not run here, with reasons
+    repeats: int = 3
+    warmup: int = 1
+    from_cache: bool = False
+    cache_path: str | None = None
+    target: dict | None = None  # {"name", "libtpu"}: candidates were compile-checked for this TPU
+
+    ROW_KEYS = ("block_q", "block_kv", "block_kv_compute", "median_ms", "min_ms", "times_ms", "masked_fraction",
+                "visited_fraction", "tiles_visited", "tiles_masked", "grid_steps", "vmem_bytes", "build_s",
+                "compile_s")
+
+    @property
+    def best(self) -> dict | None:
+        return min(self.rows, key=lambda r: r["median_ms"]) if self.rows else None
+
+    @property
+    def least_masking(self) -> dict | None:
+        """The row that masks the smallest fraction of its visited tiles (ties: the faster)."""
+        return min(self.rows, key=lambda r: (r["masked_fraction"], r["median_ms"])) if self.rows else None
+
+    def header(self) -> str:
+        r, p = self.runtime, self.problem
+        source = " (from cache)" if self.from_cache else ""
+        checked = (f" | compile-checked for {self.target['name']} (libtpu {self.target['libtpu']})"
+                   if self.target else "")
+        return (f"tune {self.method} on {r['platform']} ({r['device_kind']}) | {r['mode']} mode | jax {r['jax']} | "
+                f"{p['mask']['tokens']:,} tokens x {p['heads']} heads x {p['head_dim']}, {p['dtype']}{checked}{source}")
+
+    def table(self) -> str:
+        """Fixed-width text: one line per candidate (fastest first), then the best and the rejected."""
+        cols = [("block_q", 7), ("block_kv", 8), ("compute", 7), ("median ms", 10), ("min ms", 9),
+                ("masked", 7), ("visited", 8), ("steps", 7), ("VMEM MiB", 8)]
+        lines = [self.header(), "  ".join(t.rjust(w) for t, w in cols), "  ".join("-" * w for _, w in cols)]
+        best = self.best
+        for row in sorted(self.rows, key=lambda r: r["median_ms"]):
+            cells = [f"{row['block_q']}", f"{row['block_kv']}",
+                     "-" if row["block_kv_compute"] is None else f"{row['block_kv_compute']}",
+                     f"{row['median_ms']:.2f}", f"{row['min_ms']:.2f}", f"{row['masked_fraction']:.2f}",
+                     f"{row['visited_fraction']:.2f}", f"{row['grid_steps']:,}", f"{row['vmem_bytes'] / 2**20:.1f}"]
+            mark = "  <- best" if row is best else ""
+            lines.append("  ".join(c.rjust(w) for c, (_, w) in zip(cells, cols)) + mark)
+        if best is not None:
+            least = self.least_masking
+            lines.append(f"best: block_q={best['block_q']}, block_kv={best['block_kv']}"
+                         + (f", block_kv_compute={best['block_kv_compute']}" if best["block_kv_compute"] else "")
+                         + f": {best['median_ms']:.2f} ms (median of {self.repeats})")
+            if least is not best:
+                lines.append(f"least masking ({least['masked_fraction']:.2f} of visited tiles): "
+                             f"{least['block_q']} x {least['block_kv']} at {least['median_ms']:.2f} ms - "
+                             "not the fastest")
+        else:
+            lines.append("no candidate could run here")
+        lines.append("masked = masked tiles / visited tiles; visited = visited tiles / all tiles; steps = grid "
+                     "steps per head.")
+        if self.runtime.get("mode") == "interpret":
+            lines.append("interpret mode: an XLA loop on the host, not TPU times; grid steps and tile counts "
+                         "carry over to a TPU, the masking cost does not.")
+        for r in self.rejected:
+            compute = "" if r["block_kv_compute"] is None else f" (compute {r['block_kv_compute']})"
+            lines.append(f"rejected {r['block_q']} x {r['block_kv']}{compute}: {r['reason']}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def to_json(self) -> dict:
+        return {"method": self.method, "problem": self.problem, "runtime": self.runtime,
+                "rows": [dict(r) for r in self.rows], "rejected": [dict(r) for r in self.rejected],
+                "repeats": self.repeats, "warmup": self.warmup, "target": self.target}
+
+    @classmethod
+    def from_json(cls, data: dict, **extra) -> "TuneResult":
+        return cls(method=data["method"], problem=data["problem"], runtime=data["runtime"],
+                   rows=[dict(r) for r in data["rows"]], rejected=[dict(r) for r in data.get("rejected", [])],
+                   repeats=data.get("repeats", 3), warmup=data.get("warmup", 1), target=data.get("target"), **extra)
+
+    def _where(self) -> str:
+        r = self.runtime
+        return f"{r['platform']} {r['device_kind']}, {r['mode']} mode, jax {r['jax']}"
+
+    def heatmap(self, ax=None):
+        """Median ms over (block_q on y, block_kv on x); the best cell is outlined. Returns the Figure.
+
+        With several block_kv_compute values for one (block_q, block_kv), the fastest is shown.
+        """
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Rectangle
+
+        if not self.rows:
+            raise ValueError("no measured candidates to draw (every candidate was rejected; see .rejected)")
+        bqs = sorted({r["block_q"] for r in self.rows})
+        bkvs = sorted({r["block_kv"] for r in self.rows})
+        grid = np.full((len(bqs), len(bkvs)), np.nan)
+        for r in self.rows:
+            i, j = bqs.index(r["block_q"]), bkvs.index(r["block_kv"])
+            grid[i, j] = r["median_ms"] if np.isnan(grid[i, j]) else min(grid[i, j], r["median_ms"])
+        if ax is None:
+            fig, ax = plt.subplots(figsize=(1.4 * len(bkvs) + 3.2, 1.0 * len(bqs) + 2.0), layout="constrained")
+        else:
+            fig = ax.figure
+        image = ax.imshow(np.ma.masked_invalid(grid), cmap="viridis_r", aspect="auto")
+        fig.colorbar(image, ax=ax, label="median ms per call (lower is better)")
+        lo, hi = np.nanmin(grid), np.nanmax(grid)
+        for i in range(len(bqs)):
+            for j in range(len(bkvs)):
+                if not np.isnan(grid[i, j]):
+                    # white on the dark (slow) end of the colour map, black on the light (fast) end
+                    dark = hi > lo and (grid[i, j] - lo) / (hi - lo) > 0.5
+                    ax.text(j, i, f"{grid[i, j]:.1f}", ha="center", va="center", fontsize=8,
+                            color="white" if dark else "black")
+        best = self.best
+        bi, bj = bqs.index(best["block_q"]), bkvs.index(best["block_kv"])
+        ax.add_patch(Rectangle((bj - 0.5, bi - 0.5), 1, 1, fill=False, edgecolor="#d55e00", linewidth=2.5))
+        ax.set_xticks(range(len(bkvs)), [str(b) for b in bkvs])
+        ax.set_yticks(range(len(bqs)), [str(b) for b in bqs])
+        ax.set_xlabel("block_kv")
+        ax.set_ylabel("block_q")
+        ax.set_title(f"{self.method}: median ms by tile size (best outlined)\n{self._where()}", fontsize=9)
+        return fig
+
+    def scatter(self, ax=None):
+        """Median ms against the masked fraction of visited tiles, one point per candidate. Returns the Figure."""
+        import matplotlib.pyplot as plt
+
+        if not self.rows:
+            raise ValueError("no measured candidates to draw (every candidate was rejected; see .rejected)")
+        if ax is None:
+            fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
+        else:
+            fig = ax.figure
+        x = [r["masked_fraction"] for r in self.rows]
+        y = [r["median_ms"] for r in self.rows]
+        ax.scatter(x, y, color="#0072b2", zorder=3)
+        for r in self.rows:
+            ax.annotate(f"{r['block_q']}x{r['block_kv']}", (r["masked_fraction"], r["median_ms"]),
+                        xytext=(4, 3), textcoords="offset points", fontsize=7)
+        best = self.best
+        ax.scatter([best["masked_fraction"]], [best["median_ms"]], s=160, facecolors="none",
+                   edgecolors="#d55e00", linewidths=2, zorder=4, label="fastest")
+        ax.set_xlabel("masked fraction (masked tiles / visited tiles)")
+        ax.set_ylabel("median ms per call")
+        ax.legend(fontsize=8)
+        ax.set_title(f"{self.method}: time against masking work\n{self._where()}", fontsize=9)
+        return fig
+
+
+# -- progress --------------------------------------------------------------------------------
+
+def _in_notebook() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
+
+
+class _Progress:
+    """An ipywidgets bar in a notebook kernel, else one rewritten stderr line; silent when off."""
+
+    def __init__(self, total: int, enabled):
+        self.total, self.bar, self.enabled = total, None, bool(enabled)
+        self.callback = enabled if callable(enabled) else None
+        if self.enabled and self.callback is None and _in_notebook():
+            try:
+                import ipywidgets
+                from IPython.display import display
+            except ImportError:
+                pass
+            else:
+                self.bar = ipywidgets.IntProgress(value=0, min=0, max=max(total, 1), description="tune")
+                self.bar.add_class("svg-tune-progress")
+                display(self.bar)
+
+    def update(self, done: int, text: str) -> None:
+        if not self.enabled:
+            return
+        if self.callback is not None:
+            self.callback(done, self.total, text)
+        elif self.bar is not None:
+            self.bar.value = done
+            self.bar.description = f"{done}/{self.total}"
+        else:
+            print(f"\rtune {done}/{self.total}: {text}".ljust(60), end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.enabled and self.callback is None and self.bar is None:
+            print(file=sys.stderr, flush=True)
+
+
+# -- tune ----------------------------------------------------------------------------------
+
+def _method_plan(mask: Mask, method: str, bq: int, bkv: int) -> dict:
+    """Tiles visited and masked, and grid steps per head, of one call of `method` at bq x bkv."""
+    n = mask.tokens
+    nq, nk = -(-n // bq), -(-n // bkv)
+    if method in ("dense", "splash_dense"):
+        masked = nq if nk * bkv != n else 0  # only the last key tile, when it reaches into padding
+        return {"tiles_visited": nq * nk, "tiles_masked": masked, "grid_steps": nq * nk, "tiles_total": nq * nk}
+    plan = plan_tiles(b3_mask(mask, bq, bkv) if method == "b3" else mask, bq, bkv)
+    visited = int(plan.visited.sum())
+    masked = visited if method == "b1" else int(plan.needs_mask.sum())
+    return {"tiles_visited": visited, "tiles_masked": masked, "grid_steps": nq * plan.steps, "tiles_total": nq * nk}
+
+
+def _check_positive(name, value, low=1):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def tune(mask: Mask, *, heads: int, head_dim: int, method: str = "b2", candidates=None, dtype="bfloat16",
+         repeats: int = 3, warmup: int = 1, interpret=None, cache: bool = True, progress=True,
+         seed: int = 0, target: str | None = None) -> TuneResult:
+    """Time `method` at each candidate tile size on this device; see the module docstring.
+
+    q, k, v: `[heads, mask.tokens, head_dim]` standard normal in `dtype`. `candidates`: a list of
+    `(block_q, block_kv[, block_kv_compute])`; None uses `default_candidates(mask.tokens)`.
+    `progress`: True (a bar in a notebook, a line on stderr elsewhere), False, or a callable
+    `(done, total, text)`. With `cache`, a result stored for the same device kind, jax version,
+    problem, candidates, repeats and warm-up is returned at once (`from_cache=True`).
+    `target` (e.g. "v6e"): also compile each candidate for that TPU (libtpu) and drop those the
+    compiler refuses, with its reason in `rejected`; VMEM is then estimated for that chip.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    if not isinstance(mask, Mask):
+        raise TypeError(f"mask must be an svg_lib Mask (e.g. SVGMask.spatial(geometry, 0.35)), "
+                        f"got {type(mask).__name__}")
+    if method not in TUNE_METHODS:
+        raise ValueError(f"method must be one of {', '.join(TUNE_METHODS)}, got {method!r}")
+    heads = _check_positive("heads", heads)
+    head_dim = _check_positive("head_dim", head_dim)
+    repeats = _check_positive("repeats", repeats)
+    warmup = _check_positive("warmup", warmup, 0)
+    dtype = jnp.dtype(dtype)
+    if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+        raise ValueError(f"dtype must be float32 or bfloat16, got {dtype}")
+    if candidates is None:
+        candidates = default_candidates(mask.tokens)
+    candidates = [_normalise(c) for c in candidates]
+    if not candidates:
+        raise ValueError("candidates is empty; give (block_q, block_kv) pairs or None for the default grid")
+    if interpret is None:
+        interpret = default_interpret()
+    target_key = None
+    if target is not None:
+        spec = check_target(target)
+        require_libtpu()
+        target_key = {"name": spec.name, "libtpu": libtpu_version()}
+
+    problem = {"mask": describe_mask(mask), "heads": heads, "head_dim": head_dim, "dtype": dtype.name}
+    runtime = _runtime_key(interpret)
+    key = {"format": CACHE_FORMAT, "runtime": runtime, "problem": problem, "method": method,
+           "candidates": [list(c) for c in candidates], "repeats": repeats, "warmup": warmup, "seed": seed}
+    if target_key is not None:  # only then, so that results cached without a target keep their keys
+        key["target"] = target_key
+    path = _cache_file(key)
+    if cache and path.is_file():
+        try:
+            stored = json.loads(path.read_text(encoding="utf-8"))
+            if stored.get("key") == key:  # guards against a hash collision or a hand-edited file
+                return TuneResult.from_json(stored["result"], from_cache=True, cache_path=str(path))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # unreadable or stale: measure again and overwrite
+
+    valid, rejected = check_candidates(candidates, tokens=mask.tokens, head_dim=head_dim, method=method,
+                                       dtype=dtype, generation=spec.name if target else None)
+    if target is not None:
+        valid = _compile_filter(valid, rejected, mask, method=method, heads=heads, head_dim=head_dim, dtype=dtype,
+                                target=spec.name, cache=cache, progress=progress)
+    keys = jax.random.split(jax.random.key(seed), 3)
+    shape = (heads, mask.tokens, head_dim)
+    q, k, v = (jax.random.normal(kk, shape, dtype) for kk in keys)
+    bar = _Progress(len(valid), progress)
+    rows = []
+    try:
+        for done, (bq, bkv, bkvc) in enumerate(valid):
+            bar.update(done, f"{bq} x {bkv}")
+            start = time.perf_counter()
+            fn = build_attention(mask, method=method, heads=heads, tokens=mask.tokens, head_dim=head_dim,
+                                 dtype=dtype, block_q=bq, block_kv=bkv, block_kv_compute=bkvc, interpret=interpret)
+            build_s = time.perf_counter() - start
+            start = time.perf_counter()
+            compiled = fn.lower(q, k, v).compile()  # compile ahead, so that no timed call pays for it
+            compile_s = time.perf_counter() - start
+            for _ in range(warmup):
+                compiled(q, k, v).block_until_ready()
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                compiled(q, k, v).block_until_ready()
+                times.append((time.perf_counter() - start) * 1e3)
+            del compiled, fn
+            tiles = _method_plan(mask, method, bq, bkv)
+            compute = check_block_kv_compute(bkv, bkvc, bq)
+            vmem = estimate_vmem(method, bq, bkv, head_dim, dtype, compute)
+            rows.append({"block_q": bq, "block_kv": bkv, "block_kv_compute": bkvc,
+                         "median_ms": statistics.median(times), "min_ms": min(times), "times_ms": times,
+                         "masked_fraction": tiles["tiles_masked"] / max(tiles["tiles_visited"], 1),
+                         "visited_fraction": tiles["tiles_visited"] / tiles["tiles_total"],
+                         "tiles_visited": tiles["tiles_visited"], "tiles_masked": tiles["tiles_masked"],
+                         "grid_steps": tiles["grid_steps"], "vmem_bytes": vmem.total, "build_s": build_s,
+                         "compile_s": compile_s})
+        bar.update(len(valid), "done")
+    finally:
+        bar.close()
+
+    result = TuneResult(method=method, problem=problem, runtime=runtime, rows=rows, rejected=rejected,
+                        repeats=repeats, warmup=warmup, from_cache=False, target=target_key)
+    if cache and cache_files.write_json_atomic(path, {"key": key, "result": result.to_json()}):
+        result.cache_path = str(path)
+    return result
+
+
+def _compile_filter(valid, rejected, mask, *, method, heads, head_dim, dtype, target, cache, progress) -> list:
+    """The candidates of `valid` that the TPU compiler accepts for `target`; the others are
+    appended to `rejected` with the compiler's reason."""
+    kept = []
+    bar = _Progress(len(valid), progress)
+    try:
+        for done, (bq, bkv, bkvc) in enumerate(valid):
+            bar.update(done, f"compile {bq} x {bkv} for {target}")
+            verdict = compile_check(mask, method=method, heads=heads, head_dim=head_dim, dtype=dtype, block_q=bq,
+                                    block_kv=bkv, block_kv_compute=bkvc, target=target, cache=cache)
+            if verdict["ok"]:
+                kept.append((bq, bkv, bkvc))
+            else:
+                who = {"build": "build_attention", "smem": "the SMEM estimate (before compiling)"}.get(
+                    verdict["stage"], f"the TPU compiler (libtpu {libtpu_version()})")
+                rejected.append({"block_q": bq, "block_kv": bkv, "block_kv_compute": bkvc,
+                                 "reason": f"refused for {target} by {who}: {verdict['summary']}"})
+        bar.update(len(valid), "compiled")
+    finally:
+        bar.close()
+    return kept

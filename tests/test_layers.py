@@ -1,0 +1,50 @@
+"""svg_lib's layers (ARCHITECTURE.md), checked: import-linter's contracts in pyproject.toml, and
+every import of svg_lib's own modules at the top of the module that makes it."""
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "svg_lib"
+
+
+def test_import_linter_contracts_hold(monkeypatch, capsys):
+    # layers: each imports only from the layers below; acyclic_siblings: no import cycles
+    cli = pytest.importorskip("importlinter.cli")
+    monkeypatch.chdir(ROOT)
+    code = cli.lint_imports(config_filename=str(ROOT / "pyproject.toml"))
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "2 kept, 0 broken" in out
+
+
+def _function_level_svg_lib_imports(path: pathlib.Path, base: pathlib.Path = ROOT) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for inner in ast.walk(node):
+                names = []
+                if isinstance(inner, ast.ImportFrom) and (inner.level or (inner.module or "").startswith("svg_lib")):
+                    names = [inner.module or "."]
+                elif isinstance(inner, ast.Import):
+                    names = [a.name for a in inner.names if a.name.startswith("svg_lib")]
+                found += [f"{path.relative_to(base)}:{inner.lineno} {n}" for n in names]
+    return found
+
+
+def test_svg_lib_modules_are_imported_at_the_top():
+    # a reader sees from a module's head what it depends on; only optional heavy libraries
+    # (jax's pieces, matplotlib, ipywidgets, playwright) may be imported inside functions
+    found = [hit for path in sorted(PACKAGE.rglob("*.py")) for hit in _function_level_svg_lib_imports(path)]
+    assert not found, "\n".join(found)
+
+
+def test_the_top_of_module_check_can_fail(tmp_path):
+    # a negative control: function-level imports of svg_lib, absolute and relative, are caught;
+    # a function-level import of another library is not
+    sample = tmp_path / "sample.py"
+    sample.write_text("import json\n\ndef f():\n    from svg_lib.core import masks\n    import svg_lib.chips\n"
+                      "    from . import plots\n    import matplotlib\n    return masks\n")
+    hits = _function_level_svg_lib_imports(sample, tmp_path)
+    assert hits == ["sample.py:4 svg_lib.core", "sample.py:5 svg_lib.chips", "sample.py:6 ."]
