@@ -40,8 +40,9 @@ from svg_lib.core.geometry import (TileLayout, VideoGeometry, from_tile_major,  
                                    inverse_temporal_major_permutation, inverse_tile_major_permutation,
                                    temporal_major_permutation, tile_major_permutation, to_frame_major,
                                    to_temporal_major, to_tile_major)
-from svg_lib.core.masks import (Mask, PermutedMask, RoundingReport, SlidingTileMask, SVGMask,  # noqa: E402
-                                TemporalMask, TileAlignedMask, check_block_size)
+from svg_lib.core.masks import (Mask, PermutedMask, RoundingReport, SVGMask, TemporalMask, TileAlignedMask,
+                                check_block_size)
+from svg_lib.core.sliding import SlidingTileMask
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, TilePlan, plan_tiles  # noqa: E402
 # memory, kernels, attention()
 from svg_lib.memory.vmem import VmemEstimate, estimate_vmem  # noqa: E402
@@ -60,7 +61,8 @@ from svg_lib.tpu.sharded import ShardedCompileReport, compile_sharded_layer  # n
 from svg_lib.tpu.cost import TileCost, cost_model, tile_cost  # noqa: E402
 # the benchmark and the block-size tuner
 from svg_lib.tools.bench import BenchResult, run_benchmark  # noqa: E402
-from svg_lib.tools.tuner import TuneResult, tune  # noqa: E402
+from svg_lib.tools.tuner import tune
+from svg_lib.tools.tune_result import TuneResult  # noqa: E402
 # plots, the mask explorer, the grid traversal view
 from svg_lib.teaching.plots import (TILE_COLORS, ascii_tile_map, kept_fraction_grid, plot_mask,  # noqa: E402
                                     plot_tile_map, plot_tile_map_grid)

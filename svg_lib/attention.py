@@ -18,13 +18,12 @@ from collections import OrderedDict
 import numpy as np
 
 from svg_lib.core.masks import Mask, TileAlignedMask, check_block_size
-from svg_lib.core.planner import plan_tiles
-from svg_lib.kernels.backward import dense_classes, with_backward
+from svg_lib.core.planner import dense_classes, kernel_tables, plan_tiles
+from svg_lib.kernels.backward import with_backward
 from svg_lib.kernels.forward import block_sparse_attention, dense_flash_attention
 from svg_lib.kernels.reference import check_qkv, reference_attention
 from svg_lib.kernels.splash import make_splash, splash_mask_form
-from svg_lib.memory.smem import check_schedule_fits
-from svg_lib.memory.vmem import check_fits, estimate_vmem
+from svg_lib.memory.budget import check_memory
 from svg_lib.problem import check_block_kv_compute
 from svg_lib.runtime import default_interpret
 
@@ -47,8 +46,10 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
     `generation` ("v6e", "v5e", ...) is the TPU whose VMEM the kernel is planned for: None
     means the attached TPU, or a v6e off TPU; name one to compile for another (svg_lib.tpu.compiler).
 
-    Planning (tile classes, schedule tables, Splash's mask info) happens here, once; the
-    returned function only pads, runs the kernel and slices.
+    A mask's way through here runs one way: plan once (tile classes and the forward's and
+    backward's schedules, `TilePlan.tables`; Splash's mask info), check memory once on that plan
+    (`memory.budget.check_memory`), then build the kernels from the tables. The returned
+    function only pads, runs the kernel and slices.
     """
     import jax
     import jax.numpy as jnp
@@ -76,47 +77,51 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
     block_kv_compute = check_block_kv_compute(block_kv, block_kv_compute, block_q)
     nq, nk = -(-tokens // block_q), -(-tokens // block_kv)
     q_len, kv_len = nq * block_q, nk * block_kv
-    splash_mask = None
-    if method in ("splash_dense", "splash"):
-        splash_mask = splash_mask_form(mask, tokens, kv_len)
-    vmem = check_fits(estimate_vmem(method, block_q, block_kv, head_dim, dtype, block_kv_compute, generation,
-                                    splash_mask=splash_mask))
     if interpret is None:
         interpret = default_interpret()
+
+    # 1. Plan once: the tiles each kernel visits and every table it reads, forward and backward.
+    plan = tables = splash_mask = None
+    if method in ("splash_dense", "splash"):
+        splash_mask = splash_mask_form(mask, tokens, kv_len)  # Splash plans its own tables (make_splash)
+    elif method == "dense":
+        tables = kernel_tables(dense_classes(tokens, block_q, block_kv))
+    else:
+        kernel_mask = b3_mask(mask, block_q, block_kv) if method == "b3" else mask  # B3 masks padding only
+        plan = plan_tiles(kernel_mask, block_q, block_kv)
+        tables = plan.tables
+    # 2. Check memory once, on that plan: the forward refuses now, the backward when a gradient is traced.
+    budget = check_memory(method, heads=heads, head_dim=head_dim, dtype=dtype, block_q=block_q, block_kv=block_kv,
+                          block_kv_compute=block_kv_compute, generation=generation, plan=plan, tables=tables,
+                          splash_mask=splash_mask)
+    blocks = dict(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=interpret)
+
+    # 3. Build the kernels from the tables and the limits.
     if method in ("splash_dense", "splash"):
         # Splash's kernels take the raised limit in their own CompilerParams, so it survives a
         # caller's jax.jit (a jit's compiler_options would only be accepted at the top level)
-        kernel = make_splash(mask, tokens=tokens, heads=heads, q_len=q_len, kv_len=kv_len, block_q=block_q,
-                             block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=interpret,
-                             vmem_limit_bytes=vmem.vmem_limit_bytes)
+        kernel = make_splash(mask, tokens=tokens, heads=heads, q_len=q_len, kv_len=kv_len,
+                             vmem_limit_bytes=budget.forward_limit, **blocks)
         # Splash leaves a row that keeps no key as an average of v (or unwritten, for a query
         # block with no kept block); the series' contract is zeros, as the reference.
         run = _rows_zeroed(kernel, _rows_without_keys(mask, tokens, q_len))
     elif method == "dense":
-        forward = functools.partial(dense_flash_attention, tokens=tokens, block_q=block_q, block_kv=block_kv,
-                                    block_kv_compute=block_kv_compute, interpret=interpret,
-                                    vmem_limit_bytes=vmem.vmem_limit_bytes)
-        run = with_backward(lambda q, k, v, residuals: forward(q, k, v, residuals=residuals),
-                            dense_classes(tokens, block_q, block_kv), stage="dense", keep=_not_padding(tokens),
-                            block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
-                            interpret=interpret, generation=generation)
+        forward = functools.partial(dense_flash_attention, tokens=tokens, vmem_limit_bytes=budget.forward_limit,
+                                    **blocks)
+        run = with_backward(lambda q, k, v, residuals: forward(q, k, v, residuals=residuals), tables,
+                            backward_limits=budget.backward_limits, stage="dense", keep=_not_padding(tokens),
+                            **blocks)
     else:
-        # B3 runs the tile-aligned mask, whose predicate masks padding only
-        kernel_mask = b3_mask(mask, block_q, block_kv) if method == "b3" else mask
-        keep = kernel_mask.kernel_predicate(block_q, block_kv)
-        plan = plan_tiles(kernel_mask, block_q, block_kv)
-        check_schedule_fits(plan, method=method, heads=heads)
+        keep = plan.mask.kernel_predicate(block_q, block_kv)
         head_kind = jnp.zeros((heads,), jnp.int32)  # one mask: every head follows schedule row block 0
-        schedule = jnp.asarray(plan.schedule)
+        schedule = jnp.asarray(tables.schedule)
 
         def forward(q, k, v, residuals):
-            return block_sparse_attention(q, k, v, head_kind, schedule, steps=plan.steps, stage=method, keep=keep,
-                                          block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
-                                          interpret=interpret, vmem_limit_bytes=vmem.vmem_limit_bytes,
-                                          residuals=residuals)
+            return block_sparse_attention(q, k, v, head_kind, schedule, steps=tables.steps, stage=method, keep=keep,
+                                          vmem_limit_bytes=budget.forward_limit, residuals=residuals, **blocks)
         # jax.grad runs the backward kernels over the same tiles (svg_lib.kernels.backward)
-        run = with_backward(forward, plan.classes, stage=method, keep=keep, block_q=block_q, block_kv=block_kv,
-                            block_kv_compute=block_kv_compute, interpret=interpret, generation=generation)
+        run = with_backward(forward, tables, backward_limits=budget.backward_limits, stage=method, keep=keep,
+                            **blocks)
         # the planner lets padded query rows be computed unmasked; they are thrown away as zeros
         run = _rows_zeroed(run, _padding_rows(mask, tokens, q_len))
 

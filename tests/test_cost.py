@@ -5,13 +5,12 @@ tiles) in a subprocess. They pin what the instrument must get right, never a cyc
 an untaken branch costs nothing, masking costs at least as much as not masking, an idle step
 is far cheaper than a computed one, and results come back from the cache unchanged.
 """
-import numpy as np
 import pytest
 
 from svg_lib import SVGMask, VideoGeometry, plan_tiles
 from svg_lib.attention import b3_mask
-from svg_lib.tpu.cost import (BODY_KINDS, Probe, TileCost, cost_model, filled_from, load_reference, model_cycles,
-                          run_probes, step_kinds, tile_cost)
+from svg_lib.tpu.cost import TileCost, cost_model, filled_from, load_reference, model_cycles, step_kinds, tile_cost
+from svg_lib.tpu.probes import BODY_KINDS, Probe, run_probes
 from svg_lib.core.planner import EMPTY
 
 BQ = BKV = 256

@@ -294,7 +294,7 @@ def test_pinned_jax_accepts_the_minimum_python(pyproject):
     installed = installed_pinned_jax(pyproject)
     requires = SpecifierSet(installed["Requires-Python"] or "")
     assert make_min_python() + ".0" in requires, \
-        f"jax {pinned} requires Python {requires}; raise MIN_PYTHON in the Makefile and README"
+        f"jax {installed['Version']} requires Python {requires}; raise MIN_PYTHON in the Makefile and README"
 
 
 def test_conda_environment_installs_this_checkout():

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from svg_lib import VideoGeometry, attention, b3_mask, reference_attention
 from svg_lib.core.geometry import TileLayout, from_tile_major, tile_major_permutation, to_tile_major
-from svg_lib.core.masks import Mask, SlidingTileMask
-from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles
+from svg_lib.core.masks import Mask
+from svg_lib.core.sliding import SlidingTileMask
+from svg_lib.core.planner import FULL, plan_tiles
 
 FAST = settings(max_examples=30, deadline=None, database=None)
 FEW = settings(max_examples=3, deadline=None, database=None)  # eager jax traces per shape: slow

@@ -6,7 +6,8 @@ import pytest
 
 from svg_lib import SVGMask, b3_mask, get_preset, plan_tiles
 from svg_lib.cli import main
-from svg_lib.tools.tuner import TuneResult, cache_dir, check_candidates, default_candidates, tune
+from svg_lib.tools.tuner import cache_dir, check_candidates, default_candidates, tune
+from svg_lib.tools.tune_result import TuneResult
 
 
 @pytest.fixture(autouse=True)

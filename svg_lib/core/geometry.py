@@ -201,7 +201,6 @@ def tile_major_permutation(geometry: VideoGeometry, tile) -> np.ndarray:
 
 def inverse_tile_major_permutation(geometry: VideoGeometry, tile) -> np.ndarray:
     """Gather indices `inv` [geometry.tokens] with `x_frame_major = x_tile[inv]` (padding dropped)."""
-    layout = TileLayout(geometry, tile)
     perm = tile_major_permutation(geometry, tile)
     inv = np.empty(geometry.tokens, dtype=np.int64)
     real = np.flatnonzero(perm < geometry.tokens)

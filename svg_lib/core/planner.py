@@ -47,6 +47,7 @@ class TilePlan:
     step_class: np.ndarray       # int8  [nq, steps] class of that step's tile; EMPTY for idle steps
     num_steps: np.ndarray        # int32 [nq] how many steps of each row are real visits
     _stats: dict | None = field(default=None, repr=False)
+    _tables: "KernelTables | None" = field(default=None, repr=False)
 
     @property
     def tokens(self) -> int:
@@ -98,6 +99,15 @@ class TilePlan:
         return pack_schedule(q_index, step_class)
 
     @property
+    def tables(self) -> "KernelTables":
+        """Every table the kernels of this plan read, forward and backward (`KernelTables`)."""
+        if self._tables is None:
+            q_index, step_class_t, _ = self.transposed_tables
+            self._tables = KernelTables(self.grid, self.schedule, self.steps, pack_schedule(q_index, step_class_t),
+                                        q_index.shape[1])
+        return self._tables
+
+    @property
     def stats(self) -> dict:
         """Plan statistics; the keys of `python -m svg_lib plan --json`."""
         if self._stats is None:
@@ -110,6 +120,42 @@ class TilePlan:
               f"B3 {s['b3_tiles_visited']} visited, {s['b3_tiles_masked']} masked")
         return (f"{self.block_q}x{self.block_kv} tiles over {s['tokens']:,} tokens: "
                 f"{s['tiles_visited']}/{s['tiles_total']} visited, {s['tiles_masked']} masked; {b3}")
+
+
+@dataclass(frozen=True)
+class KernelTables:
+    """The tables one tile grid's kernels read from SMEM, both directions, packed (`pack_schedule`).
+
+    `grid` = (nq, nk) tiles. `schedule` int32 `[ceil(nq * steps / 2)]`: per query tile, the key
+    tiles to visit (the forward and the backward's dq pass). `schedule_t` int32
+    `[ceil(nk * steps_t / 2)]`: per key tile, the query tiles that visit it (the dk/dv pass).
+    """
+
+    grid: tuple[int, int]
+    schedule: np.ndarray
+    steps: int
+    schedule_t: np.ndarray
+    steps_t: int
+
+
+def kernel_tables(classes: np.ndarray) -> KernelTables:
+    """`KernelTables` of an int8 `[nq, nk]` table of tile classes (a plan's, or `dense_classes`)."""
+    classes = np.asarray(classes)
+    index, step_class, _ = schedule_rows(classes)
+    index_t, step_class_t, _ = schedule_rows(classes.T)
+    return KernelTables(tuple(int(n) for n in classes.shape), pack_schedule(index, step_class), index.shape[1],
+                        pack_schedule(index_t, step_class_t), index_t.shape[1])
+
+
+def dense_classes(tokens: int, block_q: int, block_kv: int) -> np.ndarray:
+    """int8 `[nq, nk]` tile classes of dense attention: every tile FULL but those reaching into
+    key padding, PARTIAL (their padded keys are masked), as the dense kernels treat them."""
+    block_q = check_block_size("block_q", block_q)
+    block_kv = check_block_size("block_kv", block_kv)
+    nq, nk = -(-tokens // block_q), -(-tokens // block_kv)
+    classes = np.full((nq, nk), FULL, np.int8)
+    classes[:, (np.arange(1, nk + 1) * block_kv) > tokens] = PARTIAL
+    return classes
 
 
 def plan_tiles(mask: Mask, block_q: int, block_kv: int) -> TilePlan:

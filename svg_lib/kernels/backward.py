@@ -28,14 +28,11 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from svg_lib.core.planner import CLASS_BITS, EMPTY, FULL, PARTIAL, STEP_BITS, pack_schedule, schedule_rows
+from svg_lib.core.planner import CLASS_BITS, EMPTY, FULL, PARTIAL, STEP_BITS, KernelTables
 from svg_lib.kernels.forward import MASK_VALUE, MAX_UNROLLED_CHUNKS, NN, NT, _compiler_params, _dot
-from svg_lib.memory.smem import SmemOverflowError, estimate_smem
-from svg_lib.memory.vmem import BACKWARD_PASSES, check_fits, estimate_vmem
 
 
 def _token_ids(start, n, axis):
@@ -231,41 +228,20 @@ def attention_dkv(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, stage,
     )(schedule_t, q, k, v, do, lse_rows, di_rows)
 
 
-def dense_classes(tokens: int, block_q: int, block_kv: int) -> np.ndarray:
-    """int8 `[nq, nk]` tile classes of dense attention: every tile FULL but those reaching into
-    key padding, PARTIAL (masked by `not_padding`), as the dense forward treats them."""
-    nq, nk = -(-tokens // block_q), -(-tokens // block_kv)
-    classes = np.full((nq, nk), FULL, np.int8)
-    classes[:, (np.arange(1, nk + 1) * block_kv) > tokens] = PARTIAL
-    return classes
-
-
-def with_backward(forward, classes, *, stage, keep, block_q, block_kv, block_kv_compute, interpret,
-                  generation=None):
+def with_backward(forward, tables: KernelTables, *, backward_limits, stage, keep, block_q, block_kv,
+                  block_kv_compute, interpret):
     """`run(q, k, v)` on padded, pre-scaled arrays, differentiable by `jax.grad`.
 
     `forward(q, k, v, residuals)` returns the output, or `(out, lse)` with `residuals=True`.
-    `classes` int8 `[nq, nk]`: the tiles the forward visits (`TilePlan.classes`, or
-    `dense_classes`). The backward runs `attention_dq` over their schedule and `attention_dkv`
-    over its transpose; both are planned here, once, and checked against SMEM and VMEM when a
-    gradient is first traced (a forward-only caller never pays for them).
+    `tables`: the tiles the forward visits, as the planner packed them (`TilePlan.tables`, or
+    `kernel_tables(dense_classes(...))`): `attention_dq` runs over `tables.schedule`,
+    `attention_dkv` over `tables.schedule_t`. `backward_limits() -> (dq, dkv)` gives their VMEM
+    limits (`MemoryBudget.backward_limits`); it is called when a gradient is traced, so blocks
+    whose backward does not fit refuse there and a forward-only caller never meets it.
     """
-    index, step_class, _ = schedule_rows(classes)
-    index_t, step_class_t, _ = schedule_rows(np.asarray(classes).T)
-    schedule, schedule_t = pack_schedule(index, step_class), pack_schedule(index_t, step_class_t)
-    steps, steps_t = index.shape[1], index_t.shape[1]
+    schedule, schedule_t = jnp.asarray(tables.schedule), jnp.asarray(tables.schedule_t)
     common = dict(stage=stage, keep=keep, block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
                   interpret=interpret)
-
-    def limits(q):
-        """Each backward kernel's VMEM limit, refusing blocks that do not fit (a clear ValueError)."""
-        for name, table in (("schedule", schedule), ("transposed schedule", schedule_t)):
-            smem = estimate_smem({name: table.shape}, generation)
-            if not smem.fits:
-                raise SmemOverflowError(f"the backward's {name} ({table.size:,} words) overflows SMEM: {smem}; "
-                                        "use larger blocks")
-        return [check_fits(estimate_vmem(f"{stage}:{which}", block_q, block_kv, q.shape[-1], q.dtype,
-                                         block_kv_compute, generation)).vmem_limit_bytes for which in BACKWARD_PASSES]
 
     @jax.custom_vjp
     def run(q, k, v):
@@ -277,13 +253,13 @@ def with_backward(forward, classes, *, stage, keep, block_q, block_kv, block_kv_
 
     def run_bwd(res, do):
         q, k, v, out, lse = res
-        dq_limit, dkv_limit = limits(q)
+        dq_limit, dkv_limit = backward_limits()
         do = do.astype(q.dtype)
         di = jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)[:, None]  # [heads, 1, nq_pad]
         lse = lse[:, None, :, 0]  # the forward's lanes are copies: one is the row both passes read
-        dq = attention_dq(q, k, v, do, lse, di, jnp.asarray(schedule), steps=steps, vmem_limit_bytes=dq_limit,
+        dq = attention_dq(q, k, v, do, lse, di, schedule, steps=tables.steps, vmem_limit_bytes=dq_limit,
                           **common)
-        dk, dv = attention_dkv(q, k, v, do, lse, di, jnp.asarray(schedule_t), steps_t=steps_t,
+        dk, dv = attention_dkv(q, k, v, do, lse, di, schedule_t, steps_t=tables.steps_t,
                                vmem_limit_bytes=dkv_limit, **common)
         return dq, dk, dv
 

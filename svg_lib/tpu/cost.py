@@ -2,8 +2,9 @@
 
 libtpu can dump, for every kernel it compiles, a *static LLO profile*: `estimated_cycles`
 is a cycle-level simulation of one call of the whole kernel (every grid step, DMA waits
-included), and the final VLIW bundles say how much code the kernel is. This module reads
-both for small *probe kernels* and turns them into what a cost model needs:
+included), and the final VLIW bundles say how much code the kernel is. `svg_lib.tpu.probes`
+compiles small *probe kernels* and reads both; this module turns them into what a cost model
+needs, caches the results, keeps the committed reference measurements and models a plan:
 
     from svg_lib import tile_cost
     cost = tile_cost("v6e", block_q=512, block_kv=256)
@@ -19,434 +20,38 @@ What it reports, per kernel (ours: "svg_lib"; JAX's Splash: "splash") and block 
 - bundles: the probe kernel's total scheduled bundles, and per body kind the difference to
   the kernel without a body (the tile body's code size).
 
-The instrument's limits, and why the probes look as they do:
-- The simulator follows branches on program ids exactly (an untaken `pl.when` costs
-  nothing) but reads every scalar-prefetched (SMEM) value as 0, so the real B1/B2/B3 kernels,
-  whose step classes come from SMEM tables, would simulate as all-idle. Each probe therefore
-  takes its step class from the program id: every step of a probe is one kind.
-- Splash has no idle or padding probe: its skipping is driven by SMEM tables. Its "free"
-  probe is Splash's kernel with no mask tables (what a FullMask gives); its "svg_masked"
-  probe is Splash's mask-function path with the SVG predicate on every step (how Splash
-  handles a computable mask, e.g. the exact SVG mask at large sizes).
-- Cycles per step = difference of `estimated_cycles` between probes with 2 and 4 steps
-  (one query tile), divided by 2; per-row cost = the difference between 2 query tiles and 1
-  (2 steps each), less 2 steps. No clock rate is reported: compare cycles, never convert them
-  to seconds.
-- LIBTPU_INIT_ARGS is read once, when libtpu starts, so the probes compile in a subprocess
-  started with the dump flags set; results are cached per libtpu version, jax version and the
-  source of the kernels (`cache_dir()`), so a notebook rereads them instantly.
+How the probes measure, and the instrument's limits: `svg_lib.tpu.probes`. No clock rate is
+reported: compare cycles, never convert them to seconds. Results are cached per libtpu
+version, jax version and the source of the kernels (`cache_dir()`, `probes.versions()`), so a
+notebook rereads them instantly.
 
 Evidence kind of every number here: *simulated by the TPU compiler's static profile*
-(compile-only, nothing run). jax is imported inside functions.
+(compile-only, nothing run).
 """
 from __future__ import annotations
 
-import glob
-import hashlib
 import json
-import os
-import re
-import subprocess
-import sys
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from svg_lib import cache as cache_files  # `cache` is a parameter name here
 from svg_lib.attention import b3_mask
 from svg_lib.chips import check_target
-from svg_lib.core.geometry import VideoGeometry
-from svg_lib.core.masks import SVGMask, check_block_size
+from svg_lib.core.masks import check_block_size
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles
-from svg_lib.environment import require_libtpu
-from svg_lib.kernels import backward
-from svg_lib.kernels import forward as kernels
-from svg_lib.kernels.forward import MASK_VALUE
 from svg_lib.problem import check_block_kv_compute
-from svg_lib.tpu.compiler import compile_fn
-from svg_lib.tpu.errors import first_lines
+from svg_lib.tpu.probes import (BACKWARD_KERNELS, BACKWARD_KINDS, BODY_KINDS, CACHE_FORMAT, COST_KERNELS, PROBE_ROWS,
+                                PROBE_STEPS, SPLASH_KINDS, Probe, probes_for, run_probes, versions)
 
-BODY_KINDS = ("free", "svg_masked", "padding_masked", "idle")
-COST_KERNELS = ("svg_lib", "splash")
-# The backward's probes: our dq and dk/dv kernels (svg_lib.kernels.backward), Splash's two backward
-# kernels (dq; dk and dv), and Splash's fused backward kernel, which computes dq, dk and dv of a
-# tile in one step (writing dq once per key tile, summed afterwards).
-BACKWARD_KERNELS = ("svg_lib_dq", "svg_lib_dkv", "splash_dq", "splash_dkv", "splash_fused")
+# who runs which backward kernels for one tile (BackwardCost.per_tile)
 BACKWARD_PAIRS = {"svg_lib": ("svg_lib_dq", "svg_lib_dkv"), "splash": ("splash_dq", "splash_dkv"),
                   "splash_fused": ("splash_fused",)}
-BACKWARD_KINDS = ("free", "svg_masked")
-SPLASH_KINDS = ("free", "svg_masked")  # Splash's idle and padding steps are table-driven: not probeable
-CACHE_FORMAT = 1
-PROBE_STEPS = (2, 4)      # kv steps of the two probes whose difference gives cycles per step
-PROBE_ROWS = (1, 2)       # query tiles of the two probes whose difference gives the per-row cost
 EVIDENCE = "simulated by the TPU compiler's static LLO profile (compile-only, not measured)"
 
 
 def cache_dir() -> Path:
     """Where cost results live: beside the tuner's cache, in `.../svg_lib/cost`."""
     return cache_files.cache_dir("cost")
-
-
-def versions() -> dict:
-    """jax and libtpu versions, and a digest of the kernel sources the probes compile."""
-    import importlib.metadata as md
-
-    import jax
-
-    digest = hashlib.sha256("".join(_code_only(Path(__file__).resolve().parents[1] / "kernels" / name)
-                                    for name in ("forward.py", "backward.py")).encode())
-    try:
-        libtpu = md.version("libtpu")
-    except md.PackageNotFoundError:
-        libtpu = None
-    return {"jax": jax.__version__, "libtpu": libtpu, "source": digest.hexdigest()[:16]}
-
-
-def _code_only(path: Path) -> str:
-    """The module's code without comments and docstrings: what the probes compile (the probes
-    themselves are covered by CACHE_FORMAT), so that editing prose keeps the cache."""
-    import ast
-
-    tree = ast.parse(path.read_text())
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
-                and isinstance(getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str):
-            node.body = body[1:] or [ast.Pass()]
-    return ast.dump(tree)
-
-
-# -- the probe kernels (compiled in the child process) --------------------------------------
-
-@dataclass(frozen=True)
-class Probe:
-    """One probe kernel: `kernel` ("svg_lib" or "splash"), every step of body `kind`,
-    `rows` query tiles x `steps` kv steps of one head."""
-
-    kernel: str
-    kind: str
-    block_q: int
-    block_kv: int
-    block_kv_compute: int
-    head_dim: int
-    rows: int
-    steps: int
-    bodies: tuple = ()     # extra, never-taken bodies compiled in (svg_lib only), to test branch cost
-
-    def to_json(self) -> dict:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
-
-
-def _svg_predicate(block_q: int, tokens: int):
-    """The SVG band-and-sink predicate, at a size where the probe's tiles straddle the band."""
-    # A mask whose band edge runs through the probe's tiles; the kernel evaluates the predicate
-    # on every element regardless, so only its arithmetic (not its geometry) affects the cost.
-    g = VideoGeometry(max(2, tokens // 128), 8, 16)
-    return SVGMask.spatial(g, 0.35).kernel_predicate(block_q, block_q)
-
-
-def _svg_lib_probe(p: Probe, name: str, target: str = "v6e"):
-    """A kernel built on svg_lib's tile body whose step class comes from the program id."""
-    import functools
-
-    import jax
-    import jax.numpy as jnp
-    from jax.experimental import pallas as pl
-
-    tokens = p.steps * p.block_kv
-    svg_keep = _svg_predicate(p.block_q, tokens)
-
-    def padding_keep(q_ids, k_ids):
-        return k_ids < tokens - 1  # a run-time comparison, like the real kernels' padding test
-
-    keeps = {"free": None, "svg_masked": svg_keep, "padding_masked": padding_keep}
-    bodies = [b for b in (p.kind, *p.bodies) if b != "idle"]
-    bodies = list(dict.fromkeys(bodies))
-
-    def kernel(q_ref, k_ref, v_ref, o_ref, *scratch):
-        i, s = pl.program_id(1), pl.program_id(2)
-        tile = functools.partial(kernels._online_softmax_tile, q_ref, k_ref, v_ref, *scratch,
-                                 q_start=i * p.block_q, k_start=s * p.block_kv,
-                                 block_kv_compute=p.block_kv_compute, interpret=False)
-        # this step's kind: the probe's kind on every step, decided at run time from the
-        # program id so that the compiler keeps every body and the simulator can follow it
-        code = jnp.where(s < p.steps, BODY_KINDS.index(p.kind), len(BODY_KINDS))
-
-        @pl.when(s == 0)
-        def _():
-            kernels._init_state(*scratch)
-
-        for body in bodies:
-            pl.when(code == BODY_KINDS.index(body))(functools.partial(tile, keep=keeps[body]))
-
-        @pl.when(s == p.steps - 1)
-        def _():
-            kernels._finish(*scratch, o_ref)
-
-    if p.kind == "idle":
-        kv_map = lambda h, i, s: (h, 0, 0)  # an idle step repeats the resident block: no DMA
-    else:
-        kv_map = lambda h, i, s: (h, s, 0)
-    call = pl.pallas_call(
-        kernel,
-        grid=(1, p.rows, p.steps),
-        in_specs=[pl.BlockSpec((None, p.block_q, p.head_dim), lambda h, i, s: (h, i, 0)),
-                  pl.BlockSpec((None, p.block_kv, p.head_dim), kv_map),
-                  pl.BlockSpec((None, p.block_kv, p.head_dim), kv_map)],
-        out_specs=pl.BlockSpec((None, p.block_q, p.head_dim), lambda h, i, s: (h, i, 0)),
-        out_shape=jax.ShapeDtypeStruct((1, p.rows * p.block_q, p.head_dim), jnp.bfloat16),
-        scratch_shapes=kernels._scratch(p.block_q, p.head_dim),
-        compiler_params=kernels._compiler_params(_probe_vmem_limit(target)),
-        name=name,
-    )
-    return call
-
-
-def _probe_vmem_limit(target: str) -> int | None:
-    """None (the compiler's default) where that default is a v6e's 32 MiB or more; else 3/4 of the
-    chip's VMEM, so that large tiles compile on a chip whose default scoped VMEM is smaller."""
-    t = check_target(target)
-    return None if t.default_scoped_vmem >= 32 * 2**20 else t.vmem_bytes * 3 // 4
-
-
-def _splash_probe(p: Probe, name: str, target: str = "v6e"):
-    """Splash's forward kernel with no mask tables: every step runs (free), or every step runs
-    its mask-function path with the SVG predicate (svg_masked)."""
-    import jax.numpy as jnp
-    import numpy as np
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mi
-
-    if p.kind not in SPLASH_KINDS:
-        raise ValueError(f"Splash has no {p.kind!r} probe (its skipping reads SMEM tables); "
-                         f"probeable: {SPLASH_KINDS}")
-    tokens = p.steps * p.block_kv
-    masked = p.kind == "svg_masked"
-    info = mi.MaskInfo(data_next=None, mask_next=None, block_mask=None, partial_mask_blocks=None,
-                       q_sequence=np.arange(p.rows * p.block_q, dtype=np.int32) if masked else None)
-    sizes = sk.BlockSizes(block_q=p.block_q, block_kv=p.block_kv, block_kv_compute=p.block_kv_compute)
-    predicate = _svg_predicate(p.block_q, tokens) if masked else None
-
-    limit = _probe_vmem_limit(target)
-
-    def call(q, k, v):
-        if limit is None:
-            return sk._splash_attention_forward(info, q, k, v, None, None, kernels_mask_value(), False, sizes,
-                                                None, False, predicate)
-        # Splash sets no VMEM limit of its own, so on a chip with a small default (a v5e's 16 MiB)
-        # it does not compile at large tiles; the probe gives it the same limit as svg_lib's probes.
-        original = sk.pltpu.CompilerParams
-
-        def with_limit(**kwargs):
-            return original(**{"vmem_limit_bytes": limit, **kwargs})
-        sk.pltpu.CompilerParams = with_limit
-        try:
-            return sk._splash_attention_forward(info, q, k, v, None, None, kernels_mask_value(), False, sizes,
-                                                None, False, predicate)
-        finally:
-            sk.pltpu.CompilerParams = original
-    return call
-
-
-def kernels_mask_value() -> float:
-    return MASK_VALUE
-
-
-def _backward_probe(p: Probe, name: str, target: str = "v6e"):
-    """svg_lib's dq or dk/dv kernel with every step of kind `p.kind` (from the program id), or
-    Splash's fused backward with no mask tables (every step runs; "svg_masked": its
-    mask-function path with the SVG predicate). dq: `rows` query tiles x `steps` key tiles;
-    dk/dv and Splash's: `rows` key tiles x `steps` query tiles. Takes (q, k, v); the other
-    operands (do, the log-sum-exp, D) are made from them outside the kernel."""
-    import jax
-    import jax.numpy as jnp
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import tpu as pltpu
-
-    if p.kind not in BACKWARD_KINDS:
-        raise ValueError(f"backward probes know {BACKWARD_KINDS}, not {p.kind!r}")
-    tokens = (p.steps if p.kernel == "svg_lib_dq" else p.rows) * p.block_kv
-    keep = _svg_predicate(p.block_q, tokens) if p.kind == "svg_masked" else None
-    limit = _probe_vmem_limit(target)
-    if p.kernel.startswith("splash"):
-        return _splash_backward_probe(p, keep, limit)
-    dq = p.kernel == "svg_lib_dq"
-    block_rows, block_cols = (p.block_q, p.block_kv) if dq else (p.block_kv, p.block_q)
-
-    def kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, *outs_and_scratch):
-        r, s = pl.program_id(1), pl.program_id(2)
-        outs, accs = outs_and_scratch[:-2 + dq], outs_and_scratch[-2 + dq:]
-
-        @pl.when(s == 0)
-        def _():
-            for acc in accs:
-                acc[...] = jnp.zeros(acc.shape, jnp.float32)
-
-        q_start, k_start = (r * p.block_q, s * p.block_kv) if dq else (s * p.block_q, r * p.block_kv)
-        body = backward._dq_tile if dq else backward._dkv_tile
-        pl.when(s < p.steps)(lambda: body(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, *accs, keep=keep,
-                                          q_start=q_start, k_start=k_start, block_kv_compute=p.block_kv_compute))
-
-        @pl.when(s == p.steps - 1)
-        def _():
-            for out, acc in zip(outs, accs):
-                out[...] = acc[...].astype(out.dtype)
-
-    fixed = lambda h, r, s: (h, r, 0)   # noqa: E731  the row's own block
-    moving = lambda h, r, s: (h, s, 0)  # noqa: E731  the step's block
-    row_spec = pl.BlockSpec((None, block_rows, p.head_dim), fixed)
-    col_spec = pl.BlockSpec((None, block_cols, p.head_dim), moving)
-    q_spec, kv_spec = (row_spec, col_spec) if dq else (col_spec, row_spec)
-    stat = pl.BlockSpec((None, 1, p.block_q), lambda h, r, s: (h, 0, r if dq else s))  # lse and D rows
-    n_out = 1 if dq else 2
-    out_rows = p.rows * block_rows
-    call = pl.pallas_call(
-        kernel, grid=(1, p.rows, p.steps),
-        in_specs=[q_spec, kv_spec, kv_spec, q_spec, stat, stat],
-        out_specs=[row_spec] * n_out,
-        out_shape=[jax.ShapeDtypeStruct((1, out_rows, p.head_dim), jnp.bfloat16)] * n_out,
-        scratch_shapes=[pltpu.VMEM((block_rows, p.head_dim), jnp.float32)] * n_out,
-        compiler_params=kernels._compiler_params(limit), name=name)
-
-    def fn(q, k, v):
-        stat = q[:, None, :, 0].astype(jnp.float32)  # any per-query row: the cost does not depend on it
-        return call(q, k, v, q, stat, stat)
-    return fn
-
-
-def _splash_backward_probe(p: Probe, predicate, limit):
-    import jax.numpy as jnp
-    import numpy as np
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mi
-
-    q_len = p.steps * p.block_q
-    info = mi.MaskInfo(data_next=None, mask_next=None, block_mask=None, partial_mask_blocks=None,
-                       q_sequence=np.arange(q_len, dtype=np.int32) if predicate is not None else None)
-    layout = sk.QKVLayout.HEAD_DIM_MINOR
-
-    common = dict(is_mqa=False, mask_info=info, mask_value=kernels_mask_value(), attn_logits_soft_cap=None,
-                  q_layout=layout, k_layout=layout, v_layout=layout, mask_function=predicate, interpret=False)
-
-    def fn(q, k, v):
-        stat = q[:, :, 0].astype(jnp.float32)  # [heads, q_len]: logsumexp and D, as Splash holds them
-        original = sk.pltpu.CompilerParams
-
-        def with_limit(**kwargs):
-            return original(**{"vmem_limit_bytes": limit, **kwargs})
-        if limit is not None:  # the same limit as our probes (see _splash_probe)
-            sk.pltpu.CompilerParams = with_limit
-        try:
-            if p.kernel == "splash_dq":  # Splash's dq kernel takes whole key tiles (no compute slices)
-                return sk._splash_attention_bwd_dq(q, k, v, None, None, stat, q, stat, bq=p.block_q, bkv=p.block_kv,
-                                                   **common)
-            return sk._splash_attention_bwd_dkv(q, k, v, None, None, stat, q, stat, bq=p.block_q, bkv=p.block_kv,
-                                                bkv_compute=p.block_kv_compute,
-                                                use_fused_bwd_kernel=p.kernel == "splash_fused", **common)
-        finally:
-            sk.pltpu.CompilerParams = original
-    return fn
-
-
-def _compile_probe(p: Probe, target: str, name: str):
-    if p.kernel == "svg_lib":
-        fn = _svg_lib_probe(p, name, target)
-    elif p.kernel == "splash":
-        fn = _splash_probe(p, name, target)
-    elif p.kernel in BACKWARD_KERNELS:
-        fn = _backward_probe(p, name, target)
-    else:
-        raise ValueError(f"unknown kernel {p.kernel!r}; known: {COST_KERNELS + BACKWARD_KERNELS}")
-    # rows run along the grid's second axis: query tiles for the forward and dq, key tiles for dk/dv
-    by_query = p.kernel in ("svg_lib", "splash", "svg_lib_dq", "splash_dq")
-    q_tiles, kv_tiles = (p.rows, p.steps) if by_query else (p.steps, p.rows)
-    q = ((1, q_tiles * p.block_q, p.head_dim), "bfloat16")
-    kv = ((1, kv_tiles * p.block_kv, p.head_dim), "bfloat16")
-    compile_fn(fn, [q, kv, kv], target)
-
-
-_CYCLES = re.compile(r"estimated_cycles:\s*(\d+)")
-_BUNDLES = re.compile(r"total scheduled bundles:\s*(\d+)")
-
-
-def _read_dumps(profile_dir: str, bundle_dir: str | None) -> dict:
-    """estimated_cycles and bundles of the one kernel compiled since the dirs were emptied."""
-    cycles = []
-    for path in glob.glob(os.path.join(profile_dir, "*_static_llo_profile.textproto")):
-        cycles += [int(c) for c in _CYCLES.findall(Path(path).read_text())]
-    out = {"cycles": max(cycles) if cycles else None}
-    if bundle_dir is not None:
-        bundles = None
-        for path in glob.glob(os.path.join(bundle_dir, "*-00-schedule-analysis_final_bundles.txt")):
-            if "TLP" in path or "<late" in path:
-                continue  # the program around the kernel, not the kernel
-            m = _BUNDLES.search(Path(path).read_text())
-            if m:
-                bundles = max(bundles or 0, int(m.group(1)))
-        out["bundles"] = bundles
-    return out
-
-
-def _clear(*dirs):
-    for d in dirs:
-        if d:
-            for path in glob.glob(os.path.join(d, "*")):
-                os.remove(path)
-
-
-def _child(request: dict) -> list[dict]:
-    """In the child process (dump flags already set): compile each probe, read its dumps."""
-    # `python -m svg_lib.tpu.cost` has run svg_lib/__init__.py first: libtpu sharing is set up
-    profile_dir, bundle_dir = request["profile_dir"], request.get("bundle_dir")
-    results = []
-    for n, raw in enumerate(request["probes"]):
-        p = Probe(**{**raw, "bodies": tuple(raw.get("bodies", ()))})
-        _clear(profile_dir, bundle_dir)
-        start = time.perf_counter()
-        try:
-            _compile_probe(p, request["target"], f"cost_probe_{n}")
-            row = _read_dumps(profile_dir, bundle_dir)
-        except Exception as err:  # report, keep going: one failing probe should not lose the rest
-            row = {"cycles": None, "error": first_lines(err, 3)}
-        row["compile_s"] = round(time.perf_counter() - start, 2)
-        results.append(row)
-        print(json.dumps({"done": n + 1, "of": len(request["probes"])}), file=sys.stderr, flush=True)
-    _clear(profile_dir, bundle_dir)
-    return results
-
-
-def run_probes(probes: list[Probe], target: str, *, bundles: bool = True, timeout: float = 3600) -> list[dict]:
-    """Compile `probes` for `target` in one subprocess with the compiler's dump flags set.
-
-    Returns one dict per probe: cycles (estimated_cycles), bundles, compile_s (or error)."""
-    require_libtpu()
-    check_target(target)
-    with tempfile.TemporaryDirectory(prefix="svg_cost_") as tmp:
-        profile_dir = os.path.join(tmp, "profile")
-        bundle_dir = os.path.join(tmp, "bundles") if bundles else None
-        os.makedirs(profile_dir)
-        flags = [f"--xla_jf_dump_static_llo_profile_to={profile_dir}"]
-        if bundle_dir:
-            os.makedirs(bundle_dir)
-            flags += [f"--xla_jf_dump_to={bundle_dir}", "--xla_jf_dump_llo_text=true",
-                      "--xla_jf_dump_llo_pass_label_regex=final_bundles"]
-        env = dict(os.environ)
-        env["LIBTPU_INIT_ARGS"] = " ".join([env.get("LIBTPU_INIT_ARGS", ""), *flags]).strip()
-        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
-        request = {"target": target, "profile_dir": profile_dir, "bundle_dir": bundle_dir,
-                   "probes": [p.to_json() for p in probes]}
-        req_path = os.path.join(tmp, "request.json")
-        Path(req_path).write_text(json.dumps(request))
-        log_path = os.environ.get("SVG_LIB_COST_LOG") or os.path.join(tmp, "child.log")
-        with open(log_path, "w") as log:  # libtpu is chatty on stderr; keep it out of the caller's output
-            proc = subprocess.run([sys.executable, "-m", "svg_lib.tpu.cost", "--child", req_path], env=env,
-                                  stdout=log, stderr=subprocess.STDOUT, text=True, timeout=timeout)
-        out_path = req_path + ".out"
-        if proc.returncode != 0 or not os.path.exists(out_path):
-            tail = "\n".join(Path(log_path).read_text().strip().splitlines()[-8:])
-            raise RuntimeError(f"the probe compiler process failed (exit {proc.returncode}):\n{tail}")
-        return json.loads(Path(out_path).read_text())
 
 
 # -- the measurement --------------------------------------------------------------------------
@@ -515,21 +120,6 @@ class TileCost:
 
 def _cache_path(key: dict) -> Path:
     return cache_dir() / f"{cache_files.key_digest(key)}.json"
-
-
-def probes_for(block_q: int, block_kv: int, block_kv_compute: int, head_dim: int = 128,
-               kernels=COST_KERNELS, kinds=BODY_KINDS, per_row: bool = True) -> list[Probe]:
-    """Every probe `tile_cost` compiles for one block size (the per-row probe needs "free")."""
-    out = []
-    for kernel in kernels:
-        probeable = BODY_KINDS if kernel == "svg_lib" else SPLASH_KINDS
-        for kind in [k for k in probeable if k in kinds]:
-            for steps in PROBE_STEPS:
-                out.append(Probe(kernel, kind, block_q, block_kv, block_kv_compute, head_dim, PROBE_ROWS[0], steps))
-        if per_row and "free" in kinds:
-            out.append(Probe(kernel, "free", block_q, block_kv, block_kv_compute, head_dim, PROBE_ROWS[1],
-                             PROBE_STEPS[0]))
-    return out
 
 
 def _summarise(probes: list[Probe], rows: list[dict]) -> tuple[dict, dict, dict, dict]:
@@ -795,9 +385,3 @@ def cost_model(mask, costs, *, block_q: int, block_kv: int, heads: int = 1, meth
     if "splash_dense" in out:
         out.update({f"{m}/b0": out[m] / out["splash_dense"] for m in methods})
     return out
-
-
-if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--child":
-    _request_path = sys.argv[2]
-    _out = _child(json.loads(Path(_request_path).read_text()))
-    Path(_request_path + ".out").write_text(json.dumps(_out))

@@ -1,0 +1,80 @@
+"""One memory check per built attention: VMEM and SMEM of every kernel it may run, on one plan.
+
+`build_attention` plans once (the tile classes and both schedules, `planner.KernelTables`),
+then calls `check_memory` once on that plan, then builds the kernels from the tables and the
+limits this returns. The forward is checked now: blocks that overflow VMEM, or a schedule
+that overflows SMEM, are refused before anything is built. The backward passes are checked
+now too, but a refusal is kept and raised only when a gradient is traced
+(`MemoryBudget.backward_limits`): a forward-only caller can use blocks whose backward would
+not fit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from svg_lib.core.planner import KernelTables, TilePlan
+from svg_lib.memory.smem import SmemEstimate, SmemOverflowError, check_schedule_fits, estimate_smem
+from svg_lib.memory.vmem import BACKWARD_PASSES, SPLASH_METHODS, VmemEstimate, check_fits, estimate_vmem
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """What one built attention may use of a TPU core's memory.
+
+    `forward`: the forward kernel's VMEM estimate (it fits). `smem`: its schedule's SMEM, None
+    for kernels that read no schedule (dense, Splash's own tables). `backward`: the dq and
+    dk/dv kernels' VMEM estimates (None for Splash, whose backward is its own), and
+    `backward_refusal` the error a gradient would raise, or None when both fit.
+    """
+
+    forward: VmemEstimate
+    smem: SmemEstimate | None = None
+    backward: tuple[VmemEstimate, VmemEstimate] | None = None
+    backward_refusal: ValueError | None = None
+
+    @property
+    def forward_limit(self) -> int | None:
+        """The forward kernel's scoped VMEM limit (None: the chip's default covers it)."""
+        return self.forward.vmem_limit_bytes
+
+    def backward_limits(self) -> tuple[int | None, int | None]:
+        """The dq and dk/dv kernels' VMEM limits; raises the kept refusal if either does not fit."""
+        if self.backward_refusal is not None:
+            raise type(self.backward_refusal)(str(self.backward_refusal))
+        if self.backward is None:
+            raise ValueError(f"{self.forward.method} has no backward kernels of svg_lib's")
+        return tuple(e.vmem_limit_bytes for e in self.backward)
+
+
+def check_memory(method: str, *, heads: int, head_dim: int, dtype, block_q: int, block_kv: int,
+                 block_kv_compute: int | None = None, generation: str | None = None,
+                 plan: TilePlan | None = None, tables: KernelTables | None = None,
+                 splash_mask: str | None = None) -> MemoryBudget:
+    """Check `method`'s kernels at these blocks against `generation`'s VMEM and SMEM, once.
+
+    `plan`: the forward's tile plan (b1, b2, b3: its schedule is checked against SMEM, and a
+    refusal names larger blocks that fit); `tables`: the schedules the backward reads (dense,
+    b1, b2, b3); `splash_mask`: how a Splash method holds its mask (`splash.splash_mask_form`).
+    Raises a ValueError for a forward that does not fit; returns a `MemoryBudget`.
+    """
+    forward = check_fits(estimate_vmem(method, block_q, block_kv, head_dim, dtype, block_kv_compute, generation,
+                                       splash_mask=splash_mask))
+    if method in SPLASH_METHODS:
+        return MemoryBudget(forward)
+    smem = None if plan is None else check_schedule_fits(plan, method=method, heads=heads, generation=generation)
+    if tables is None:
+        raise ValueError(f"{method} needs its kernel tables (planner.kernel_tables) to check its backward")
+    backward = tuple(estimate_vmem(f"{method}:{which}", block_q, block_kv, head_dim, dtype, block_kv_compute,
+                                   generation) for which in BACKWARD_PASSES)
+    refusal = None
+    try:
+        for name, table in (("schedule", tables.schedule), ("transposed schedule", tables.schedule_t)):
+            estimate = estimate_smem({name: table.shape}, generation)
+            if not estimate.fits:
+                raise SmemOverflowError(f"the backward's {name} ({table.size:,} words) overflows SMEM: "
+                                        f"{estimate}; use larger blocks")
+        for estimate in backward:
+            check_fits(estimate)
+    except ValueError as err:
+        refusal = err
+    return MemoryBudget(forward, smem, backward, refusal)
