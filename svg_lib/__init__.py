@@ -6,16 +6,19 @@ of each kind goes):
 
     environment   stdlib only: the package floors, libtpu present or not
     chips, cache  facts about TPU generations (TARGETS); where slow results are kept
-    core/         NumPy only: geometry -> masks -> planner (a mask becomes small tables)
+    core/         NumPy only: geometry -> masks -> svg_masks, sliding -> planner (a mask becomes
+                  small tables, forward and backward)
     problem, runtime
-                  the problem, described once (presets, BenchConfig); where the code runs
-    memory/       arithmetic: vmem, smem estimates, known before building
+                  the problem, described once (BenchConfig; presets are named ones); where the
+                  code runs
+    memory/       arithmetic: vmem, smem estimates, known before building; budget checks both once
     kernels/      Pallas: forward (one tile body), backward, splash, reference, tolerances
-    attention     attention() and build_attention(): plan, check memory, build
+    attention     attention() and build_attention(): plan once, check memory once, build
     layers/       built on attention(): routing, profiling, multichip, synthetic
-    tpu/          TPU tooling without a TPU: lowering, compiler, errors, checks, sharded, cost
+    tpu/          TPU tooling without a TPU: lowering, compiler, errors, checks, sharded, probes
+                  -> cost
     tools/        measuring: bench, tuner
-    teaching/     plots, explorer, traversal, inspection, exercises
+    teaching/     plots -> charts, explorer, traversal, inspection, exercises/ (one checker each)
     cli/          every command line (`python -m svg_lib ...`)
 
 This module gathers the public API from all of them; nothing inside the package imports it.
@@ -40,8 +43,8 @@ from svg_lib.core.geometry import (TileLayout, VideoGeometry, from_tile_major,  
                                    inverse_temporal_major_permutation, inverse_tile_major_permutation,
                                    temporal_major_permutation, tile_major_permutation, to_frame_major,
                                    to_temporal_major, to_tile_major)
-from svg_lib.core.masks import (Mask, PermutedMask, RoundingReport, SVGMask, TemporalMask, TileAlignedMask,
-                                check_block_size)
+from svg_lib.core.masks import Mask, RoundingReport, TileAlignedMask, check_block_size
+from svg_lib.core.svg_masks import PermutedMask, SVGMask, TemporalMask
 from svg_lib.core.sliding import SlidingTileMask
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, TilePlan, plan_tiles  # noqa: E402
 # memory, kernels, attention()

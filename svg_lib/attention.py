@@ -87,7 +87,8 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
     elif method == "dense":
         tables = kernel_tables(dense_classes(tokens, block_q, block_kv))
     else:
-        kernel_mask = b3_mask(mask, block_q, block_kv) if method == "b3" else mask  # B3 masks padding only
+        # B3 runs the tile-aligned mask, whose kernel predicate masks padding only
+        kernel_mask = b3_mask(mask, block_q, block_kv) if method == "b3" else mask
         plan = plan_tiles(kernel_mask, block_q, block_kv)
         tables = plan.tables
     # 2. Check memory once, on that plan: the forward refuses now, the backward when a gradient is traced.
@@ -112,7 +113,7 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
                             backward_limits=budget.backward_limits, stage="dense", keep=_not_padding(tokens),
                             **blocks)
     else:
-        keep = plan.mask.kernel_predicate(block_q, block_kv)
+        keep = kernel_mask.kernel_predicate(block_q, block_kv)
         head_kind = jnp.zeros((heads,), jnp.int32)  # one mask: every head follows schedule row block 0
         schedule = jnp.asarray(tables.schedule)
 

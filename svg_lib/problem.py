@@ -2,9 +2,10 @@
 
 A problem is q, k, v of shape `[heads, tokens, head_dim]` from a video geometry, the spatial SVG
 mask at a density, a dtype, and the tile sizes (`block_q` x `block_kv`, each key tile processed
-`block_kv_compute` keys at a time). `Preset` names the three sizes the series works at (tiny,
-small, blog); `BenchConfig` is the one description that the benchmark, the tuner, lowering,
-compiling and the cost probes all take. Pure Python over `svg_lib.core`: no jax at import.
+`block_kv_compute` keys at a time). `BenchConfig` is that description, the one the benchmark,
+the tuner, lowering, compiling and the cost model all take; `PRESETS` are the three the series
+works at (tiny, small, blog), each a `BenchConfig` with a name (`Preset` is the same class).
+Pure Python over `svg_lib.core`: no jax at import.
 """
 from __future__ import annotations
 
@@ -13,68 +14,10 @@ import math
 from dataclasses import dataclass
 
 from svg_lib.core.geometry import VideoGeometry
-from svg_lib.core.masks import LANES, SVGMask, check_block_size
+from svg_lib.core.masks import LANES, Mask, check_block_size
+from svg_lib.core.svg_masks import SVGMask
 
 MiB = 2**20
-
-
-@dataclass(frozen=True)
-class Preset:
-    """A named problem size: video geometry, heads, block sizes, mask density and dtype.
-
-    q, k, v for a preset are shaped `[heads, geometry.tokens, head_dim]`.
-    """
-
-    name: str
-    geometry: VideoGeometry
-    heads: int
-    head_dim: int
-    block_q: int
-    block_kv: int
-    density: float
-    dtype: str  # a dtype name ("float32", "bfloat16"), so this module needs no jax
-
-    def __post_init__(self):
-        check_block_size("block_q", self.block_q)
-        check_block_size("block_kv", self.block_kv)
-
-    @property
-    def tokens(self) -> int:
-        return self.geometry.tokens
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        """`(heads, tokens, head_dim)`: the shape of q, k and v."""
-        return (self.heads, self.tokens, self.head_dim)
-
-    def mask(self, first_frame_sink: bool = True) -> SVGMask:
-        """The spatial-head SVG mask at this preset's density."""
-        return SVGMask.spatial(self.geometry, self.density, first_frame_sink=first_frame_sink)
-
-    def __str__(self) -> str:
-        return (f"{self.name}: {self.geometry}, {self.heads} heads x {self.head_dim}, "
-                f"blocks {self.block_q}x{self.block_kv}, density {self.density}, {self.dtype}")
-
-
-PRESETS: dict[str, Preset] = {
-    # 3 x 3 tiles of 128 that already hold all three tile classes; small enough for race-checking interpret mode
-    "tiny": Preset("tiny", VideoGeometry(3, 8, 16), heads=2, head_dim=128, block_q=128, block_kv=128,
-                   density=0.35, dtype="float32"),
-    # the blog's 21 frames and its frame-to-block proportions, scaled down so interpret mode on a CPU copes
-    "small": Preset("small", VideoGeometry(21, 16, 30), heads=2, head_dim=128, block_q=512, block_kv=256,
-                    density=0.35, dtype="bfloat16"),
-    # the case study: Wan 2.1 720p, 81 frames -> 21 latent frames of 45 x 80 tokens, 10 heads per chip
-    "blog": Preset("blog", VideoGeometry(21, 45, 80), heads=10, head_dim=128, block_q=3328, block_kv=1536,
-                   density=0.35, dtype="bfloat16"),
-}
-
-
-def get_preset(name: str) -> Preset:
-    """Look up a preset by name ("tiny", "small" or "blog")."""
-    try:
-        return PRESETS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}") from None
 
 
 # The Google Developers blog case study "Accelerating Spatio-Temporal Attention for Video
@@ -83,9 +26,7 @@ def get_preset(name: str) -> Preset:
 BLOG_V6E_MS = {"splash_dense": 78.70, "b1": 96.37, "b2": 54.12, "b3": 32.76}
 # The same study's block-size sweep of B2 with BKV = 1536: BQ -> ms.
 BLOG_SWEEP_V6E_MS = {1024: 66.88, 3328: 54.12, 4864: 58.62}
-# The problem those figures were measured on.
-BLOG_PROBLEM = {"frames": 21, "height": 45, "width": 80, "text_tokens": 0, "heads": 10, "head_dim": 128,
-                "block_q": 3328, "block_kv": 1536, "dtype": "bfloat16"}
+# They were measured on the "blog" preset's problem (`PRESETS["blog"]`, `BenchConfig.is_blog_problem`).
 
 DEFAULT_METHODS = ("splash_dense", "dense", "splash", "b1", "b2", "b3")
 PALLAS_METHODS = ("dense", "splash_dense", "splash", "b1", "b2", "b3")
@@ -104,10 +45,12 @@ def _dtype_name(dtype) -> str:
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """One benchmark problem: q, k, v are `[heads, geometry.tokens, head_dim]` arrays of `dtype`.
+    """One problem: q, k, v are `[heads, geometry.tokens, head_dim]` arrays of `dtype`.
 
     The mask is the spatial SVG mask at `density` (`.mask()`); `block_q` x `block_kv` tiles,
-    with each key tile processed `block_kv_compute` keys at a time (None: the default).
+    with each key tile processed `block_kv_compute` keys at a time (None: the default). The
+    benchmark, the tuner, lowering, compiling and the cost model all take one; a preset
+    (`PRESETS`, `get_preset`) is one with a `name`, which takes no part in comparisons.
     """
 
     geometry: VideoGeometry
@@ -119,6 +62,7 @@ class BenchConfig:
     block_kv_compute: int | None = None
     dtype: str = "bfloat16"
     first_frame_sink: bool = True
+    name: str | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self):
         if not isinstance(self.geometry, VideoGeometry):
@@ -144,7 +88,7 @@ class BenchConfig:
         """The config of preset `name` ("tiny", "small", "blog") with some fields replaced.
 
         `overrides` are field names (geometry, heads, head_dim, density, block_q, block_kv,
-        block_kv_compute, dtype, first_frame_sink) or geometry parts (frames, height, width,
+        block_kv_compute, dtype, first_frame_sink, name) or geometry parts (frames, height, width,
         text_tokens).
         """
         p = get_preset(name)
@@ -158,10 +102,9 @@ class BenchConfig:
         geometry = overrides.pop("geometry", p.geometry)
         if geo_parts:
             geometry = dataclasses.replace(geometry, **geo_parts)
-        values = dict(geometry=geometry, heads=p.heads, head_dim=p.head_dim, density=p.density,
-                      block_q=p.block_q, block_kv=p.block_kv, dtype=p.dtype)
-        values.update(overrides)
-        return cls(**values)
+        changed = geometry != p.geometry or any(getattr(p, key) != value for key, value in overrides.items())
+        overrides.setdefault("name", None if changed else p.name)  # a changed preset is no longer that preset
+        return dataclasses.replace(p, geometry=geometry, **overrides)
 
     @property
     def tokens(self) -> int:
@@ -175,14 +118,17 @@ class BenchConfig:
     @property
     def is_blog_problem(self) -> bool:
         """True when the geometry, heads, head dim and dtype are the case study's."""
-        g = self.geometry
-        mine = {"frames": g.frames, "height": g.height, "width": g.width, "text_tokens": g.text_tokens,
-                "heads": self.heads, "head_dim": self.head_dim, "dtype": self.dtype}
-        return all(BLOG_PROBLEM[k] == v for k, v in mine.items())
+        blog = PRESETS["blog"]
+        return (self.geometry, self.heads, self.head_dim, self.dtype) == (blog.geometry, blog.heads, blog.head_dim,
+                                                                          blog.dtype)
 
-    def mask(self) -> SVGMask:
-        """The spatial-head SVG mask of this problem."""
-        return SVGMask.spatial(self.geometry, self.density, first_frame_sink=self.first_frame_sink)
+    def mask(self, first_frame_sink: bool | None = None) -> SVGMask:
+        """The spatial-head SVG mask of this problem (`first_frame_sink`: None keeps the problem's)."""
+        sink = self.first_frame_sink if first_frame_sink is None else first_frame_sink
+        return SVGMask.spatial(self.geometry, self.density, first_frame_sink=sink)
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.describe()}" if self.name else self.describe()
 
     def describe(self) -> str:
         """One line: problem size, dtype, density, blocks."""
@@ -203,6 +149,51 @@ class BenchConfig:
         geometry = VideoGeometry(data["frames"], data["height"], data["width"], data.get("text_tokens", 0))
         return cls(geometry, data["heads"], data["head_dim"], data["density"], data["block_q"], data["block_kv"],
                    data.get("block_kv_compute"), data.get("dtype", "bfloat16"), data.get("first_frame_sink", True))
+
+
+PRESETS: dict[str, BenchConfig] = {
+    # 3 x 3 tiles of 128 that already hold all three tile classes; small enough for race-checking interpret mode
+    "tiny": BenchConfig(VideoGeometry(3, 8, 16), heads=2, head_dim=128, block_q=128, block_kv=128,
+                        density=0.35, dtype="float32", name="tiny"),
+    # the blog's 21 frames and its frame-to-block proportions, scaled down so interpret mode on a CPU copes
+    "small": BenchConfig(VideoGeometry(21, 16, 30), heads=2, head_dim=128, block_q=512, block_kv=256,
+                         density=0.35, dtype="bfloat16", name="small"),
+    # the case study: Wan 2.1 720p, 81 frames -> 21 latent frames of 45 x 80 tokens, 10 heads per chip
+    "blog": BenchConfig(VideoGeometry(21, 45, 80), heads=10, head_dim=128, block_q=3328, block_kv=1536,
+                        density=0.35, dtype="bfloat16", name="blog"),
+}
+
+
+def get_preset(name: str) -> BenchConfig:
+    """Look up a preset by name ("tiny", "small" or "blog")."""
+    try:
+        return PRESETS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}") from None
+
+
+# A preset is a problem with a name: the same description everything else takes.
+Preset = BenchConfig
+
+
+def resolve_problem(problem, *, needs=(), **given) -> tuple[Mask, dict]:
+    """The mask and the fields a tool needs, from the problem it was given.
+
+    `problem` is a `BenchConfig` (its mask; each of `given` left None takes the config's field
+    of that name) or any svg_lib `Mask` (then every field named in `needs` must be given).
+    Returns `(mask, {field: value})` for the fields in `given`.
+    """
+    if isinstance(problem, BenchConfig):
+        return problem.mask(), {key: getattr(problem, key) if value is None else value
+                                for key, value in given.items()}
+    if isinstance(problem, Mask):
+        missing = [key for key in needs if given.get(key) is None]
+        if missing:
+            raise TypeError(f"with a bare mask, give {', '.join(missing)} too, or pass a BenchConfig "
+                            "(e.g. get_preset('small')), which holds them")
+        return problem, dict(given)
+    raise TypeError(f"expected a BenchConfig (e.g. get_preset('small')) or an svg_lib Mask "
+                    f"(e.g. SVGMask.spatial(geometry, 0.35)), got {type(problem).__name__}")
 
 
 def default_block_kv_compute(block_q: int, block_kv: int) -> int:

@@ -10,7 +10,7 @@ from jax.experimental.pallas import tpu as pltpu
 from svg_lib import attention, b3_mask, plan_tiles, reference_attention
 from svg_lib.core.planner import dense_classes
 from svg_lib.core.geometry import VideoGeometry
-from svg_lib.core.masks import SVGMask
+from svg_lib.core.svg_masks import SVGMask
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, schedule_rows, unpack_schedule
 from svg_lib.kernels.tolerances import tolerance
 from svg_lib.memory.vmem import estimate_vmem

@@ -370,7 +370,7 @@ def test_sampled_error_catches_wrong_kernels(tiny, monkeypatch):
     a narrower band, fails the check; the right kernel passes."""
     import importlib
 
-    from svg_lib.core.masks import SVGMask
+    from svg_lib.core.svg_masks import SVGMask
 
     bench_module = importlib.import_module("svg_lib.tools.bench")   # where run_benchmark finds build_attention
 

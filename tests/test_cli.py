@@ -10,7 +10,7 @@ import pytest
 
 from svg_lib.cli import commands, main
 from svg_lib.core.geometry import VideoGeometry
-from svg_lib.core.masks import SVGMask
+from svg_lib.core.svg_masks import SVGMask
 from svg_lib.core.planner import plan_tiles
 from svg_lib.teaching.plots import ascii_tile_map
 
@@ -145,3 +145,21 @@ def test_module_entry_point_at_blog_size():
     assert stats["b3_tiles_masked"] < stats["tiles_masked"]
     assert abs(stats["b3_budget_error"]) < 0.01
     assert stats == expected_stats(21, 45, 80, 0.35, 3328, 1536)
+
+
+def test_cost_reads_the_problem_flags_into_one_config(monkeypatch, capsys):
+    """`cost` takes the same problem flags as plan, bench and lower; the model sees the config they describe."""
+    cost_cli = sys.modules["svg_lib.cli.cost"]
+    seen = {}
+
+    def fake_tile_cost(target, config, **kwargs):
+        seen["config"] = config
+        raise SystemExit(0)  # the probes' compile is tests/test_cost.py's business
+
+    monkeypatch.setattr(cost_cli, "tile_cost", fake_tile_cost)
+    with pytest.raises(SystemExit):
+        main(["cost", "--preset", "small", "--heads", "3", "--block-q", "1024", "--density", "0.2"])
+    config = seen["config"]
+    assert (config.heads, config.block_q, config.density, config.block_kv) == (3, 1024, 0.2, 256)
+    assert main(["cost", "--block-q", "100"]) == 2
+    assert "multiple of 128" in capsys.readouterr().err

@@ -9,7 +9,7 @@ matplotlib.use("Agg")
 from svg_lib import SVGMask, VideoGeometry, plan_tiles  # noqa: E402
 from svg_lib.teaching import explorer as explorer_module  # noqa: E402
 from svg_lib.teaching.explorer import CSS_CLASSES, EXPLORER_CLASS, mask_explorer  # noqa: E402
-from svg_lib.core.masks import TemporalMask  # noqa: E402
+from svg_lib.core.svg_masks import TemporalMask  # noqa: E402
 
 
 @pytest.fixture

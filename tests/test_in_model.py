@@ -35,7 +35,7 @@ import pytest
 import svg_lib
 from svg_lib.attention import METHODS
 from svg_lib.core.geometry import VideoGeometry
-from svg_lib.core.masks import SVGMask
+from svg_lib.core.svg_masks import SVGMask
 from svg_lib.problem import PRESETS
 from svg_lib.memory.vmem import estimate_vmem
 

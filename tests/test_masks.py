@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from mask_helpers import ArrayMask, tile_view
 from svg_lib.core.geometry import VideoGeometry
-from svg_lib.core.masks import Mask, PermutedMask, SVGMask, TemporalMask, TileAlignedMask, check_block_size
+from svg_lib.core.masks import Mask, TileAlignedMask, check_block_size
+from svg_lib.core.svg_masks import PermutedMask, SVGMask, TemporalMask
 
 FAST = settings(max_examples=30, deadline=None, database=None)
 FEW = settings(max_examples=12, deadline=None, database=None)

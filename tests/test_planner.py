@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from mask_helpers import ArrayMask, tile_view
 from svg_lib.core.geometry import VideoGeometry
-from svg_lib.core.masks import PermutedMask, SVGMask, TileAlignedMask
+from svg_lib.core.masks import TileAlignedMask
+from svg_lib.core.svg_masks import PermutedMask, SVGMask
 from svg_lib.core.planner import (CLASS_BITS, CLASS_NAMES, EMPTY, FULL, MAX_KV_TILES, PARTIAL, STEP_BITS, TilePlan,
                              pack_schedule, plan_tiles, stack_schedules, unpack_schedule)
 

@@ -13,12 +13,13 @@ import pytest  # noqa: E402
 from matplotlib.colors import to_rgb  # noqa: E402
 
 from svg_lib.core.geometry import VideoGeometry  # noqa: E402
-from svg_lib.core.masks import SVGMask  # noqa: E402
+from svg_lib.core.svg_masks import SVGMask  # noqa: E402
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles  # noqa: E402
 from svg_lib.attention import b3_mask  # noqa: E402
 from svg_lib.teaching.plots import (ADDED_COLOR, DROPPED_COLOR, TILE_COLORS, ascii_tile_map, kept_fraction_grid,  # noqa: E402
-                           plot_mask, plot_query_frames, plot_rounding_diff, plot_schedule, plot_speedups,
-                           plot_stage_costs, plot_tile_map, plot_tile_map_grid, plot_tile_maps, rounding_diff)
+                           plot_mask, plot_query_frames, plot_rounding_diff, plot_schedule, plot_tile_map,
+                           plot_tile_map_grid, plot_tile_maps, rounding_diff)
+from svg_lib.teaching.charts import plot_speedups, plot_stage_costs  # noqa: E402
 from svg_lib.problem import get_preset  # noqa: E402
 
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from svg_lib.core.geometry import VideoGeometry
-from svg_lib.core.masks import SVGMask, TileAlignedMask
+from svg_lib.core.masks import TileAlignedMask
+from svg_lib.core.svg_masks import SVGMask
 from svg_lib.kernels.reference import reference_attention
 from svg_lib.kernels.tolerances import tolerance
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from svg_lib.core.geometry import VideoGeometry
-from svg_lib.core.masks import SVGMask
+from svg_lib.core.svg_masks import SVGMask
 import svg_lib.chips as chips_module
 from svg_lib.runtime import Runtime, default_interpret, detect_runtime
 from svg_lib.problem import PRESETS, Preset, get_preset
@@ -163,8 +163,8 @@ def test_get_preset_rejects_unknown_names_and_lists_the_valid_ones():
 
 def test_preset_rejects_block_sizes_off_the_lane_width():
     with pytest.raises(ValueError, match="multiple of 128"):
-        Preset("bad", VideoGeometry(1, 8, 16), heads=1, head_dim=128, block_q=100, block_kv=128,
-               density=0.5, dtype="float32")
+        Preset(VideoGeometry(1, 8, 16), heads=1, head_dim=128, block_q=100, block_kv=128, density=0.5,
+               dtype="float32", name="bad")
 
 
 def test_tiny_preset_holds_every_tile_class():

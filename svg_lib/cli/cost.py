@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 
 from svg_lib.chips import DEFAULT_TARGET, TARGETS
-from svg_lib.cli.common import Command
-from svg_lib.core.masks import SVGMask
-from svg_lib.problem import BLOG_SWEEP_V6E_MS, get_preset
+from svg_lib.cli.common import Command, add_problem_arguments, config_from_args
+from svg_lib.problem import BLOG_SWEEP_V6E_MS
 from svg_lib.tpu.cost import BLOG_RATIOS, EVIDENCE, MODEL_METHODS, cost_model, tile_cost
 
 BLOG_SWEEP_BQ = (1024, 3328, 4864)
@@ -18,10 +18,8 @@ SWEEP_KINDS = ("free", "svg_masked", "idle")
 def _cost_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", choices=tuple(TARGETS), default=DEFAULT_TARGET,
                         help=f"TPU generation to compile for (default {DEFAULT_TARGET})")
-    parser.add_argument("--preset", choices=("tiny", "small", "blog"), default="small",
-                        help="problem and block sizes (default small)")
-    parser.add_argument("--block-q", type=int, metavar="BQ", help="override the preset's query tile")
-    parser.add_argument("--block-kv", type=int, metavar="BKV", help="override the preset's key tile")
+    add_problem_arguments(parser, blocks=True)
+    parser.set_defaults(preset="small")  # the problem flags override it; --preset blog for the case study
     parser.add_argument("--block-kv-compute", type=int, metavar="C", help="key chunk inside a tile (default: as kernels pick)")
     parser.add_argument("--sweep", action="store_true",
                         help="also model the blog's BQ sweep (BKV 1536; BQ 1024, 3328, 4864): three more block sizes")
@@ -40,26 +38,22 @@ def _model_table(title: str, model: dict, blog: dict | None) -> str:
 
 
 def _cost_run(args: argparse.Namespace) -> int:
-    p = get_preset(args.preset)
-    bq = args.block_q or p.block_q
-    bkv = args.block_kv or p.block_kv
-    mask = SVGMask.spatial(p.geometry, p.density)
-    cost = tile_cost(args.target, block_q=bq, block_kv=bkv, block_kv_compute=args.block_kv_compute,
-                     head_dim=p.head_dim, refresh=args.refresh)
-    model = cost_model(mask, cost, block_q=bq, block_kv=bkv, heads=p.heads)
-    out = {"evidence": EVIDENCE, "preset": args.preset, "target": args.target, "tile_cost": cost.to_json(),
-           "model": model, "blog_ratios": BLOG_RATIOS}
+    config = config_from_args(args)
+    bq, bkv = config.block_q, config.block_kv
+    cost = tile_cost(args.target, config, refresh=args.refresh)
+    model = cost_model(config, cost)
+    out = {"evidence": EVIDENCE, "problem": config.to_json(), "preset": config.name, "target": args.target,
+           "tile_cost": cost.to_json(), "model": model, "blog_ratios": BLOG_RATIOS}
     sweep = {}
     if args.sweep:
         for sq in BLOG_SWEEP_BQ:
             # B2 needs svg_lib's free, masked and idle steps; the per-row cost (well under 1 % here) is left out
-            c = cost if (sq, 1536) == (bq, bkv) else tile_cost(
-                args.target, block_q=sq, block_kv=1536, head_dim=p.head_dim, kernels=("svg_lib",),
-                kinds=SWEEP_KINDS, per_row=False, refresh=args.refresh)
+            at = dataclasses.replace(config, block_q=sq, block_kv=1536, block_kv_compute=None)
+            c = cost if (sq, 1536) == (bq, bkv) else tile_cost(args.target, at, kernels=("svg_lib",),
+                                                               kinds=SWEEP_KINDS, per_row=False, refresh=args.refresh)
             c = copy.deepcopy(c)
             c.per_row = {}  # the same terms at every BQ
-            sweep[sq] = {"model_cycles": cost_model(mask, c, block_q=sq, block_kv=1536, heads=p.heads,
-                                                    methods=("b2",))["b2"],
+            sweep[sq] = {"model_cycles": cost_model(at, c, methods=("b2",))["b2"],
                          "blog_ms": BLOG_SWEEP_V6E_MS.get(sq), "tile_cost": c.to_json()}
         out["sweep_b2_bkv1536"] = sweep
     out["tile_cost"].pop("raw", None)
@@ -68,9 +62,8 @@ def _cost_run(args: argparse.Namespace) -> int:
         return 0
     print(cost.table())
     print()
-    blog = BLOG_RATIOS if args.preset == "blog" and bq == 3328 and bkv == 1536 else None
-    print(_model_table(f"cost model: sum over grid steps of the step's simulated body cost (preset {args.preset}, "
-                       f"{p.heads} heads, {bq} x {bkv})", model, blog))
+    blog = BLOG_RATIOS if config.is_blog_problem and (bq, bkv) == (3328, 1536) else None
+    print(_model_table(f"cost model: sum over grid steps of the step's simulated body cost ({config})", model, blog))
     if sweep:
         base = sweep[3328]["model_cycles"] if 3328 in sweep else None
         print("\nB2 block-size sweep, BKV 1536 (model cycles without the per-row terms; blog ms measured on a v6e)")

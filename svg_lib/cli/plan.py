@@ -7,7 +7,8 @@ import math
 
 from svg_lib.cli.common import Command, UsageError, add_problem_arguments, problem_values
 from svg_lib.core.geometry import VideoGeometry
-from svg_lib.core.masks import SVGMask, check_block_size
+from svg_lib.core.masks import check_block_size
+from svg_lib.core.svg_masks import SVGMask
 from svg_lib.core.planner import plan_tiles
 from svg_lib.teaching.plots import ascii_tile_map
 

@@ -52,6 +52,7 @@ def _tune_run(args: argparse.Namespace) -> int:
         raise UsageError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and {args.warmup}")
     try:
         geometry = VideoGeometry(values["frames"], values["height"], values["width"], values["text_tokens"])
+        # the blocks are the candidates': one lane's worth stands in so the config is complete
         config = BenchConfig(geometry, values["heads"], values["head_dim"], values["density"], LANES, LANES,
                              dtype=values["dtype"], first_frame_sink=not args.no_sink)
         mask = config.mask()
@@ -79,9 +80,8 @@ def _tune_run(args: argparse.Namespace) -> int:
                          f"would take hours per candidate. Try `{PROG} tune --preset small`; --force runs it anyway")
     print(f"tune: {config.geometry}, {config.heads} heads x {config.head_dim}, {config.dtype}, density "
           f"{config.density}; method {args.method}", file=sys.stderr, flush=True)
-    result = tune(mask, heads=config.heads, head_dim=config.head_dim, method=args.method, candidates=candidates,
-                  dtype=config.dtype, repeats=args.repeats, warmup=args.warmup, cache=not args.no_cache,
-                  progress=True, target=args.target)
+    result = tune(config, method=args.method, candidates=candidates, repeats=args.repeats, warmup=args.warmup,
+                  cache=not args.no_cache, progress=True, target=args.target)
     print(result.table())
     if result.from_cache:
         print(f"(from cache: {result.cache_path}; --no-cache measures again)", file=sys.stderr)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from svg_lib.core.geometry import TileLayout, VideoGeometry, inverse_tile_major_permutation, tile_major_permutation
-from svg_lib.core.masks import Mask, PermutedMask, _check_policy, _grid_cells, _is_numpy, check_block_size
+from svg_lib.core.masks import Mask, _check_policy, _grid_cells, _is_numpy, check_block_size
+from svg_lib.core.svg_masks import PermutedMask
 
 
 class SlidingTileMask(Mask):

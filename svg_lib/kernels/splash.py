@@ -33,7 +33,8 @@ import dataclasses
 
 import numpy as np
 
-from svg_lib.core.masks import Mask, SVGMask
+from svg_lib.core.masks import Mask
+from svg_lib.core.svg_masks import SVGMask
 
 
 def _splash():

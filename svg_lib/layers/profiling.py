@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from svg_lib.core.masks import TemporalMask
+from svg_lib.core.svg_masks import TemporalMask
 from svg_lib.kernels.reference import check_qkv, masked_softmax_times_v
 from svg_lib.layers.routing import check_spatial_mask
 

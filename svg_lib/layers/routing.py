@@ -24,7 +24,8 @@ import numpy as np
 
 from svg_lib.attention import build_attention, cached_build, scaled_and_padded
 from svg_lib.core.geometry import inverse_temporal_major_permutation, temporal_major_permutation
-from svg_lib.core.masks import Mask, SVGMask, TemporalMask, check_block_size
+from svg_lib.core.masks import Mask, check_block_size
+from svg_lib.core.svg_masks import SVGMask, TemporalMask
 from svg_lib.core.planner import plan_tiles, stack_schedules
 from svg_lib.kernels.forward import block_sparse_attention
 from svg_lib.kernels.reference import check_qkv

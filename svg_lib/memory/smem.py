@@ -58,7 +58,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from svg_lib.core.masks import SVGMask, TileAlignedMask
+from svg_lib.core.masks import TileAlignedMask
+from svg_lib.core.svg_masks import SVGMask
 from svg_lib.core.planner import plan_tiles
 from svg_lib.environment import installed_version
 from svg_lib.memory.vmem import tpu_memory

@@ -1,2 +1,3 @@
-"""Layer 9, for readers: tile-map plots (`plots`), the mask explorer (`explorer`), traversal
-animations (`traversal`), kernel inspection (`inspection`), the exercises' checkers (`exercises`)."""
+"""Layer 9, for readers: tile-map plots (`plots`), charts of stage costs and speedups (`charts`),
+the mask explorer (`explorer`), traversal animations (`traversal`), kernel inspection
+(`inspection`), the exercises' checkers (`exercises`)."""

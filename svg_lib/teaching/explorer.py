@@ -22,7 +22,8 @@ import io
 
 from svg_lib.attention import METHODS, b3_mask
 from svg_lib.core.geometry import VideoGeometry
-from svg_lib.core.masks import BRUTE_FORCE_LIMIT_TOKENS, LANES, Mask, SVGMask, check_block_size
+from svg_lib.core.masks import BRUTE_FORCE_LIMIT_TOKENS, LANES, Mask, check_block_size
+from svg_lib.core.svg_masks import SVGMask
 from svg_lib.core.sliding import SlidingTileMask
 from svg_lib.core.planner import plan_tiles
 from svg_lib.problem import BenchConfig

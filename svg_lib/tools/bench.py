@@ -34,7 +34,7 @@ from svg_lib.core.masks import DENSE_LIMIT_TOKENS
 from svg_lib.core.planner import plan_tiles
 from svg_lib.kernels.reference import masked_softmax_times_v, reference_attention
 from svg_lib.kernels.splash import splash_mask_form
-from svg_lib.problem import BLOG_PROBLEM, BLOG_SWEEP_V6E_MS, BLOG_V6E_MS, DEFAULT_METHODS, BenchConfig
+from svg_lib.problem import BLOG_SWEEP_V6E_MS, BLOG_V6E_MS, DEFAULT_METHODS, PRESETS, BenchConfig
 from svg_lib.runtime import Runtime, default_interpret, detect_runtime
 
 # Above this many heads x tokens^2 score elements, interpret mode runs for hours (the small
@@ -126,7 +126,7 @@ def _is_interpret(interpret) -> bool:
 SAMPLED_ERROR_ROWS = 128
 
 
-def sample_query_rows(tokens: int, rows: int, block_q: int) -> "np.ndarray":
+def sample_query_rows(tokens: int, rows: int, block_q: int):
     """`rows` query indices (fewer if `tokens` has fewer) spread evenly over `[0, tokens)`.
 
     The first and last query tiles (of `block_q` rows) each get at least two: the first tile holds
@@ -448,7 +448,7 @@ class BenchResult:
                 "repeats": self.repeats, "warmup": self.warmup, "seed": self.seed, "plan_stats": self.plan_stats,
                 "rows": [dict(r) for r in self.rows],
                 "blog": {"v6e_ms": BLOG_V6E_MS, "sweep_b2_v6e_ms": {str(k): v for k, v in BLOG_SWEEP_V6E_MS.items()},
-                         "problem": BLOG_PROBLEM}}
+                         "problem": PRESETS["blog"].to_json()}}
 
     @classmethod
     def from_json(cls, data: dict) -> "BenchResult":

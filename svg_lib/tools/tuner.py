@@ -37,12 +37,13 @@ from svg_lib import cache as cache_files  # `cache` is a parameter name here
 from svg_lib.attention import b3_mask, build_attention
 from svg_lib.chips import check_target
 from svg_lib.core.geometry import VideoGeometry
-from svg_lib.core.masks import LANES, Mask, PermutedMask, SVGMask, TileAlignedMask, check_block_size
+from svg_lib.core.masks import LANES, Mask, TileAlignedMask, check_block_size
+from svg_lib.core.svg_masks import PermutedMask, SVGMask
 from svg_lib.core.planner import plan_tiles
 from svg_lib.environment import libtpu_version, require_libtpu
 from svg_lib.memory.smem import SmemOverflowError
 from svg_lib.memory.vmem import MiB, estimate_vmem
-from svg_lib.problem import check_block_kv_compute, get_preset
+from svg_lib.problem import check_block_kv_compute, get_preset, resolve_problem
 from svg_lib.runtime import default_interpret, detect_runtime
 from svg_lib.tools.tune_result import TuneResult
 from svg_lib.tpu.compiler import compile_verdict
@@ -344,13 +345,16 @@ def _check_positive(name, value, low=1):
     return int(value)
 
 
-def tune(mask: Mask, *, heads: int, head_dim: int, method: str = "b2", candidates=None, dtype="bfloat16",
-         repeats: int = 3, warmup: int = 1, interpret=None, cache: bool = True, progress=True,
+def tune(problem, *, heads: int | None = None, head_dim: int | None = None, method: str = "b2", candidates=None,
+         dtype=None, repeats: int = 3, warmup: int = 1, interpret=None, cache: bool = True, progress=True,
          seed: int = 0, target: str | None = None) -> TuneResult:
     """Time `method` at each candidate tile size on this device; see the module docstring.
 
-    q, k, v: `[heads, mask.tokens, head_dim]` standard normal in `dtype`. `candidates`: a list of
-    `(block_q, block_kv[, block_kv_compute])`; None uses `default_candidates(mask.tokens)`.
+    `problem`: a `BenchConfig` (its mask, heads, head_dim and dtype; any given here wins) or a
+    Mask (then give heads and head_dim; dtype defaults to bfloat16). Its block sizes are not
+    used: the candidates are. q, k, v: `[heads, mask.tokens, head_dim]` standard normal in `dtype`.
+    `candidates`: a list of `(block_q, block_kv[, block_kv_compute])`; None uses
+    `default_candidates(mask.tokens)`.
     `progress`: True (a bar in a notebook, a line on stderr elsewhere), False, or a callable
     `(done, total, text)`. With `cache`, a result stored for the same device kind, jax version,
     problem, candidates, repeats and warm-up is returned at once (`from_cache=True`).
@@ -360,9 +364,9 @@ def tune(mask: Mask, *, heads: int, head_dim: int, method: str = "b2", candidate
     import jax
     import jax.numpy as jnp
 
-    if not isinstance(mask, Mask):
-        raise TypeError(f"mask must be an svg_lib Mask (e.g. SVGMask.spatial(geometry, 0.35)), "
-                        f"got {type(mask).__name__}")
+    mask, fields = resolve_problem(problem, needs=("heads", "head_dim"), heads=heads, head_dim=head_dim,
+                                   dtype=dtype)
+    heads, head_dim, dtype = fields["heads"], fields["head_dim"], fields["dtype"] or "bfloat16"
     if method not in TUNE_METHODS:
         raise ValueError(f"method must be one of {', '.join(TUNE_METHODS)}, got {method!r}")
     heads = _check_positive("heads", heads)

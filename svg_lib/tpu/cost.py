@@ -39,7 +39,7 @@ from svg_lib.attention import b3_mask
 from svg_lib.chips import check_target
 from svg_lib.core.masks import check_block_size
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles
-from svg_lib.problem import check_block_kv_compute
+from svg_lib.problem import BenchConfig, check_block_kv_compute, resolve_problem
 from svg_lib.tpu.probes import (BACKWARD_KERNELS, BACKWARD_KINDS, BODY_KINDS, CACHE_FORMAT, COST_KERNELS, PROBE_ROWS,
                                 PROBE_STEPS, SPLASH_KINDS, Probe, probes_for, run_probes, versions)
 
@@ -144,16 +144,28 @@ def _summarise(probes: list[Probe], rows: list[dict]) -> tuple[dict, dict, dict,
     return per_step, per_row, bundles, body_bundles
 
 
-def tile_cost(target: str = "v6e", *, block_q: int, block_kv: int, block_kv_compute: int | None = None,
-              head_dim: int = 128, kernels=COST_KERNELS, kinds=BODY_KINDS, per_row: bool = True,
-              refresh: bool = False) -> TileCost:
+def tile_cost(target: str = "v6e", config: BenchConfig | None = None, *, block_q: int | None = None,
+              block_kv: int | None = None, block_kv_compute: int | None = None, head_dim: int | None = None,
+              kernels=COST_KERNELS, kinds=BODY_KINDS, per_row: bool = True, refresh: bool = False) -> TileCost:
     """Simulated cycles per grid step of each tile-body kind, svg_lib's and Splash's (cached).
+
+    The tiles: a `config`'s (`BenchConfig`: its blocks and head_dim; any given here wins), or
+    `block_q`, `block_kv` given alone (head_dim 128 unless given).
 
     Compiles up to 14 small probe kernels in a subprocess the first time (a minute or two on
     a CPU at 512 x 256 tiles, much longer at the blog's 3328 x 1536), then reads the cache.
     `kernels` and `kinds` limit what is probed (Splash has only "free" and "svg_masked");
     `per_row=False` leaves out the per-row probe (the model then counts no per-row cost)."""
     check_target(target)
+    if config is not None:
+        if not isinstance(config, BenchConfig):
+            raise TypeError(f"config must be a BenchConfig (e.g. get_preset('small')), got {type(config).__name__}")
+        block_q, block_kv = block_q or config.block_q, block_kv or config.block_kv
+        block_kv_compute = block_kv_compute or config.block_kv_compute
+        head_dim = head_dim or config.head_dim
+    if block_q is None or block_kv is None:
+        raise TypeError("tile_cost needs a BenchConfig, or block_q and block_kv")
+    head_dim = 128 if head_dim is None else head_dim
     block_q, block_kv = check_block_size("block_q", block_q), check_block_size("block_kv", block_kv)
     block_kv_compute = check_block_kv_compute(block_kv, block_kv_compute, block_q)
     for k in kernels:
@@ -376,9 +388,16 @@ def model_cycles(method: str, cost: TileCost, plan=None, b3_plan=None, heads: in
     return heads * total
 
 
-def cost_model(mask, costs, *, block_q: int, block_kv: int, heads: int = 1, methods=MODEL_METHODS) -> dict:
-    """Model cycles of each method for `mask` at `block_q` x `block_kv`, from `costs` (a TileCost
-    for that block size). Returns {method: cycles} and {method + "/b0": ratio to splash_dense}."""
+def cost_model(problem, costs, *, block_q: int | None = None, block_kv: int | None = None, heads: int | None = None,
+               methods=MODEL_METHODS) -> dict:
+    """Model cycles of each method for `problem` at `block_q` x `block_kv`, from `costs` (a TileCost
+    for that block size). Returns {method: cycles} and {method + "/b0": ratio to splash_dense}.
+
+    `problem`: a `BenchConfig` (its mask, blocks and heads; any given here wins) or a Mask (give
+    the blocks; heads default to 1)."""
+    mask, fields = resolve_problem(problem, needs=("block_q", "block_kv"), block_q=block_q, block_kv=block_kv,
+                                   heads=heads)
+    block_q, block_kv, heads = fields["block_q"], fields["block_kv"], fields["heads"] or 1
     plan = plan_tiles(mask, block_q, block_kv)
     b3_plan = plan_tiles(b3_mask(mask, block_q, block_kv), block_q, block_kv)
     out = {m: model_cycles(m, costs, plan, b3_plan, heads) for m in methods}

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from svg_lib.chips import check_target
 from svg_lib.core.geometry import VideoGeometry
-from svg_lib.core.masks import SVGMask
+from svg_lib.core.svg_masks import SVGMask
 from svg_lib.environment import require_libtpu
 from svg_lib.kernels import backward
 from svg_lib.kernels import forward as kernels

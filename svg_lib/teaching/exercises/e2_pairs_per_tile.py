@@ -1,6 +1,6 @@
 """E2, kept pairs of a band in one tile: `check_band_pair_count` and its hidden cases.
 
-The reference is the masks' closed-form pair count (`svg_lib.core.masks._band_pairs`)."""
+The reference is the masks' closed-form pair count (`svg_lib.core.svg_masks._band_pairs`)."""
 from __future__ import annotations
 
 import numbers
@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from svg_lib.core.masks import _band_pairs
+from svg_lib.core.svg_masks import _band_pairs
 from svg_lib.teaching.exercises.common import CheckResult, _Case, _Fail, _call, _finish
 
 

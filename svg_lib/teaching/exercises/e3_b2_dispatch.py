@@ -9,7 +9,8 @@ import math
 import numpy as np
 
 from svg_lib.core.geometry import VideoGeometry
-from svg_lib.core.masks import Mask, SVGMask
+from svg_lib.core.masks import Mask
+from svg_lib.core.svg_masks import SVGMask
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles
 from svg_lib.kernels.forward import _finish as finish_tile
 from svg_lib.kernels.forward import _init_state, _interpreting, _online_softmax_tile, _scratch

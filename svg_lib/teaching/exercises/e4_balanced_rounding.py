@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from svg_lib.core.geometry import VideoGeometry
-from svg_lib.core.masks import Mask, SVGMask
+from svg_lib.core.masks import Mask
+from svg_lib.core.svg_masks import SVGMask
 from svg_lib.teaching.exercises.common import CheckResult, _Case, _Fail, _call, _finish
 
 

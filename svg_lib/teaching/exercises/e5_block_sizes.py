@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from svg_lib.core.geometry import VideoGeometry
-from svg_lib.core.masks import Mask, SVGMask
+from svg_lib.core.masks import Mask
+from svg_lib.core.svg_masks import SVGMask
 from svg_lib.core.planner import plan_tiles
 from svg_lib.memory.vmem import estimate_vmem
 from svg_lib.problem import get_preset
