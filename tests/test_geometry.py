@@ -3,6 +3,9 @@
 The expected permutations are rebuilt here from the brief's formulas with plain
 Python loops, so a slip in the vectorised library code cannot hide behind itself.
 """
+import re
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -131,6 +134,26 @@ def test_round_trip_jax(g):
     np.testing.assert_array_equal(np.asarray(t), x_np[:, brief_permutation(g)])
     np.testing.assert_array_equal(np.asarray(to_frame_major(t, g)), x_np)
     np.testing.assert_array_equal(np.asarray(to_temporal_major(to_frame_major(x, g), g)), x_np)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -3])
+def test_any_token_axis(axis):
+    g = VideoGeometry(3, 2, 5, text_tokens=4)
+    shape = [2, 3, 4]
+    shape[axis] = g.tokens
+    x = np.arange(np.prod(shape)).reshape(shape)
+    perm = temporal_major_permutation(g)
+    np.testing.assert_array_equal(to_temporal_major(x, g, axis=axis), x.take(perm, axis=axis))
+    np.testing.assert_array_equal(to_frame_major(to_temporal_major(x, g, axis=axis), g, axis=axis), x)
+
+
+@pytest.mark.parametrize("move", [to_temporal_major, to_frame_major])
+def test_the_permutation_compiles_to_no_gather(move):
+    """A reshape and a transpose, not a gather: the lowered program holds neither a gather nor
+    the permutation as a constant index table (checked in the StableHLO jax emits)."""
+    g = VideoGeometry(21, 4, 6, text_tokens=8)
+    text = jax.jit(lambda x: move(x, g)).lower(jax.ShapeDtypeStruct((2, g.tokens, 128), jnp.bfloat16)).as_text()
+    assert not re.search(r"stablehlo\.(dynamic_)?gather", text) and "stablehlo.transpose" in text
 
 
 def test_temporal_major_rows_walk_frames_of_one_slot():

@@ -5,6 +5,8 @@ Interpret mode on CPU, 128-token tiles, 480 tokens (not a multiple of 128, so pa
 and under `TemporalMask` (the same band at temporal-major positions, frame-major coordinates) for
 temporal heads: it never permutes anything, so it checks the permutation code independently.
 """
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,7 +16,7 @@ from svg_lib import (CompileCounter, SVGMask, TemporalMask, VideoGeometry, build
                      build_svg_attention_in_kernel, compare_temporal_tiles, reference_attention, svg_attention,
                      svg_attention_in_kernel)
 from svg_lib.core.planner import stack_schedules
-from svg_lib.layers.routing import plan_kind
+from svg_lib.layers.routing import gather_heads, head_gather_index, permute_heads, plan_kind
 from svg_lib.layers.synthetic import computed_mask
 
 # float32 kernels vs float32 reference: summation order only (see tests/test_kernels.py for the derivation)
@@ -197,3 +199,27 @@ def test_in_kernel_b2_compiles_at_1440p(tpu_compiler):
     compiled, seconds = tpu_compiler.compile_fn(f, shapes, target="v6e")
     print(f"in-kernel routing b2 at 1440p compiled for v6e in {seconds:.1f} s")
     assert compiled is not None
+
+
+@pytest.mark.parametrize("inverse", [False, True])
+def test_permute_heads_is_the_per_head_gather_without_one(inverse):
+    """The layer's permutation (a transpose and a per-head select) equals the per-head row gather."""
+    geometry = VideoGeometry(5, 4, 6, text_tokens=3)
+    x = jnp.arange(4 * geometry.tokens * 2, dtype=jnp.float32).reshape(4, geometry.tokens, 2)
+    flags = jnp.asarray([False, True, True, False])
+    want = gather_heads(x, head_gather_index(flags, geometry, inverse=inverse))
+    np.testing.assert_array_equal(np.asarray(permute_heads(x, flags, geometry, inverse=inverse)), np.asarray(want))
+
+
+def test_the_routed_layer_lowered_for_tpu_holds_no_gather(mask):
+    """Lowered for TPU (Mosaic kernels, jax.export on this CPU): around the kernel, the temporal
+    heads' permutation and its inverse are transposes, not gathers."""
+    f = build_svg_attention(mask, method="b2", heads=HEADS, tokens=GEOMETRY.tokens, head_dim=HEAD_DIM,
+                            dtype=jnp.bfloat16, block_q=BLOCK, block_kv=BLOCK, interpret=False)
+    qkv = [jax.ShapeDtypeStruct((HEADS, GEOMETRY.tokens, HEAD_DIM), jnp.bfloat16)] * 3
+    from jax import export  # before jax 0.8, `jax.export` is reachable only once imported
+
+    text = export.export(f, platforms=["tpu"])(*qkv, jax.ShapeDtypeStruct((HEADS,), jnp.bool_)).mlir_module()
+    assert "tpu_custom_call" in text  # the kernel is there
+    assert not re.search(r"stablehlo\.(dynamic_)?gather", text)
+    assert text.count("stablehlo.transpose") >= 4  # q, k, v in; the output back
