@@ -58,6 +58,10 @@ def test_tile_body_kinds_order(measured):
     assert ours["svg_masked"] > ours["free"]          # the elementwise predicate is extra VPU work
     assert ours["padding_masked"] >= 0.99 * ours["free"]
     assert ours["idle"] < 0.2 * ours["free"]           # a skipped step: no body, no DMA
+    # the roofline: the two matmuls alone cost less than any real body, and every body is put against them
+    assert 0 < ours["matmuls"] < ours["free"] and cost.floor == ours["matmuls"]
+    assert cost.vs_floor("svg_lib", "free") > 1 and cost.vs_floor("splash", "free") > 1
+    assert "vs matmuls" in cost.table()
     theirs = cost.per_step["splash"]
     assert theirs["svg_masked"] > theirs["free"] > 0
     assert cost.per_row["svg_lib"] > 0 and cost.per_row["splash"] > 0

@@ -15,7 +15,9 @@ needs, caches the results, keeps the committed reference measurements and models
 What it reports, per kernel (ours: "svg_lib"; JAX's Splash: "splash") and block size:
 - cycles per grid step of each tile-body kind: "free" (mask-free), "svg_masked" (the SVG
   band-and-sink predicate evaluated elementwise), "padding_masked" (only `k < tokens`) and
-  "idle" (a skipped step: no body, no DMA);
+  "idle" (a skipped step: no body, no DMA), and the roofline, "matmuls": the tile's two matmuls
+  alone, nothing between them (svg_lib's probe only), against which every body is put
+  (`TileCost.floor`, `vs_floor`, the table's "vs matmuls" column);
 - cycles per query-tile row that do not depend on the steps (init, finish, q and output DMA);
 - bundles: the probe kernel's total scheduled bundles, and per body kind the difference to
   the kernel without a body (the tile body's code size).
@@ -41,7 +43,7 @@ from svg_lib.core.masks import check_block_size
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles
 from svg_lib.problem import BenchConfig, check_block_kv_compute, resolve_problem
 from svg_lib.tpu.probes import (BACKWARD_KERNELS, BACKWARD_KINDS, BODY_KINDS, CACHE_FORMAT, COST_KERNELS, PROBE_ROWS,
-                                PROBE_STEPS, SPLASH_KINDS, Probe, probes_for, run_probes, versions)
+                                FLOOR_KIND, PROBE_STEPS, SPLASH_KINDS, Probe, probes_for, run_probes, versions)
 
 # who runs which backward kernels for one tile (BackwardCost.per_tile)
 BACKWARD_PAIRS = {"svg_lib": ("svg_lib_dq", "svg_lib_dkv"), "splash": ("splash_dq", "splash_dkv"),
@@ -82,6 +84,17 @@ class TileCost:
     def cycles_per_step(self, kernel: str, kind: str) -> float | None:
         return self.per_step.get(kernel, {}).get(kind)
 
+    @property
+    def floor(self) -> float | None:
+        """Cycles per step of the tile's two matmuls alone (`probes.FLOOR_KIND`): the roofline of a
+        body at these blocks on this chip; None when it was not probed."""
+        return self.cycles_per_step("svg_lib", FLOOR_KIND)
+
+    def vs_floor(self, kernel: str, kind: str = "free") -> float | None:
+        """`kernel`'s body of `kind` over the matmul floor (1.0: the body costs its matmuls alone)."""
+        c, floor = self.cycles_per_step(kernel, kind), self.floor
+        return None if c is None or not floor else c / floor
+
     def ratio(self, kind: str = "free") -> float | None:
         """svg_lib's cycles per step of `kind` over Splash's (<= 1: ours is as cheap or cheaper)."""
         ours, theirs = self.cycles_per_step("svg_lib", kind), self.cycles_per_step("splash", kind)
@@ -98,18 +111,21 @@ class TileCost:
         head = (f"tile cost on {self.target}, {self.block_q} x {self.block_kv} tiles (block_kv_compute "
                 f"{self.block_kv_compute}), head_dim {self.head_dim}, bf16; {self.evidence}; "
                 f"libtpu {self.versions.get('libtpu')}, jax {self.versions.get('jax')}")
-        lines = [head, f"{'kernel':8} {'body':15} {'cycles/step':>12} {'vs splash':>10} {'bundles':>9} "
-                       f"{'body bundles':>13}"]
+        lines = [head, f"{'kernel':8} {'body':15} {'cycles/step':>12} {'vs splash':>10} {'vs matmuls':>11} "
+                       f"{'bundles':>9} {'body bundles':>13}"]
         for kernel in COST_KERNELS:
             for kind in BODY_KINDS:
                 c = self.cycles_per_step(kernel, kind)
                 if c is None:
                     continue
                 ref = self.cycles_per_step("splash", kind if kind in SPLASH_KINDS else "free")
-                rel = f"{c / ref:.2f}x" if ref and kernel == "svg_lib" and kind != "idle" else ""
+                rel = f"{c / ref:.2f}x" if ref and kernel == "svg_lib" and kind not in ("idle", FLOOR_KIND) else ""
+                floor = self.vs_floor(kernel, kind)
+                roof = f"{floor:.2f}x" if floor is not None and kind not in ("idle", FLOOR_KIND) else ""
                 b = self.bundles.get(kernel, {}).get(kind)
                 bb = self.body_bundles.get(kernel, {}).get(kind)
-                lines.append(f"{kernel:8} {kind:15} {c:12,.0f} {rel:>10} {b or '':>9} {'' if bb is None else bb:>13}")
+                lines.append(f"{kernel:8} {kind:15} {c:12,.0f} {rel:>10} {roof:>11} {b or '':>9} "
+                             f"{'' if bb is None else bb:>13}")
             if kernel in self.per_row:
                 lines.append(f"{kernel:8} {'per q-tile row':15} {self.per_row[kernel]:12,.0f}")
         return "\n".join(lines)

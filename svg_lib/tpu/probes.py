@@ -51,7 +51,11 @@ from svg_lib.kernels.forward import MASK_VALUE
 from svg_lib.tpu.compiler import compile_fn
 from svg_lib.tpu.errors import first_lines
 
-BODY_KINDS = ("free", "svg_masked", "padding_masked", "idle")
+BODY_KINDS = ("free", "svg_masked", "padding_masked", "idle", "matmuls")
+# "matmuls": the roofline's probe, svg_lib's only. The tile's two matmuls (`q k^T`, then `p v` with
+# the scores cast to the input dtype) and nothing else: no max, exp, sum or rescale. Not a valid
+# attention; its cycles are the floor a tile body of these blocks can approach on that chip.
+FLOOR_KIND = "matmuls"
 COST_KERNELS = ("svg_lib", "splash")
 # The backward's probes: our dq and dk/dv kernels (svg_lib.kernels.backward), Splash's two backward
 # kernels (dq; dk and dv), and Splash's fused backward kernel, which computes dq, dk and dv of a
@@ -60,7 +64,7 @@ BACKWARD_KERNELS = ("svg_lib_dq", "svg_lib_dkv", "splash_dq", "splash_dkv", "spl
 BACKWARD_KINDS = ("free", "svg_masked")
 SPLASH_KINDS = ("free", "svg_masked")  # Splash's idle and padding steps are table-driven: not probeable
 # Part of every cache key (svg_lib.tpu.cost): raise it when a probe kernel here changes what it measures.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 PROBE_STEPS = (2, 4)      # kv steps of the two probes whose difference gives cycles per step
 PROBE_ROWS = (1, 2)       # query tiles of the two probes whose difference gives the per-row cost
 
@@ -123,6 +127,25 @@ def _svg_predicate(block_q: int, tokens: int):
     return SVGMask.spatial(g, 0.35).kernel_predicate(block_q, block_q)
 
 
+def _matmul_floor_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_start, k_start, block_kv_compute,
+                       interpret=False):
+    """The `FLOOR_KIND` body: the tile's two matmuls, chunked and unrolled as the real body
+    (`kernels._online_softmax_tile`), with its refs and arguments, and nothing between them."""
+    import jax
+    from jax.experimental import pallas as pl
+
+    chunks = k_ref.shape[0] // block_kv_compute
+
+    def chunk(c, carry):
+        ks = pl.ds(pl.multiple_of(c * block_kv_compute, block_kv_compute), block_kv_compute)
+        v = v_ref[ks, :]
+        s = kernels._dot(q_ref[...], k_ref[ks, :], kernels.NT)
+        acc_ref[...] += kernels._dot(s.astype(v.dtype), v, kernels.NN)
+        return carry
+
+    jax.lax.fori_loop(0, chunks, chunk, None, unroll=chunks <= kernels.MAX_UNROLLED_CHUNKS)
+
+
 def _svg_lib_probe(p: Probe, name: str, target: str = "v6e"):
     """A kernel built on svg_lib's tile body whose step class comes from the program id."""
     import functools
@@ -137,15 +160,15 @@ def _svg_lib_probe(p: Probe, name: str, target: str = "v6e"):
     def padding_keep(q_ids, k_ids):
         return k_ids < tokens - 1  # a run-time comparison, like the real kernels' padding test
 
-    keeps = {"free": None, "svg_masked": svg_keep, "padding_masked": padding_keep}
+    keeps = {"free": None, "svg_masked": svg_keep, "padding_masked": padding_keep, FLOOR_KIND: None}
     bodies = [b for b in (p.kind, *p.bodies) if b != "idle"]
     bodies = list(dict.fromkeys(bodies))
 
     def kernel(q_ref, k_ref, v_ref, o_ref, *scratch):
         i, s = pl.program_id(1), pl.program_id(2)
-        tile = functools.partial(kernels._online_softmax_tile, q_ref, k_ref, v_ref, *scratch,
-                                 q_start=i * p.block_q, k_start=s * p.block_kv,
-                                 block_kv_compute=p.block_kv_compute, interpret=False)
+        def tile(keep, body=kernels._online_softmax_tile):
+            body(q_ref, k_ref, v_ref, *scratch, keep=keep, q_start=i * p.block_q, k_start=s * p.block_kv,
+                 block_kv_compute=p.block_kv_compute, interpret=False)
         # this step's kind: the probe's kind on every step, decided at run time from the
         # program id so that the compiler keeps every body and the simulator can follow it
         code = jnp.where(s < p.steps, BODY_KINDS.index(p.kind), len(BODY_KINDS))
@@ -155,7 +178,9 @@ def _svg_lib_probe(p: Probe, name: str, target: str = "v6e"):
             kernels._init_state(*scratch)
 
         for body in bodies:
-            pl.when(code == BODY_KINDS.index(body))(functools.partial(tile, keep=keeps[body]))
+            run = (functools.partial(tile, None, _matmul_floor_tile) if body == FLOOR_KIND
+                   else functools.partial(tile, keeps[body]))
+            pl.when(code == BODY_KINDS.index(body))(run)
 
         @pl.when(s == p.steps - 1)
         def _():
