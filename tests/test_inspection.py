@@ -37,15 +37,27 @@ def test_source_lines_name_what_was_not_found():
         source_lines(kernels._init_state, "acc_ref[...]", "m_ref")
 
 
+def by_kind(kernel_bodies):
+    """{(masked, running): body} of one kernel's bodies, each kind present once."""
+    out = {(b.masked, b.running): b for b in kernel_bodies}
+    assert len(out) == len(kernel_bodies), "two bodies of one kind"
+    return out
+
+
 def test_b1_has_one_masked_body_b2_adds_a_mask_free_one(bodies):
-    (b1,) = bodies["b1"]
-    assert b1.masked and b1.matmuls == 2
-    free, masked = sorted(bodies["b2"], key=lambda b: b.masked)
-    assert not free.masked and masked.masked
-    assert masked == b1                                   # B2's masked tiles run B1's body
-    assert free.matmuls == masked.matmuls == 2            # the same two matmuls either way
-    assert not COMPARES & set(free.ops)                   # the mask-free body compares nothing
-    assert len(masked.elementwise) > 2 * len(free.elementwise)
+    # every kind of tile comes twice: with the running max (until a query tile passes the
+    # bound's test) and with the bounded max (every step after)
+    b1, b2 = by_kind(bodies["b1"]), by_kind(bodies["b2"])
+    assert set(b1) == {(True, True), (True, False)}
+    assert set(b2) == {(False, True), (False, False), (True, True), (True, False)}
+    for running in (True, False):
+        free, masked = b2[False, running], b2[True, running]
+        assert masked == b1[True, running]                # B2's masked tiles run B1's body
+        assert free.matmuls == masked.matmuls == 2        # the same two matmuls either way
+        assert not COMPARES & set(free.ops)               # the mask-free body compares nothing
+        assert len(masked.elementwise) > len(free.elementwise)
+    bounded, running = b2[False, False], b2[False, True]
+    assert "reduce_max" not in bounded.ops and set(bounded.ops) < set(running.ops)
 
 
 def test_masked_body_holds_the_predicates_tile_wide_work(mask, bodies):
@@ -55,17 +67,17 @@ def test_masked_body_holds_the_predicates_tile_wide_work(mask, bodies):
     predicate = jax.make_jaxpr(mask.kernel_predicate(256, 256))(col, row).jaxpr
     tile_wide = [e.primitive.name for e in predicate.eqns if e.outvars[0].aval.shape == (256, 256)]
     assert tile_wide and COMPARES & set(tile_wide)
-    (b1,) = bodies["b1"]
+    b1 = by_kind(bodies["b1"])[True, False]
     ops = iter(b1.ops)
     assert all(op in ops for op in tile_wide)             # a subsequence, in trace order
 
 
 def test_dense_masks_padding_with_a_cheap_body(bodies):
-    free, padding = sorted(bodies["dense"], key=lambda b: b.masked)
-    assert not free.masked and padding.masked
-    assert not COMPARES & set(padding.ops)                # `k < tokens` is a compare on a key row only
-    (b1,) = bodies["b1"]
-    assert len(free.elementwise) < len(padding.elementwise) < len(b1.elementwise)
+    dense, b1 = by_kind(bodies["dense"]), by_kind(bodies["b1"])
+    for running in (True, False):
+        free, padding = dense[False, running], dense[True, running]
+        assert not COMPARES & set(padding.ops)            # `k < tokens` is a compare on a key row only
+        assert len(free.elementwise) < len(padding.elementwise) < len(b1[True, running].elementwise)
 
 
 def test_key_chunks_of_128_are_refused(mask):
@@ -77,8 +89,9 @@ def test_table_has_a_line_per_body_within_its_width(bodies):
     text = tile_body_table({"b1": bodies["b1"], "b2": bodies["b2"]}, width=80)
     lines = text.splitlines()
     assert all(len(line) <= 80 for line in lines)
-    labelled = [line.split()[:2] for line in lines[2:] if not line.startswith(" ")]
-    assert labelled == [["b1", "masked"], ["b2", "mask-free"], ["b2", "masked"]]
+    labelled = sorted(tuple(line.split()[:3]) for line in lines[2:] if not line.startswith(" "))
+    assert labelled == sorted([("b1", "masked", m) for m in ("running", "bounded")]
+                              + [("b2", k, m) for k in ("mask-free", "masked") for m in ("running", "bounded")])
 
 
 def test_tile_body_properties():

@@ -189,6 +189,22 @@ def test_keep_agrees_between_numpy_and_jax(gd, sink):
         assert not expect[:, (k >= g.tokens)[0]].any()
 
 
+
+@given(geometry_and_density(), st.booleans())
+@FEW
+def test_svg_kernel_predicate_keeps_the_same_pairs(gd, sink):
+    """SVGMask's kernel predicate (a column and a row per tile, four operations per pair) keeps
+    exactly `keep`'s pairs for every real query, and no key padding for any query (query padding
+    rows are sliced off by the kernels, so what they keep does not matter)."""
+    g, density = gd
+    mask = SVGMask.spatial(g, density, first_frame_sink=sink)
+    q = np.arange(g.tokens + 150)[:, None]
+    k = np.arange(g.tokens + 150)[None, :]
+    got = np.asarray(mask.kernel_predicate(128, 128)(jnp.asarray(q, jnp.int32), jnp.asarray(k, jnp.int32)))
+    n = g.tokens
+    np.testing.assert_array_equal(got[:n], mask.keep(q[:n], k))
+    assert not got[:, n:].any()
+
 # -- exact pair counts -----------------------------------------------------------------------
 
 @given(any_mask(), st.data())

@@ -40,8 +40,9 @@ def test_schedule_estimate_counts_the_tables_the_kernel_gets():
     mask = SVGMask.spatial(VideoGeometry(21, 45, 80), 0.35)
     plan = plan_tiles(mask, 512, 512)
     e = schedule_smem(10, plan.grid[0], plan.steps, "v6e")
-    assert dict((name, shape) for name, shape, _ in e.tables) == {"head_kind": (10,), "schedule": plan.schedule.shape}
-    assert e.total == table_bytes((10,)) + table_bytes(plan.schedule.shape) + fixed_bytes()
+    assert dict((name, shape) for name, shape, _ in e.tables) == {
+        "head_kind": (10,), "schedule": plan.schedule.shape, "key_norm_max": (10,), "bound_flag": (1,)}
+    assert e.total == 2 * table_bytes((10,)) + table_bytes(plan.schedule.shape) + table_bytes((1,)) + fixed_bytes()
     assert e.fits and e.capacity == 1024 * KiB
     assert "KiB of SMEM" in str(e) and "v6e has 1,024 KiB per core" in str(e)
 

@@ -105,6 +105,35 @@ class SVGMask(Mask):
         w, v, n = self.band_width, self.video_tokens, self.tokens
         return (((q - k <= w) & (k - q <= w)) | (k < self.sink_tokens) | (q >= v) | (k >= v)) & (q < n) & (k < n)
 
+    def kernel_predicate(self, block_q: int, block_kv: int):
+        """`keep` for a kernel's masked tiles, in fewer per-pair operations (same pairs kept).
+
+        `keep` spends about eleven elementwise operations per (query, key) pair of a tile; here
+        every term that depends on one index only moves into a `[block_q, 1]` column or a
+        `[1, block_kv]` row, computed once per tile, and a pair costs a subtraction, one unsigned
+        comparison against the row's span, an `or` and the kernel's select. Each query row keeps
+        the keys in [lo, lo + span]: its band for a video row, every real key for a text row (and
+        for query padding, which the caller slices off). Key padding is moved far below every lo,
+        so it falls outside every span; sink and text keys are kept by the key row. (Simulated by
+        the compiler's static profile, libtpu 0.0.42.1, bounded-max body, bf16: at the blog's
+        3328 x 1536 tiles on a v6e this took the masked tile body from 26,134 to 14,826 cycles
+        per step, the mask-free one costing 10,436; on a v5e from 30,722 to 20,486, against 20,222.)
+        """
+        w, v, n, sink = self.band_width, self.video_tokens, self.tokens, self.sink_tokens
+
+        def keep(q, k):
+            import jax
+            import jax.numpy as jnp
+
+            text_row = q >= v
+            lo = jnp.where(text_row, 0, q - w)                                # [block_q, 1]
+            span = jnp.where(text_row, n - 1, 2 * w).astype(jnp.uint32)
+            key = jnp.where(k < n, k, -(2 ** 30))                             # [1, block_kv]
+            always = (k < sink) | ((k >= v) & (k < n))                        # sink and text keys
+            offset = jax.lax.bitcast_convert_type(key - lo, jnp.uint32)       # negative -> huge
+            return (offset <= span) | always
+        return keep
+
     def pair_counts(self, q_edges, k_edges) -> np.ndarray:
         # Everything is kept except the pairs of video rows x non-sink video columns outside the band.
         q0, q1 = _grid_cells(q_edges, self.tokens)

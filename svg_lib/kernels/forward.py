@@ -18,14 +18,26 @@ one predicate per kind of head.
 All arrays here are already padded: q `[heads, nq * block_q, head_dim]`, k and v
 `[heads, nk * block_kv, head_dim]`, q pre-scaled by 1/sqrt(head_dim).
 
+The bounded max. The running max costs, at every slice of keys, a row max of the scores and a
+rescale of l and acc. A query tile's first step runs that body; then `_try_bound` tests whether
+each row's Cauchy-Schwarz bound |q_i| max|k| lies within BOUND_SLACK of the max it has seen, and
+if every row passes, the tile's later steps subtract the bound instead: exp, the row sum and the
+two matmuls, nothing else. Decided per query tile at run time (tests/test_bounded_max.py counts
+which body ran); a tile that fails keeps the running max, so every input gets the exact result.
+Simulated cycles per step (the compiler's static profile, libtpu 0.0.42.1, bf16, head_dim 128,
+`svg_lib.tpu.cost`; the floor is the tile's two matmuls alone): at the blog's 3328 x 1536 tiles
+on a v6e the bounded mask-free body costs 10,436 (1.01x its floor of 10,326; the running-max
+body 11,895, 1.15x; the body before the bound 13,284, 1.29x; Splash 14,411, 1.40x); on a v5e
+20,222 (1.00x of 20,214).
+
 Code size. Every `pl.when` branch is compiled, so a kernel carries one copy of the tile body
-per kind it can run. At the blog's tiles (3328 x 1536, block_kv_compute 512, v6e, libtpu
-0.0.42.1; `svg_lib.tpu.cost` probe kernels, final VLIW bundles) a mask-free body is about 13,100
-bundles, an SVG-masked one 25,400, a padding-masked one 14,400, and the grid loop and pipeline
-around them 1,300. Summed per kernel: dense ~28,800 (free + padding), B1 ~26,700 (masked),
-B2 ~39,800 (free + masked), B3 ~28,800 (free + padding); Splash's forward kernel, one body,
-16,050 mask-free. (Before the tile body was tuned with the compiler's profile, the issue that
-asked for it measured 25,948 bundles for the mask-free body and 48,932 for the masked one.)
+per kind it can run, and now two of each (running and bounded). At the blog's tiles (v6e, the
+probe kernels' final VLIW bundles) the two copies of a mask-free body are about 23,700 bundles,
+of an SVG-masked one 31,600, of a padding-masked one 26,300, and the grid loop and pipeline
+around them 1,600. Summed per kernel: dense and B3 ~51,600 (free + padding), B1 ~33,200
+(masked), B2 ~57,000 (free + masked); Splash's forward kernel, one body, 16,050 mask-free.
+(Before the tile body was tuned with the compiler's profile, the issue that asked for it
+measured 25,948 bundles for one mask-free body and 48,932 for one masked body.)
 """
 from __future__ import annotations
 
@@ -83,15 +95,34 @@ def _lanes(x, width: int, interpret: bool):
     return x[:, :width] if width < LANES else jnp.tile(x, (1, width // LANES))
 
 
+def _lane_sum(p):
+    """`[rows, width]` -> `[rows, 128]`: sums of the 128-lane columns of `p`, added lane by lane.
+
+    Adding whole vregs is plain VPU work; the last step of a row sum, across the 128 lanes of a
+    vreg, goes through the cross-lane unit (XLU). The tile body keeps l as these per-lane
+    partial sums and crosses the lanes once per query tile, in `_finish`.
+    """
+    parts = [p[:, i:i + LANES] for i in range(0, p.shape[1], LANES)]
+    while len(parts) > 1:
+        parts = [a + b for a, b in zip(parts[::2], parts[1::2])] + parts[len(parts) & ~1:]
+    return parts[0]
+
+
 def _online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_start, k_start,
-                         block_kv_compute, interpret=False):
+                         block_kv_compute, interpret=False, bounded=False):
     """Fold one key/value tile into the running softmax state of one query tile.
 
-    q_ref `[block_q, head_dim]`; k_ref, v_ref `[block_kv, head_dim]`; m_ref, l_ref
-    `[block_q, 128]` f32 running max and sum (replicated over lanes, the layout the VPU
-    likes); acc_ref `[block_q, head_dim]` f32 unnormalised output. For each slice of
-    `block_kv_compute` keys (the slice bounds the VMEM of the score block): scores
+    q_ref `[block_q, head_dim]`; k_ref, v_ref `[block_kv, head_dim]`; m_ref `[block_q, 128]` f32
+    the max subtracted before exp (replicated over lanes, the layout the VPU likes); l_ref
+    `[block_q, 128]` f32 the row sums of exp, kept as per-lane partial sums (`_lane_sum`; the row
+    sum is the sum over lanes); acc_ref `[block_q, head_dim]` f32 unnormalised output. For each
+    slice of `block_kv_compute` keys (the slice bounds the VMEM of the score block): scores
     `s = q k^T`, masked if `keep` is given, then the online-softmax update of m, l and acc.
+
+    `bounded=False`: m is the running max: raised to each slice's row max, and l and acc rescaled
+    by exp(m_old - m_new). `bounded=True`: m holds a fixed upper bound on every score of the row
+    (set by `_try_bound`, which also checks it is close enough to the row's real max): no max,
+    no rescale, only exp, the row sum and the two matmuls.
 
     `keep` is None (a mask-free tile: the MXU path with no per-element VPU work) or a
     predicate on global token indices, called with a `[block_q, 1]` column of query indices
@@ -122,11 +153,16 @@ def _online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_
             q_ids = q_start + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)
             k_ids = k_start + c * block_kv_compute + jax.lax.broadcasted_iota(jnp.int32, (1, block_kv_compute), 1)
             s = jnp.where(keep(q_ids, k_ids), s, MASK_VALUE)
+        if bounded:
+            p = jnp.exp(s - _lanes(m_ref[...], block_kv_compute, interpret))
+            l_ref[...] += _lane_sum(p)
+            acc_ref[...] += _dot(p.astype(v.dtype), v, NN)                # p @ v
+            return carry
         m_prev = m_ref[...]
         m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))  # [block_q, 128]
         p = jnp.exp(s - _lanes(m_next, block_kv_compute, interpret))
         alpha = jnp.exp(m_prev - m_next)
-        l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
+        l_ref[...] = alpha * l_ref[...] + _lane_sum(p)
         m_ref[...] = m_next
         pv = _dot(p.astype(v.dtype), v, NN)                               # p @ v
         acc_ref[...] = _lanes(alpha, head_dim, interpret) * acc_ref[...] + pv
@@ -135,29 +171,88 @@ def _online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_
     jax.lax.fori_loop(0, chunks, chunk, None, unroll=chunks <= MAX_UNROLLED_CHUNKS)
 
 
-def _interpreting(interpret) -> bool:
-    """Whether a kernel given `interpret` runs in the CPU interpreter (True or InterpretParams)."""
-    return interpret is not None and interpret is not False
+# -- the bounded max ---------------------------------------------------------------------------
+# The running max costs a row max of every score block and a rescale of l and acc at every slice.
+# A fixed m works as well as long as (a) no score exceeds it by much (exp would overflow) and (b)
+# it is not so far above the row's real max that the terms that matter underflow. Cauchy-Schwarz
+# gives (a) for free: q_i . k_j <= |q_i| max_j |k_j| =: b_i. For (b), a query tile switches from
+# the running max to b only once, at run time, every row's b_i is within BOUND_SLACK of the max
+# that row has already seen over kept keys: then every term within 27 of the row's final max is
+# at least exp(-87), a normal float32 (and bfloat16, same exponent range), and what is lost
+# weighs less than exp(-27) each. Tiles whose rows fail the test (rows that have seen no kept key,
+# scores spanning more than BOUND_SLACK, inf or nan in the bound) keep the running max.
+BOUND_SLACK = 60.0
 
 
-def _init_state(m_ref, l_ref, acc_ref):
+def _key_norm_max(k):
+    """`[heads, tokens, head_dim]` -> `[heads]` f32: the largest key norm of each head (an XLA
+    reduction before the kernel; zero padding rows do not change it)."""
+    kf = k.astype(jnp.float32)
+    return jnp.sqrt(jnp.max(jnp.sum(kf * kf, axis=-1), axis=-1))
+
+
+def _try_bound(q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_max, interpret=False):
+    """After a running-max tile: switch this query tile to the bounded max if every row's bound
+    b = |q_i| max|k| lies within BOUND_SLACK of its running max (one test for the whole tile,
+    so that the next tiles take one branch). The switch rescales l and acc to m = b."""
+    q = q_ref[...].astype(jnp.float32)
+    bound = jnp.sqrt(jnp.sum(q * q, axis=1, keepdims=True)) * key_norm_max   # [block_q, 1]
+    m = m_ref[...]
+    gap = bound - m                                                          # [block_q, 128]
+    # nan (an inf or nan input) fails the test: max(nan) is nan and nan <= x is False
+    ok = jnp.max(gap) <= BOUND_SLACK
+
+    @pl.when(ok)
+    def _():
+        b = jnp.broadcast_to(bound, m.shape)
+        alpha = jnp.exp(m - b)
+        l_ref[...] = alpha * l_ref[...]
+        acc_ref[...] = _lanes(alpha, acc_ref.shape[1], interpret) * acc_ref[...]
+        m_ref[...] = b
+        flag_ref[0] = 1
+
+
+def _visit(tile, keep, flag_ref, switch):
+    """One tile: with the bounded max once this query tile has switched to it, else with the
+    running max, then `switch()` tries the bound (`_try_bound`)."""
+    pl.when(flag_ref[0] == 1)(functools.partial(tile, keep=keep, bounded=True))
+
+    @pl.when(flag_ref[0] == 0)
+    def _():
+        tile(keep=keep, bounded=False)
+        switch()
+
+
+def _plain_interpreter(interpret) -> bool:
+    """Whether a kernel given `interpret` runs in the plain CPU interpreter (`interpret=True`),
+    which takes the broadcasts XLA on a CPU does cheaply (`_lanes`). `pltpu.InterpretParams(...)`,
+    the interpreter that simulates a TPU, runs exactly the code a TPU compiles."""
+    return interpret is not None and interpret is not False and not isinstance(interpret, pltpu.InterpretParams)
+
+
+def _init_state(m_ref, l_ref, acc_ref, flag_ref=None):
     m_ref[...] = jnp.full(m_ref.shape, MASK_VALUE, jnp.float32)
     l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
     acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+    if flag_ref is not None:
+        flag_ref[0] = 0  # every query tile starts with the running max
 
 
 def _finish(m_ref, l_ref, acc_ref, o_ref, interpret=False, lse_ref=None):
     # A row whose max never rose above MASK_VALUE saw no kept key: it gets zeros, like the
     # reference, instead of the average of masked values.
+    # (m is the running max or the bound; a query tile switches to the bound only once every row
+    # has seen a kept key, so the test holds for both.) l is summed across its lanes here, once.
     head_dim = acc_ref.shape[1]
-    seen = _lanes(m_ref[...], head_dim, interpret) > 0.5 * MASK_VALUE
-    l = _lanes(l_ref[...], head_dim, interpret)
+    m = m_ref[...]
+    row_sum = jnp.broadcast_to(jnp.sum(l_ref[...], axis=1, keepdims=True), m.shape)  # [block_q, 128]
+    seen = _lanes(m, head_dim, interpret) > 0.5 * MASK_VALUE
+    l = _lanes(row_sum, head_dim, interpret)
     o_ref[...] = jnp.where(seen, acc_ref[...] / jnp.where(seen, l, 1.0), 0.0).astype(o_ref.dtype)
     if lse_ref is not None:
         # log-sum-exp of each row's kept scores, what the backward needs to rebuild p. A row
         # with no kept key gets +inf, so that the backward's exp(s - lse) is exactly 0 there.
-        m = m_ref[...]
-        lse_ref[...] = jnp.where(m > 0.5 * MASK_VALUE, m + jnp.log(jnp.maximum(l_ref[...], 1e-30)), jnp.inf)
+        lse_ref[...] = jnp.where(m > 0.5 * MASK_VALUE, m + jnp.log(jnp.maximum(row_sum, 1e-30)), jnp.inf)
 
 
 def _outputs(q, block_q, index_map, residuals):
@@ -172,10 +267,11 @@ def _outputs(q, block_q, index_map, residuals):
     return (tuple(shapes), tuple(specs)) if residuals else (shapes[0], specs[0])
 
 
-def _scratch(block_q, head_dim):
-    return [pltpu.VMEM((block_q, LANES), jnp.float32),   # m: running max
-            pltpu.VMEM((block_q, LANES), jnp.float32),   # l: running sum
-            pltpu.VMEM((block_q, head_dim), jnp.float32)]  # acc: unnormalised output
+def _scratch(block_q, head_dim, bounded=False):
+    state = [pltpu.VMEM((block_q, LANES), jnp.float32),   # m: running max (or the bound)
+             pltpu.VMEM((block_q, LANES), jnp.float32),   # l: running sum, per-lane partial sums
+             pltpu.VMEM((block_q, head_dim), jnp.float32)]  # acc: unnormalised output
+    return state + [pltpu.SMEM((1,), jnp.int32)] if bounded else state  # flag: switched to the bound
 
 
 def _compiler_params(vmem_limit_bytes):
@@ -197,25 +293,26 @@ def dense_flash_attention(q, k, v, *, tokens, block_q, block_kv, block_kv_comput
     """
     heads, nq_pad, head_dim = q.shape
     nq, nk = nq_pad // block_q, k.shape[1] // block_kv
-    on_cpu = _interpreting(interpret)
+    on_cpu = _plain_interpreter(interpret)
 
     def not_padding(q_ids, k_ids):
         return k_ids < tokens
 
-    def kernel(q_ref, k_ref, v_ref, o_ref, *refs):
-        lse_ref, (m_ref, l_ref, acc_ref) = (refs[0], refs[1:]) if residuals else (None, refs)
-        i, j = pl.program_id(1), pl.program_id(2)
+    def kernel(q_ref, k_ref, v_ref, key_norm_ref, o_ref, *refs):
+        lse_ref, (m_ref, l_ref, acc_ref, flag_ref) = (refs[0], refs[1:]) if residuals else (None, refs)
+        h, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         tile = functools.partial(_online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
                                  q_start=i * block_q, k_start=j * block_kv,
                                  block_kv_compute=block_kv_compute, interpret=on_cpu)
+        switch = functools.partial(_try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[h], on_cpu)
 
         @pl.when(j == 0)
         def _():
-            _init_state(m_ref, l_ref, acc_ref)
+            _init_state(m_ref, l_ref, acc_ref, flag_ref)
 
         masked = (j + 1) * block_kv > tokens  # the tile reaches into key padding
-        pl.when(jnp.logical_not(masked))(lambda: tile(keep=None))
-        pl.when(masked)(lambda: tile(keep=not_padding))
+        pl.when(jnp.logical_not(masked))(lambda: _visit(tile, None, flag_ref, switch))
+        pl.when(masked)(lambda: _visit(tile, not_padding, flag_ref, switch))
 
         @pl.when(j == nk - 1)
         def _():
@@ -227,14 +324,15 @@ def dense_flash_attention(q, k, v, *, tokens, block_q, block_kv, block_kv_comput
         grid=(heads, nq, nk),
         in_specs=[pl.BlockSpec((None, block_q, head_dim), lambda h, i, j: (h, i, 0)),
                   pl.BlockSpec((None, block_kv, head_dim), lambda h, i, j: (h, j, 0)),
-                  pl.BlockSpec((None, block_kv, head_dim), lambda h, i, j: (h, j, 0))],
+                  pl.BlockSpec((None, block_kv, head_dim), lambda h, i, j: (h, j, 0)),
+                  pl.BlockSpec(memory_space=pltpu.SMEM)],  # [heads] f32, the whole array
         out_specs=out_specs,
         out_shape=out_shape,
-        scratch_shapes=_scratch(block_q, head_dim),
+        scratch_shapes=_scratch(block_q, head_dim, bounded=True),
         compiler_params=_compiler_params(vmem_limit_bytes),
         interpret=interpret,
         name="dense_flash_attention",
-    )(q, k, v)
+    )(q, k, v, _key_norm_max(k))
 
 
 # -- block-sparse: B1, B2, B3 ---------------------------------------------------------------
@@ -271,31 +369,34 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
         entry = (schedule_ref[n >> 1] >> (STEP_BITS * (n & 1))) & 0xFFFF
         return entry >> CLASS_BITS, entry & ((1 << CLASS_BITS) - 1)
 
-    def kernel(head_kind_ref, schedule_ref, q_ref, k_ref, v_ref, o_ref, *refs):
-        lse_ref, (m_ref, l_ref, acc_ref) = (refs[0], refs[1:]) if residuals else (None, refs)
+    def kernel(head_kind_ref, schedule_ref, q_ref, k_ref, v_ref, key_norm_ref, o_ref, *refs):
+        lse_ref, (m_ref, l_ref, acc_ref, flag_ref) = (refs[0], refs[1:]) if residuals else (None, refs)
         h, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         kv_tile, cls = step_at(head_kind_ref, schedule_ref, h, i, s)
-        tile = functools.partial(_online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
+        on_cpu = _plain_interpreter(interpret)
+        body = functools.partial(_online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
                                  q_start=i * block_q, k_start=kv_tile * block_kv,
-                                 block_kv_compute=block_kv_compute, interpret=_interpreting(interpret))
+                                 block_kv_compute=block_kv_compute, interpret=on_cpu)
+        switch = functools.partial(_try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[h], on_cpu)
+        tile = lambda keep: _visit(body, keep, flag_ref, switch)  # noqa: E731
 
         def masked_tile():  # the predicate of this head's kind (one kind unless routing)
             for kind, keep_kind in enumerate(keeps):
-                pl.when(head_kind_ref[h] == kind)(functools.partial(tile, keep=keep_kind))
+                pl.when(head_kind_ref[h] == kind)(functools.partial(tile, keep_kind))
 
         @pl.when(s == 0)
         def _():
-            _init_state(m_ref, l_ref, acc_ref)
+            _init_state(m_ref, l_ref, acc_ref, flag_ref)
 
         if stage == "b1":  # B1: skip empty tiles, but mask every visited one
             pl.when(cls != EMPTY)(masked_tile)
         else:              # B2, B3: a full tile takes the mask-free path
-            pl.when(cls == FULL)(lambda: tile(keep=None))
+            pl.when(cls == FULL)(lambda: tile(None))
             pl.when(cls == PARTIAL)(masked_tile)
 
         @pl.when(s == steps - 1)
         def _():
-            _finish(m_ref, l_ref, acc_ref, o_ref, _interpreting(interpret), lse_ref)
+            _finish(m_ref, l_ref, acc_ref, o_ref, on_cpu, lse_ref)
 
     def q_map(h, i, s, *_):
         return h, i, 0
@@ -311,11 +412,12 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
             grid=(heads, nq, steps),
             in_specs=[pl.BlockSpec((None, block_q, head_dim), q_map),
                       pl.BlockSpec((None, block_kv, head_dim), kv_map),
-                      pl.BlockSpec((None, block_kv, head_dim), kv_map)],
+                      pl.BlockSpec((None, block_kv, head_dim), kv_map),
+                      pl.BlockSpec(memory_space=pltpu.SMEM)],  # [heads] f32 key-norm maxima
             out_specs=out_specs,
-            scratch_shapes=_scratch(block_q, head_dim)),
+            scratch_shapes=_scratch(block_q, head_dim, bounded=True)),
         out_shape=out_shape,
         compiler_params=_compiler_params(vmem_limit_bytes),
         interpret=interpret,
         name=f"{stage}_block_sparse_attention",
-    )(head_kind, schedule, q, k, v)
+    )(head_kind, schedule, q, k, v, _key_norm_max(k))

@@ -16,7 +16,9 @@ smem" error):
   a few words, and what the allocator loses to placement). That overhead is fitted to the
   compiler's verdicts, per libtpu release (`FIXED_BYTES_BY_LIBTPU`): with libtpu 0.0.42 and a
   `[1]` head-kind row, a 261,248-word schedule compiles and a 261,376-word one (512 bytes more)
-  is refused: 3 KiB, exact at the padding's granularity there. Colab's libtpu 0.0.21 refuses
+  is refused: 3 KiB, exact at the padding's granularity there. (That was fitted before the
+  bounded max added two 1-D rows, a `[heads]` float32 row and a one-word flag; with them the
+  limit moved by their 1 KiB, 260,992 words, and the estimate still matches the compiler.) Colab's libtpu 0.0.21 refuses
   the 261,248-word one too, so it keeps 512 bytes more. A libtpu not in the table (or none:
   interpret mode) gets the largest, so the estimate never says "fits" where a compiler we have
   seen refuses; tests/test_smem.py re-checks both sides with the installed compiler.
@@ -37,8 +39,8 @@ v6e: 1,024 KiB per core; * = does not fit):
 
 (B3's schedules are a few steps shorter.) Where each form stops fitting: the two tables at
 1440p / 512 x 512 above density ~0.15, once a row passes 128 steps (estimated 1,187 KiB at 0.2
-and 1,779 KiB at 0.35, where the compiler reported "Used 1.16M of 1.00M" and "1.74M"); one word per step at 261,248 steps, i.e. 1440p / 512 x 512 above density
-~0.55, or 384 x 384 blocks at 0.35; the packed form at 522,496 steps: 1440p / 512 x 512 fits
+and 1,779 KiB at 0.35, where the compiler reported "Used 1.16M of 1.00M" and "1.74M"); one word per step at 260,992 steps, i.e. 1440p / 512 x 512 above density
+~0.55, or 384 x 384 blocks at 0.35; the packed form at 521,984 steps: 1440p / 512 x 512 fits
 at any density (a dense schedule is 591 x 591 = 686 KiB), 384 x 384 fits at 0.35 (534 KiB),
 256 x 256 does not (1,195 KiB). Larger blocks shrink both factors of rows x steps.
 
@@ -119,7 +121,7 @@ class SmemEstimate:
         return self.total <= self.capacity
 
     def __str__(self) -> str:
-        parts = ", ".join(f"{name} {'x'.join(map(str, shape)) or 'scalar'} int32 = {b / KiB:,.1f} KiB"
+        parts = ", ".join(f"{name} {'x'.join(map(str, shape)) or 'scalar'} = {b / KiB:,.1f} KiB"
                           for name, shape, b in self.tables)
         return (f"{self.total / KiB:,.1f} KiB of SMEM ({parts}, fixed {self.fixed / KiB:.1f} KiB); "
                 f"{self.generation} has {self.capacity / KiB:,.0f} KiB per core")
@@ -146,11 +148,19 @@ def estimate_smem(tables: dict, generation: str | None = None) -> SmemEstimate:
 
 def schedule_smem(heads: int, rows: int, steps: int, generation: str | None = None) -> SmemEstimate:
     """SMEM of `block_sparse_attention`: a `[heads]` kind row and the packed schedule, two
-    16-bit steps per int32 word (`planner.pack_schedule`): `[ceil(rows * steps / 2)]`.
+    16-bit steps per int32 word (`planner.pack_schedule`): `[ceil(rows * steps / 2)]`; beside
+    them the bounded max's `[heads]` float32 key-norm maxima and its one-word switch flag
+    (`kernels.forward._try_bound`), 32-bit words laid out like the int32 rows.
 
     rows = kinds x query tiles (one kind unless the in-kernel routing stacks two).
     """
-    return estimate_smem({"head_kind": (heads,), "schedule": (-(-rows * steps // 2),)}, generation)
+    return estimate_smem({"head_kind": (heads,), "schedule": (-(-rows * steps // 2),), **_bound_rows(heads)},
+                         generation)
+
+
+def _bound_rows(heads: int) -> dict:
+    """What the bounded max keeps in SMEM beside any schedule: key-norm maxima and its flag."""
+    return {"key_norm_max": (heads,), "bound_flag": (1,)}
 
 
 class SmemOverflowError(ValueError):
@@ -214,8 +224,10 @@ def schedule_forms(heads: int, rows: int, steps: int, generation: str | None = N
       int32 tables, each stored in (8, 128)-word tiles.
     """
     return {"packed": schedule_smem(heads, rows, steps, generation),
-            "flat": estimate_smem({"head_kind": (heads,), "schedule": (rows * steps,)}, generation),
-            "two_tables": estimate_smem({"kv_index": (rows, steps), "step_class": (rows, steps)}, generation)}
+            "flat": estimate_smem({"head_kind": (heads,), "schedule": (rows * steps,), **_bound_rows(heads)},
+                                  generation),
+            "two_tables": estimate_smem({"kv_index": (rows, steps), "step_class": (rows, steps),
+                                         **_bound_rows(heads)}, generation)}
 
 
 def largest_fitting_steps(form: str, heads: int = 1, generation: str | None = None) -> int:
@@ -225,7 +237,8 @@ def largest_fitting_steps(form: str, heads: int = 1, generation: str | None = No
         raise ValueError(f"largest_fitting_steps answers for 'packed' or 'flat', got {form!r}")
     per_word = 2 if form == "packed" else 1
     _, capacity = smem_capacity(generation)
-    words = (capacity - fixed_bytes() - table_bytes((heads,))) // WORD
+    beside = table_bytes((heads,)) + sum(table_bytes(shape) for shape in _bound_rows(heads).values())
+    words = (capacity - fixed_bytes() - beside) // WORD
     return (words // VECTOR_WORDS) * VECTOR_WORDS * per_word
 
 

@@ -59,6 +59,13 @@ class TileBody:
         return "select_n" in self.ops
 
     @property
+    def running(self) -> bool:
+        """Whether the body keeps a running max (a row max of the scores, `reduce_max`) rather
+        than the bounded max (`kernels.forward._try_bound`): every kernel holds both, and a query
+        tile runs the running-max body only until its rows pass the bound's test."""
+        return "reduce_max" in self.ops
+
+    @property
     def matmuls(self) -> int:
         """`dot_general` primitives: the tile's two matmuls, which run on the MXU."""
         return self.ops.count("dot_general")
@@ -126,15 +133,17 @@ def tile_bodies(mask, method: str, *, heads: int = 1, head_dim: int = 128, dtype
 def tile_body_table(bodies: dict, *, width: int = 96) -> str:
     """A text table of traced tile bodies, `bodies` mapping a label to `tile_bodies(...)`'s list.
 
-    One line per body: its label, whether it masks, its matmuls and the count and names of its
-    other per-pair primitives (the names wrapped to keep every line within `width` characters).
+    One line per body: its label, whether it masks, which max it subtracts (running or bounded),
+    its matmuls and the count and names of its other per-pair primitives (the names wrapped to
+    keep every line within `width` characters).
     """
-    head = f"{'kernel':14} {'tile body':10} {'matmuls':>7} {'other':>5}  other primitives per pair of a tile"
+    head = f"{'kernel':8} {'tile body':10} {'max':8} {'matmuls':>7} {'other':>5}  other primitives per pair"
     lines = [head, "-" * min(width, len(head))]
     for label, kernel_bodies in bodies.items():
         for body in kernel_bodies:
             kind = "masked" if body.masked else "mask-free"
-            lead = f"{label:14} {kind:10} {body.matmuls:>7} {len(body.elementwise):>5}  "
+            lead = (f"{label:8} {kind:10} {'running' if body.running else 'bounded':8} {body.matmuls:>7} "
+                    f"{len(body.elementwise):>5}  ")
             lines += textwrap.wrap(" ".join(body.elementwise), width=width, initial_indent=lead,
                                    subsequent_indent=" " * len(lead), break_on_hyphens=False)
     return "\n".join(lines)

@@ -335,7 +335,7 @@ def load_reference(path: Path = REFERENCE_FILE) -> dict:
 
 
 def filled_from(cost: TileCost, fallback: TileCost, *, padding_as_free: bool = False) -> TileCost:
-    """`cost` with the kernels, kinds and per-row costs it did not probe taken from `fallback`
+    """`cost` with the kernels, kinds, per-row costs and bundles it did not probe taken from `fallback`
     (the same block size). With `padding_as_free`, a missing padding_masked cost is taken as
     `cost`'s own mask-free cost instead. Say so wherever the result is shown."""
     import copy
@@ -351,6 +351,10 @@ def filled_from(cost: TileCost, fallback: TileCost, *, padding_as_free: bool = F
             mine.setdefault(kind, cycles)
     for kernel, cycles in fallback.per_row.items():
         out.per_row.setdefault(kernel, cycles)
+    for mine, theirs in ((out.bundles, fallback.bundles), (out.body_bundles, fallback.body_bundles)):
+        for kernel, kinds in theirs.items():
+            for kind, n in kinds.items():
+                mine.setdefault(kernel, {}).setdefault(kind, n)
     return out
 
 

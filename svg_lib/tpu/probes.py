@@ -51,11 +51,17 @@ from svg_lib.kernels.forward import MASK_VALUE
 from svg_lib.tpu.compiler import compile_fn
 from svg_lib.tpu.errors import first_lines
 
-BODY_KINDS = ("free", "svg_masked", "padding_masked", "idle", "matmuls")
+BODY_KINDS = ("free", "svg_masked", "padding_masked", "idle", "matmuls", "free_running")
 # "matmuls": the roofline's probe, svg_lib's only. The tile's two matmuls (`q k^T`, then `p v` with
 # the scores cast to the input dtype) and nothing else: no max, exp, sum or rescale. Not a valid
 # attention; its cycles are the floor a tile body of these blocks can approach on that chip.
 FLOOR_KIND = "matmuls"
+# svg_lib's "free", "svg_masked" and "padding_masked" probes run as the kernels do: a query tile's
+# first step with the running max and the switch to the bound (`kernels._try_bound`), every later
+# step with the bounded max. Cycles per step are then the bounded body's; the first step's extra
+# cost lands in the per-row cost. "free_running": the mask-free body with the running max on every
+# step, what a query tile whose rows fail the bound's test runs (and the body before the bound).
+RUNNING_KIND = "free_running"
 COST_KERNELS = ("svg_lib", "splash")
 # The backward's probes: our dq and dk/dv kernels (svg_lib.kernels.backward), Splash's two backward
 # kernels (dq; dk and dv), and Splash's fused backward kernel, which computes dq, dk and dv of a
@@ -64,19 +70,23 @@ BACKWARD_KERNELS = ("svg_lib_dq", "svg_lib_dkv", "splash_dq", "splash_dkv", "spl
 BACKWARD_KINDS = ("free", "svg_masked")
 SPLASH_KINDS = ("free", "svg_masked")  # Splash's idle and padding steps are table-driven: not probeable
 # Part of every cache key (svg_lib.tpu.cost): raise it when a probe kernel here changes what it measures.
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 PROBE_STEPS = (2, 4)      # kv steps of the two probes whose difference gives cycles per step
 PROBE_ROWS = (1, 2)       # query tiles of the two probes whose difference gives the per-row cost
 
 
+# The sources the probes compile: the kernels, and the mask whose predicate the masked probes evaluate.
+PROBED_SOURCES = ("kernels/forward.py", "kernels/backward.py", "core/svg_masks.py")
+
+
 def versions() -> dict:
-    """jax and libtpu versions, and a digest of the kernel sources the probes compile."""
+    """jax and libtpu versions, and a digest of the sources the probes compile (`PROBED_SOURCES`)."""
     import importlib.metadata as md
 
     import jax
 
-    digest = hashlib.sha256("".join(_code_only(Path(__file__).resolve().parents[1] / "kernels" / name)
-                                    for name in ("forward.py", "backward.py")).encode())
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256("".join(_code_only(package / name) for name in PROBED_SOURCES).encode())
     try:
         libtpu = md.version("libtpu")
     except md.PackageNotFoundError:
@@ -128,7 +138,7 @@ def _svg_predicate(block_q: int, tokens: int):
 
 
 def _matmul_floor_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_start, k_start, block_kv_compute,
-                       interpret=False):
+                       interpret=False, bounded=False):
     """The `FLOOR_KIND` body: the tile's two matmuls, chunked and unrolled as the real body
     (`kernels._online_softmax_tile`), with its refs and arguments, and nothing between them."""
     import jax
@@ -160,31 +170,48 @@ def _svg_lib_probe(p: Probe, name: str, target: str = "v6e"):
     def padding_keep(q_ids, k_ids):
         return k_ids < tokens - 1  # a run-time comparison, like the real kernels' padding test
 
-    keeps = {"free": None, "svg_masked": svg_keep, "padding_masked": padding_keep, FLOOR_KIND: None}
+    keeps = {"free": None, "svg_masked": svg_keep, "padding_masked": padding_keep, FLOOR_KIND: None,
+             RUNNING_KIND: None}
     bodies = [b for b in (p.kind, *p.bodies) if b != "idle"]
     bodies = list(dict.fromkeys(bodies))
 
     def kernel(q_ref, k_ref, v_ref, o_ref, *scratch):
         i, s = pl.program_id(1), pl.program_id(2)
-        def tile(keep, body=kernels._online_softmax_tile):
-            body(q_ref, k_ref, v_ref, *scratch, keep=keep, q_start=i * p.block_q, k_start=s * p.block_kv,
-                 block_kv_compute=p.block_kv_compute, interpret=False)
+        state, flag_ref = scratch[:3], scratch[3]
+
+        def tile(keep, body=kernels._online_softmax_tile, **kwargs):
+            body(q_ref, k_ref, v_ref, *state, keep=keep, q_start=i * p.block_q, k_start=s * p.block_kv,
+                 block_kv_compute=p.block_kv_compute, interpret=False, **kwargs)
+
+        def first_step(keep):  # the running max, then the switch to the bound (any key norm will do)
+            tile(keep, bounded=False)
+            kernels._try_bound(q_ref, *state, flag_ref, jnp.float32(1.0))
+
+        def as_the_kernels(keep):
+            pl.when(s == 0)(functools.partial(first_step, keep))
+            pl.when(s > 0)(functools.partial(tile, keep, bounded=True))
+
         # this step's kind: the probe's kind on every step, decided at run time from the
         # program id so that the compiler keeps every body and the simulator can follow it
+        # (the simulator reads SMEM as 0, so the kernels' own flag would always say "running")
         code = jnp.where(s < p.steps, BODY_KINDS.index(p.kind), len(BODY_KINDS))
 
         @pl.when(s == 0)
         def _():
-            kernels._init_state(*scratch)
+            kernels._init_state(*state, flag_ref)
 
         for body in bodies:
-            run = (functools.partial(tile, None, _matmul_floor_tile) if body == FLOOR_KIND
-                   else functools.partial(tile, keeps[body]))
+            if body == FLOOR_KIND:
+                run = functools.partial(tile, None, _matmul_floor_tile)
+            elif body == RUNNING_KIND:
+                run = functools.partial(tile, None, bounded=False)
+            else:
+                run = functools.partial(as_the_kernels, keeps[body])
             pl.when(code == BODY_KINDS.index(body))(run)
 
         @pl.when(s == p.steps - 1)
         def _():
-            kernels._finish(*scratch, o_ref)
+            kernels._finish(*state, o_ref)
 
     if p.kind == "idle":
         kv_map = lambda h, i, s: (h, 0, 0)  # an idle step repeats the resident block: no DMA
@@ -198,7 +225,7 @@ def _svg_lib_probe(p: Probe, name: str, target: str = "v6e"):
                   pl.BlockSpec((None, p.block_kv, p.head_dim), kv_map)],
         out_specs=pl.BlockSpec((None, p.block_q, p.head_dim), lambda h, i, s: (h, i, 0)),
         out_shape=jax.ShapeDtypeStruct((1, p.rows * p.block_q, p.head_dim), jnp.bfloat16),
-        scratch_shapes=kernels._scratch(p.block_q, p.head_dim),
+        scratch_shapes=kernels._scratch(p.block_q, p.head_dim, bounded=True),
         compiler_params=kernels._compiler_params(_probe_vmem_limit(target)),
         name=name,
     )

@@ -13,7 +13,7 @@ from svg_lib.core.masks import Mask
 from svg_lib.core.svg_masks import SVGMask
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles
 from svg_lib.kernels.forward import _finish as finish_tile
-from svg_lib.kernels.forward import _init_state, _interpreting, _online_softmax_tile, _scratch
+from svg_lib.kernels.forward import _init_state, _plain_interpreter, _online_softmax_tile, _scratch
 from svg_lib.kernels.reference import reference_attention
 from svg_lib.kernels.tolerances import tolerance
 from svg_lib.teaching.exercises.common import CheckResult, _Case, _Fail, _call, _finish
@@ -62,7 +62,7 @@ def b2_exercise_attention(q, k, v, mask: Mask, dispatch, *, block_q: int = 128, 
 
         body = functools.partial(_online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
                                  q_start=i * block_q, k_start=kv_index_ref[i, s] * block_kv,
-                                 block_kv_compute=block_kv, interpret=_interpreting(interpret))
+                                 block_kv_compute=block_kv, interpret=_plain_interpreter(interpret))
 
         def tile(keep=None):
             body(keep=keep)
@@ -72,7 +72,7 @@ def b2_exercise_attention(q, k, v, mask: Mask, dispatch, *, block_q: int = 128, 
 
         @pl.when(s == steps - 1)
         def _():
-            finish_tile(m_ref, l_ref, acc_ref, o_ref, _interpreting(interpret))
+            finish_tile(m_ref, l_ref, acc_ref, o_ref, _plain_interpreter(interpret))
 
     def q_map(h, i, s, kv_index_ref, *_):
         return h, i, 0
