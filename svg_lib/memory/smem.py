@@ -17,9 +17,11 @@ smem" error):
   compiler's verdicts, per libtpu release (`FIXED_BYTES_BY_LIBTPU`): with libtpu 0.0.42 and a
   `[1]` head-kind row, a 261,248-word schedule compiles and a 261,376-word one (512 bytes more)
   is refused: 3 KiB, exact at the padding's granularity there. (That was fitted before the
-  bounded max added two 1-D rows, a `[heads]` float32 row and a one-word flag; with them the
-  limit moved by their 1 KiB, 260,992 words, and the estimate still matches the compiler.) Colab's libtpu 0.0.21 refuses
-  the 261,248-word one too, so it keeps 512 bytes more. A libtpu not in the table (or none:
+  bounded max added two 1-D rows, a `[heads]` key-norm row and a one-word flag; with them the
+  limit moved by their 1 KiB, to 260,992 words, and the estimate still matches the compiler.)
+  Colab's libtpu 0.0.21 with jax 0.7.2 pads more coarsely (its allocation report put a 260,352-word
+  schedule's kernel at 1,044,480 bytes, 255 x 1,024 words) and refuses in 4 KiB steps: 6 KiB, fitted so that the largest kernel tested (40 heads, two kinds of head)
+  compiles; the estimate stays up to 1,024 words on the safe side there. A libtpu not in the table (or none:
   interpret mode) gets the largest, so the estimate never says "fits" where a compiler we have
   seen refuses; tests/test_smem.py re-checks both sides with the installed compiler.
 
@@ -71,7 +73,7 @@ WORD = 4                 # SMEM holds 32-bit words; scalar prefetch wants int32
 TILE_ROWS, TILE_COLS = 8, 128  # a 2-D SMEM array's (rows, cols) tile, in words
 VECTOR_WORDS = 128       # a 1-D SMEM array is padded to a multiple of this many words
 # what else the kernel keeps in SMEM, by libtpu release (fitted; see the module docstring)
-FIXED_BYTES_BY_LIBTPU = {"0.0.42": 3 * KiB, "0.0.21": 3 * KiB + 512}
+FIXED_BYTES_BY_LIBTPU = {"0.0.42": 3 * KiB, "0.0.21": 6 * KiB}
 FIXED_BYTES = max(FIXED_BYTES_BY_LIBTPU.values())  # for any other libtpu, or none
 
 
