@@ -185,28 +185,15 @@ def _online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_
 BOUND_SLACK = 60.0
 
 
-KEY_NORM_STEP = 2.0 ** -10  # the key-norm table's resolution (see `_key_norm_table`)
+def _key_norm_max(k):
+    """`[heads, tokens, head_dim]` -> `[heads]` f32: the largest key norm of each head (an XLA
+    reduction before the kernel; zero padding rows do not change it).
 
-
-def _key_norm_table(k):
-    """`[heads, tokens, head_dim]` -> `[heads]` int32: each head's largest key norm, for SMEM.
-
-    An XLA reduction before the kernel (zero padding rows do not change it). Scalar-prefetched
-    tables are int32 and Mosaic cannot bitcast a scalar, so the norm is stored in fixed point,
-    rounded up to a multiple of KEY_NORM_STEP; a norm too large for that (or inf, nan) is stored as
-    -1, which `_key_norm` reads as +inf: then no row passes the bound's test, and the running max
-    stays. (An upper bound a little loose costs nothing: the test allows BOUND_SLACK.)"""
+    The kernels take it as a whole-array SMEM input, not as a scalar-prefetched table: those are
+    int32 and Mosaic cannot bitcast a scalar, and a fixed-point int32 row, tried, made the 8-chip
+    routed layer's temporaries grow from 410.6 to 745.4 MiB per chip (compile-only v6e 2x4)."""
     kf = k.astype(jnp.float32)
-    norm = jnp.sqrt(jnp.max(jnp.sum(kf * kf, axis=-1), axis=-1))
-    scaled = jnp.ceil(norm / KEY_NORM_STEP)
-    fits = jnp.isfinite(scaled) & (scaled < 2.0 ** 30)
-    return jnp.where(fits, scaled, -1.0).astype(jnp.int32)
-
-
-def _key_norm(table_ref, h):
-    """Head h's largest key norm from `_key_norm_table`'s SMEM row, as a float32 scalar."""
-    entry = table_ref[h]
-    return jnp.where(entry >= 0, entry.astype(jnp.float32) * KEY_NORM_STEP, jnp.inf)
+    return jnp.sqrt(jnp.max(jnp.sum(kf * kf, axis=-1), axis=-1))
 
 
 def _try_bound(q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_max, interpret=False):
@@ -316,14 +303,13 @@ def dense_flash_attention(q, k, v, *, tokens, block_q, block_kv, block_kv_comput
     def not_padding(q_ids, k_ids):
         return k_ids < tokens
 
-    def kernel(key_norm_ref, q_ref, k_ref, v_ref, o_ref, *refs):
+    def kernel(q_ref, k_ref, v_ref, key_norm_ref, o_ref, *refs):
         lse_ref, (m_ref, l_ref, acc_ref, flag_ref) = (refs[0], refs[1:]) if residuals else (None, refs)
         h, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         tile = functools.partial(_online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
                                  q_start=i * block_q, k_start=j * block_kv,
                                  block_kv_compute=block_kv_compute, interpret=on_cpu)
-        switch = functools.partial(_try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, _key_norm(key_norm_ref, h),
-                                   on_cpu)
+        switch = functools.partial(_try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[h], on_cpu)
 
         @pl.when(j == 0)
         def _():
@@ -337,28 +323,21 @@ def dense_flash_attention(q, k, v, *, tokens, block_q, block_kv, block_kv_comput
         def _():
             _finish(m_ref, l_ref, acc_ref, o_ref, on_cpu, lse_ref)
 
-    def q_map(h, i, j, *_):
-        return h, i, 0
-
-    def kv_map(h, i, j, *_):
-        return h, j, 0
-
-    out_shape, out_specs = _outputs(q, block_q, q_map, residuals)
+    out_shape, out_specs = _outputs(q, block_q, lambda h, i, j: (h, i, 0), residuals)
     return pl.pallas_call(
         kernel,
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=1,  # the bounded max's key-norm maxima; the grid walks every tile
-            grid=(heads, nq, nk),
-            in_specs=[pl.BlockSpec((None, block_q, head_dim), q_map),
-                      pl.BlockSpec((None, block_kv, head_dim), kv_map),
-                      pl.BlockSpec((None, block_kv, head_dim), kv_map)],
-            out_specs=out_specs,
-            scratch_shapes=_scratch(block_q, head_dim, bounded=True)),
+        grid=(heads, nq, nk),
+        in_specs=[pl.BlockSpec((None, block_q, head_dim), lambda h, i, j: (h, i, 0)),
+                  pl.BlockSpec((None, block_kv, head_dim), lambda h, i, j: (h, j, 0)),
+                  pl.BlockSpec((None, block_kv, head_dim), lambda h, i, j: (h, j, 0)),
+                  pl.BlockSpec(memory_space=pltpu.SMEM)],  # [heads] f32, the whole array
+        out_specs=out_specs,
         out_shape=out_shape,
+        scratch_shapes=_scratch(block_q, head_dim, bounded=True),
         compiler_params=_compiler_params(vmem_limit_bytes),
         interpret=interpret,
         name="dense_flash_attention",
-    )(_key_norm_table(k), q, k, v)
+    )(q, k, v, _key_norm_max(k))
 
 
 # -- block-sparse: B1, B2, B3 ---------------------------------------------------------------
@@ -395,7 +374,7 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
         entry = (schedule_ref[n >> 1] >> (STEP_BITS * (n & 1))) & 0xFFFF
         return entry >> CLASS_BITS, entry & ((1 << CLASS_BITS) - 1)
 
-    def kernel(head_kind_ref, schedule_ref, key_norm_ref, q_ref, k_ref, v_ref, o_ref, *refs):
+    def kernel(head_kind_ref, schedule_ref, q_ref, k_ref, v_ref, key_norm_ref, o_ref, *refs):
         lse_ref, (m_ref, l_ref, acc_ref, flag_ref) = (refs[0], refs[1:]) if residuals else (None, refs)
         h, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         kv_tile, cls = step_at(head_kind_ref, schedule_ref, h, i, s)
@@ -403,8 +382,7 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
         body = functools.partial(_online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
                                  q_start=i * block_q, k_start=kv_tile * block_kv,
                                  block_kv_compute=block_kv_compute, interpret=on_cpu)
-        switch = functools.partial(_try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, _key_norm(key_norm_ref, h),
-                                   on_cpu)
+        switch = functools.partial(_try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[h], on_cpu)
         tile = lambda keep: _visit(body, keep, flag_ref, switch)  # noqa: E731
 
         def masked_tile():  # the predicate of this head's kind (one kind unless routing)
@@ -428,22 +406,23 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
     def q_map(h, i, s, *_):
         return h, i, 0
 
-    def kv_map(h, i, s, head_kind_ref, schedule_ref, *_):
+    def kv_map(h, i, s, head_kind_ref, schedule_ref):
         return h, step_at(head_kind_ref, schedule_ref, h, i, s)[0], 0
 
     out_shape, out_specs = _outputs(q, block_q, q_map, residuals)
     return pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=3,  # head kinds, the schedule, the bounded max's key-norm maxima
+            num_scalar_prefetch=2,
             grid=(heads, nq, steps),
             in_specs=[pl.BlockSpec((None, block_q, head_dim), q_map),
                       pl.BlockSpec((None, block_kv, head_dim), kv_map),
-                      pl.BlockSpec((None, block_kv, head_dim), kv_map)],
+                      pl.BlockSpec((None, block_kv, head_dim), kv_map),
+                      pl.BlockSpec(memory_space=pltpu.SMEM)],  # [heads] f32 key-norm maxima
             out_specs=out_specs,
             scratch_shapes=_scratch(block_q, head_dim, bounded=True)),
         out_shape=out_shape,
         compiler_params=_compiler_params(vmem_limit_bytes),
         interpret=interpret,
         name=f"{stage}_block_sparse_attention",
-    )(head_kind, schedule, _key_norm_table(k), q, k, v)
+    )(head_kind, schedule, q, k, v, _key_norm_max(k))

@@ -17,7 +17,7 @@ smem" error):
   compiler's verdicts, per libtpu release (`FIXED_BYTES_BY_LIBTPU`): with libtpu 0.0.42 and a
   `[1]` head-kind row, a 261,248-word schedule compiles and a 261,376-word one (512 bytes more)
   is refused: 3 KiB, exact at the padding's granularity there. (That was fitted before the
-  bounded max added two 1-D rows, a `[heads]` key-norm row and a one-word flag; with them the
+  bounded max added two 1-D rows, a `[heads]` float32 key-norm input and a one-word flag; with them the
   limit moved by their 1 KiB, to 260,992 words, and the estimate still matches the compiler.)
   Colab's libtpu 0.0.21 with jax 0.7.2 pads more coarsely (its allocation report put a 260,352-word
   schedule's kernel at 1,044,480 bytes, 255 x 1,024 words) and refuses in 4 KiB steps: 6 KiB, fitted so that the largest kernel tested (40 heads, two kinds of head)
