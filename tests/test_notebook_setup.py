@@ -59,3 +59,19 @@ def test_setup_clones_the_configured_repository(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (here / "origin" / "svg_lib" / "__init__.py").is_file()
     assert done.stdout.split() == [str(here / "origin" / "svg_lib" / "__init__.py")]
+
+
+def test_readme_reading_times_follow_the_notebooks():
+    """The README's notebook table gives each notebook's reading time by tools/reading-times.py's rule."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.spec_from_file_location("reading_times", ROOT / "tools" / "reading-times.py")
+    reading = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reading)
+    rows = dict(re.findall(r"^\| `([0-9A][^`]*)` \| .* \| about (\d+) min \|$", (ROOT / "README.md").read_text(), re.M))
+    notebooks = sorted((ROOT / "notebooks").glob("[0-9A]*.ipynb"))
+    assert set(rows) == {p.stem for p in notebooks}, "every notebook has a row with a reading time"
+    for path in notebooks:
+        minutes, _ = reading.reading_minutes(path)
+        assert int(rows[path.stem]) == minutes, f"{path.stem}: README says {rows[path.stem]} min, the rule gives {minutes}"

@@ -137,12 +137,13 @@ def tile_body_table(bodies: dict, *, width: int = 96) -> str:
     its matmuls and the count and names of its other per-pair primitives (the names wrapped to
     keep every line within `width` characters).
     """
-    head = f"{'kernel':8} {'tile body':10} {'max':8} {'matmuls':>7} {'other':>5}  other primitives per pair"
+    labels = max([8, *map(len, bodies)])  # eight wide, or as wide as the longest label
+    head = f"{'kernel':{labels}} {'tile body':10} {'max':8} {'matmuls':>7} {'other':>5}  other primitives per pair"
     lines = [head, "-" * min(width, len(head))]
     for label, kernel_bodies in bodies.items():
         for body in kernel_bodies:
             kind = "masked" if body.masked else "mask-free"
-            lead = (f"{label:8} {kind:10} {'running' if body.running else 'bounded':8} {body.matmuls:>7} "
+            lead = (f"{label:{labels}} {kind:10} {'running' if body.running else 'bounded':8} {body.matmuls:>7} "
                     f"{len(body.elementwise):>5}  ")
             lines += textwrap.wrap(" ".join(body.elementwise), width=width, initial_indent=lead,
                                    subsequent_indent=" " * len(lead), break_on_hyphens=False)
