@@ -256,7 +256,6 @@ def with_backward(forward, tables: KernelTables, *, backward_limits, stage, keep
         dq_limit, dkv_limit = backward_limits()
         do = do.astype(q.dtype)
         di = jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)[:, None]  # [heads, 1, nq_pad]
-        lse = lse[:, None, :, 0]  # the forward's lanes are copies: one is the row both passes read
         dq = attention_dq(q, k, v, do, lse, di, schedule, steps=tables.steps, vmem_limit_bytes=dq_limit,
                           **common)
         dk, dv = attention_dkv(q, k, v, do, lse, di, schedule_t, steps_t=tables.steps_t,

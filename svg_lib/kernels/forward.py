@@ -257,18 +257,25 @@ def _finish(m_ref, l_ref, acc_ref, o_ref, interpret=False, lse_ref=None):
     if lse_ref is not None:
         # log-sum-exp of each row's kept scores, what the backward needs to rebuild p. A row
         # with no kept key gets +inf, so that the backward's exp(s - lse) is exactly 0 there.
-        lse_ref[...] = jnp.where(m > 0.5 * MASK_VALUE, m + jnp.log(jnp.maximum(row_sum, 1e-30)), jnp.inf)
+        # Stored as one value per row: the lane-replicated column, transposed once per query tile
+        # (the cross-lane unit's work), gives the `[1, block_q]` row both backward passes read.
+        lse = jnp.where(m > 0.5 * MASK_VALUE, m + jnp.log(jnp.maximum(row_sum, 1e-30)), jnp.inf)
+        lse_ref[...] = jnp.transpose(lse)[:1, :]
 
 
 def _outputs(q, block_q, index_map, residuals):
     """out_shape and out_specs: the output `[heads, nq_pad, head_dim]`, and with `residuals` the
-    per-row log-sum-exp `[heads, nq_pad, 128]` f32 (replicated over lanes, like m and l)."""
+    per-row log-sum-exp `[heads, 1, nq_pad]` f32, one value per query row, the layout the
+    backward's kernels read (a row that broadcasts down sublanes)."""
     heads, nq_pad, head_dim = q.shape
     shapes = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
     specs = [pl.BlockSpec((None, block_q, head_dim), index_map)]
     if residuals:
-        shapes.append(jax.ShapeDtypeStruct((heads, nq_pad, LANES), jnp.float32))
-        specs.append(pl.BlockSpec((None, block_q, LANES), index_map))
+        def row_map(*grid_and_tables):  # the output's block (h, i, 0) as a row block (h, 0, i)
+            h, i, _ = index_map(*grid_and_tables)
+            return h, 0, i
+        shapes.append(jax.ShapeDtypeStruct((heads, 1, nq_pad), jnp.float32))
+        specs.append(pl.BlockSpec((None, 1, block_q), row_map))
     return (tuple(shapes), tuple(specs)) if residuals else (shapes[0], specs[0])
 
 
@@ -294,7 +301,7 @@ def dense_flash_attention(q, k, v, *, tokens, block_q, block_kv, block_kv_comput
     Only the last key tile can reach into padding, so only it masks (`k < tokens`).
     The test is made at run time even when there is no padding: a branch known at trace
     time would be folded away, and the interpreter's copies with it (see the tile body).
-    With `residuals`, returns `(out, lse)`, lse f32 `[heads, nq_pad, 128]` for the backward.
+    With `residuals`, returns `(out, lse)`, lse f32 `[heads, 1, nq_pad]` for the backward.
     """
     heads, nq_pad, head_dim = q.shape
     nq, nk = nq_pad // block_q, k.shape[1] // block_kv
@@ -355,7 +362,7 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
     resident tile, so the pipeline issues no DMA for them. `keep(q_ids, k_ids)` is the
     elementwise predicate for masked tiles (the exact mask for B1/B2, padding only for B3), or
     a tuple of them, one per kind. With `residuals`, returns `(out, lse)`, lse f32
-    `[heads, nq_pad, 128]` for the backward (svg_lib.kernels.backward).
+    `[heads, 1, nq_pad]` for the backward (svg_lib.kernels.backward).
     """
     if stage not in ("b1", "b2", "b3"):
         raise ValueError(f"stage must be 'b1', 'b2' or 'b3', got {stage!r}")
