@@ -69,7 +69,8 @@ def test_readme_reading_times_follow_the_notebooks():
     spec = importlib.util.spec_from_file_location("reading_times", ROOT / "tools" / "reading-times.py")
     reading = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(reading)
-    rows = dict(re.findall(r"^\| `([0-9A][^`]*)` \| .* \| about (\d+) min \|$", (ROOT / "README.md").read_text(), re.M))
+    rows = dict(re.findall(r"^\| `([0-9A][^`]*)` \| .* \| about (\d+) min \| \w+ \|$", (ROOT / "README.md").read_text(),
+                           re.M))
     notebooks = sorted((ROOT / "notebooks").glob("[0-9A]*.ipynb"))
     assert set(rows) == {p.stem for p in notebooks}, "every notebook has a row with a reading time"
     for path in notebooks:
