@@ -37,7 +37,7 @@ __version__ = "0.1.0"
 from svg_lib.chips import TARGETS, parse_tpu_generation  # noqa: E402
 from svg_lib.problem import (BLOG_SWEEP_V6E_MS, BLOG_V6E_MS, PRESETS, BenchConfig, Preset,  # noqa: E402
                              get_preset)
-from svg_lib.runtime import Runtime, default_interpret, detect_runtime  # noqa: E402
+from svg_lib.runtime import Runtime, chip_devices, default_interpret, detect_runtime  # noqa: E402
 # geometry, masks, the planner (3-D sliding tiles included)
 from svg_lib.core.geometry import (TileLayout, VideoGeometry, from_tile_major,  # noqa: E402
                                    inverse_temporal_major_permutation, inverse_tile_major_permutation,
@@ -53,14 +53,16 @@ from svg_lib.kernels.reference import reference_attention  # noqa: E402
 from svg_lib.attention import METHODS, attention, b3_mask, build_attention  # noqa: E402
 # layers built on attention(): mixed-head routing, online profiling, synthetic inputs, multi-chip
 from svg_lib.layers.routing import (CompileCounter, build_svg_attention, build_svg_attention_in_kernel,  # noqa: E402
-                                    compare_temporal_tiles, svg_attention, svg_attention_in_kernel)
+                                    compare_temporal_tiles, megacore_balance, svg_attention,
+                                    svg_attention_in_kernel)
 from svg_lib.layers.profiling import HeadProfile, profile_heads  # noqa: E402
 from svg_lib.layers.synthetic import (attention_recall, equal_budget_table, quality_table,  # noqa: E402
                                       relative_l2, structured_qkv)
 from svg_lib.layers.multichip import build_sharded_svg_attention, make_mesh, sharded_svg_attention  # noqa: E402
 # compiled for TPU on this CPU by libtpu; per-tile cost simulated by the compiler
 from svg_lib.tpu.compiler import CompileReport, compile_for_tpu  # noqa: E402
-from svg_lib.tpu.sharded import ShardedCompileReport, compile_sharded_layer  # noqa: E402
+from svg_lib.tpu.sharded import (ShardedCompileReport, SplitCompileReport, compile_sharded_layer,  # noqa: E402
+                                compile_split_attention)
 from svg_lib.tpu.cost import TileCost, cost_model, tile_cost  # noqa: E402
 # the benchmark and the block-size tuner
 from svg_lib.tools.bench import BenchResult, run_benchmark  # noqa: E402

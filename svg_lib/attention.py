@@ -25,7 +25,7 @@ from svg_lib.kernels.reference import check_qkv, reference_attention
 from svg_lib.kernels.splash import make_splash, splash_mask_form
 from svg_lib.memory.budget import check_memory
 from svg_lib.problem import check_block_kv_compute
-from svg_lib.runtime import default_interpret
+from svg_lib.runtime import check_head_split, default_interpret, head_split_devices, split_heads
 
 METHODS = ("reference", "dense", "splash_dense", "splash", "b1", "b2", "b3")
 _NEEDS_MASK = ("splash", "b1", "b2", "b3")
@@ -40,8 +40,12 @@ def b3_mask(mask: Mask, block_q: int, block_kv: int) -> TileAlignedMask:
 
 def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, head_dim: int, dtype,
                     block_q: int, block_kv: int, block_kv_compute: int | None = None, interpret=None,
-                    generation: str | None = None):
+                    generation: str | None = None, devices=None):
     """A jitted `f(q, k, v) -> out` for `[heads, tokens, head_dim]` arrays of `dtype`.
+
+    `devices`: None runs every head on one device; two or more devices (a v7x chip's two
+    TensorCores: `runtime.chip_devices`) split the heads evenly between them, each device running
+    the kernels built for its share (`runtime.split_heads`).
 
     `generation` ("v6e", "v5e", ...) is the TPU whose VMEM the kernel is planned for: None
     means the attached TPU, or a v6e off TPU; name one to compile for another (svg_lib.tpu.compiler).
@@ -54,6 +58,12 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
     import jax
     import jax.numpy as jnp
 
+    if devices is not None:
+        devices = check_head_split(devices, heads)
+        local = build_attention(mask, method=method, heads=heads // len(devices), tokens=tokens, head_dim=head_dim,
+                                dtype=dtype, block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
+                                interpret=interpret, generation=generation)
+        return jax.jit(split_heads(local, devices, heads))
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if method in _NEEDS_MASK and mask is None:
@@ -197,7 +207,7 @@ def _rows_without_keys(mask, tokens, q_len):
 
 
 def attention(q, k, v, mask: Mask | None = None, *, method: str, block_q: int = 512, block_kv: int = 512,
-              block_kv_compute: int | None = None, interpret=None):
+              block_kv_compute: int | None = None, interpret=None, split_heads=None):
     """Attention over `[heads, tokens, head_dim]` q, k, v (float32 or bfloat16) by `method`.
 
     Methods: "reference" (jnp), "dense" (the series' flash kernel), "splash_dense" (B0,
@@ -210,11 +220,31 @@ def attention(q, k, v, mask: Mask | None = None, *, method: str, block_q: int = 
     Differentiable: `jax.grad` runs Pallas backward kernels over the same tiles for dense,
     b1, b2 and b3 (svg_lib.kernels.backward; b3's gradient is that of its rounded mask), and Splash's
     own backward for splash and splash_dense.
+
+    `split_heads`: on a v7x, whose two TensorCores jax shows as two devices, None (the default)
+    splits the heads evenly over the chip's two devices (`runtime.head_split_devices` says when:
+    an even head count, inputs not already spread over devices, no mesh of the caller's around);
+    on every other chip None changes nothing. False keeps one device; True asks for the split and
+    says why it cannot; a sequence of devices splits over exactly those.
     """
-    check_qkv(q, k, v)
+    heads = check_qkv(q, k, v)[0]
+    devices = head_split_devices(q, heads, split_heads)
     fn = cached_build(build_attention, mask, q, method=method, block_q=block_q, block_kv=block_kv,
-                      block_kv_compute=block_kv_compute, interpret=interpret)
-    return fn(q, k, v)
+                      block_kv_compute=block_kv_compute, interpret=interpret, devices=devices)
+    return fn(q, k, v) if devices is None else _run_split(fn, devices, q, k, v)
+
+
+def _run_split(fn, devices, q, k, v):
+    """`fn(q, k, v)` split over `devices`; concrete inputs committed to one device are moved onto the
+    split first, and the result is put back on that device, so the caller sees no new placement."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    if isinstance(q, jax.core.Tracer) or not getattr(q, "committed", False):
+        return fn(q, k, v)
+    split = NamedSharding(Mesh(np.array(devices, dtype=object), ("cores",)), P("cores", None, None))
+    return jax.device_put(fn(*(jax.device_put(x, split) for x in (q, k, v))), q.sharding)
 
 
 def cached_build(builder, mask, q, **config):

@@ -33,6 +33,13 @@ class TpuTarget:
     tensor_cores: int      # TensorCores per chip (a v4 / v5p "megacore" chip shows as one device)
     bf16_tflops: float     # peak bf16 TFLOP/s per chip (public spec sheets)
     hbm_gbps: float        # HBM bandwidth per chip, GB/s (public spec sheets)
+    devices_per_chip: int = 1  # jax devices per chip: 2 on a v7x, whose TensorCores jax shows apart
+
+    @property
+    def megacore(self) -> bool:
+        """True where two TensorCores are joined as one jax device (v4, v5p): Mosaic splits a kernel's
+        leading "parallel" grid axis between them (`parallel_split`)."""
+        return self.tensor_cores > self.devices_per_chip
 
     @property
     def describe(self) -> str:
@@ -44,7 +51,8 @@ class TpuTarget:
 # Single-chip topology names accepted by libtpu 0.0.42 with chips_per_host_bounds=(1, 1, 1).
 # ("v5litepod-1" and "v7x:..." are refused; the v7x is named "tpu7x" there.) Memory, MXU and
 # per-core figures agree with jax's own table (pltpu.get_tpu_info_for_chip, jax 0.10.2).
-# A v7x chip holds two TensorCores that jax shows as two devices ("TPU7x"); its row gives
+# A v7x chip holds two TensorCores that jax shows as two devices ("TPU7x"; "tpu7x:1x1x1" yields
+# both, with equal `coords` and `core_on_chip` 0 and 1); its row gives
 # per-chip peak figures (twice the per-core ones of jax's table), like the other rows. Its
 # default scoped VMEM (32 MiB) is svg_lib.memory.vmem's figure, not one measured here.
 TARGETS: dict[str, TpuTarget] = {t.name: t for t in (
@@ -52,7 +60,8 @@ TARGETS: dict[str, TpuTarget] = {t.name: t for t in (
     TpuTarget("v5e", "v5e:1x1", "TPU v5 lite", 128 * MiB, 16 * MiB, 1 * MiB, 128, 4, 1, 197.0, 819.0),
     TpuTarget("v5p", "v5p:1x1x1", "TPU v5", 64 * MiB, 16 * MiB, 1 * MiB, 128, 4, 2, 459.0, 2765.0),
     TpuTarget("v6e", "v6e:1x1", "TPU v6 lite", 128 * MiB, 32 * MiB, 1 * MiB, 256, 2, 1, 918.0, 1640.0),
-    TpuTarget("v7x", "tpu7x:1x1x1", "TPU7x", 64 * MiB, 32 * MiB, 1 * MiB, 256, 2, 2, 2310.0, 7400.0),
+    TpuTarget("v7x", "tpu7x:1x1x1", "TPU7x", 64 * MiB, 32 * MiB, 1 * MiB, 256, 2, 2, 2310.0, 7400.0,
+              devices_per_chip=2),
 )}
 DEFAULT_TARGET = "v6e"  # the case study's chip
 
@@ -85,6 +94,24 @@ def targets_table() -> str:
     lines.append("VMEM, SMEM and MXUs per TensorCore (what one kernel sees; scoped: a kernel's VMEM limit unless "
                  "it asks for more); cores, bf16 peak and HBM bandwidth per chip.")
     return "\n".join(lines)
+
+
+def parallel_split(extent: int, cores: int = 2) -> tuple:
+    """How a megacore chip's `cores` TensorCores share a kernel's leading "parallel" grid axis of
+    `extent` steps: contiguous ranges, one per core (the first ones one longer when it does not divide).
+
+    >>> parallel_split(10)
+    (range(0, 5), range(5, 10))
+    """
+    if isinstance(extent, bool) or not isinstance(extent, int) or extent < 1:
+        raise ValueError(f"extent must be a positive int (the grid axis' length), got {extent!r}")
+    if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+        raise ValueError(f"cores must be a positive int (2 on a v4 or v5p), got {cores!r}")
+    size, extra = divmod(extent, cores)
+    bounds = [0]
+    for core in range(cores):
+        bounds.append(bounds[-1] + size + (core < extra))
+    return tuple(range(a, b) for a, b in zip(bounds, bounds[1:]))
 
 
 # -- how jax names the generations ----------------------------------------------------------------

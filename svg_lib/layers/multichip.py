@@ -340,7 +340,8 @@ def _shape_bytes(shape: str) -> int:
     return total
 
 
-def _plain_shape(shape: str) -> str:
+def plain_shape(shape: str) -> str:
+    """An HLO shape without its layout: "bf16[5,75600,128]{2,1,0:T(8,128)}" -> "bf16[5,75600,128]"."""
     return ", ".join(f"{dtype}[{dims}]" for dtype, dims in _ARRAY.findall(shape))
 
 
@@ -397,7 +398,7 @@ def hlo_collectives(hlo) -> dict:
         entry["count"] += 1
         entry["operand_bytes"] += sum(_shape_bytes(shapes.get(o, "")) for o in operands)
         entry["result_bytes"] += _shape_bytes(result)
-        entry["shapes"].append(_plain_shape(result))
+        entry["shapes"].append(plain_shape(result))
         if group is not None:
             entry["group_sizes"].add(group)
     return {kind: Collective(kind, e["count"], e["operand_bytes"], e["result_bytes"], tuple(e["shapes"]),

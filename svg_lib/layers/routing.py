@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from svg_lib.attention import build_attention, cached_build, scaled_and_padded
+from svg_lib.chips import TARGETS, parallel_split
 from svg_lib.core.geometry import (inverse_temporal_major_permutation, temporal_major_permutation, to_frame_major,
                                    to_temporal_major)
 from svg_lib.core.masks import Mask, check_block_size
@@ -33,7 +34,7 @@ from svg_lib.kernels.reference import check_qkv
 from svg_lib.memory.smem import check_schedule_fits, schedule_smem
 from svg_lib.memory.vmem import check_fits, estimate_vmem
 from svg_lib.problem import check_block_kv_compute
-from svg_lib.runtime import default_interpret
+from svg_lib.runtime import default_interpret, detect_runtime
 
 # -- validation ------------------------------------------------------------------------------
 
@@ -116,6 +117,111 @@ def routed_attention(kernel, q, k, v, is_temporal, geometry):
     return permute_heads(kernel(q, k, v), is_temporal, geometry, inverse=True)
 
 
+# -- megacore: both TensorCores get an equal share of each kind of head ----------------------------
+#
+# On a v4 or v5p the chip's two TensorCores are one jax device and split the kernel's leading
+# "parallel" grid axis, the heads, into contiguous halves (`chips.parallel_split`). With the
+# in-kernel routing a temporal head visits more tiles than a spatial one, so temporal heads
+# clustered in one half leave the other core idle. Before the kernel the heads are put in an
+# order where each core's half holds one head of every pair (2i, 2i + 1), the pair's members swapped
+# where that evens the kinds out; after the kernel the order is undone. A reshape/transpose and a
+# per-pair select (one fused pass per array), computed from the flags at run time: no gather, and no
+# new program when the routing changes.
+
+def pair_swaps(is_temporal):
+    """bool `[heads // 2]`: which pairs (2i, 2i + 1) to swap so that both halves get an equal share
+    of each kind (`balance_heads`). Works on NumPy and jnp (traced) flags alike; heads must be even.
+
+    Each half gets one head of every pair, so same-kind pairs split evenly by themselves; the mixed
+    pairs alternate which half gets their temporal head (the first mixed pair's goes to core 0).
+    The halves then differ by at most one head of each kind, the fewest any order can reach.
+    """
+    xp = np if isinstance(is_temporal, np.ndarray) else _jnp()
+    heads = int(is_temporal.shape[0])
+    if heads % 2:
+        raise ValueError(f"balancing heads over two cores pairs them up: {heads} heads is odd; use an even head "
+                         "count, or balance_cores=False")
+    first, second = is_temporal[0::2], is_temporal[1::2]
+    mixed = first != second
+    rank = xp.cumsum(mixed.astype(xp.int32)) - mixed.astype(xp.int32)   # mixed pairs before this one
+    return mixed & (first != (rank % 2 == 0))  # swap where core 0's member is not the kind it should get
+
+
+def balance_heads(x, swaps):
+    """`x` `[heads, ...]` in the balanced order: position i < heads/2 holds pair i's first member
+    (after its swap), position heads/2 + i its second; `unbalance_heads` undoes it."""
+    xp = np if isinstance(x, np.ndarray) else _jnp()
+    heads = x.shape[0]
+    pairs = x.reshape((heads // 2, 2) + x.shape[1:])
+    pick = swaps.reshape((heads // 2, 1) + (1,) * (x.ndim - 1))
+    pairs = xp.where(pick, pairs[:, ::-1], pairs)
+    return xp.swapaxes(pairs, 0, 1).reshape(x.shape)
+
+
+def unbalance_heads(x, swaps):
+    """The inverse of `balance_heads(x, swaps)`: heads back in their own order."""
+    xp = np if isinstance(x, np.ndarray) else _jnp()
+    heads = x.shape[0]
+    pairs = xp.swapaxes(x.reshape((2, heads // 2) + x.shape[1:]), 0, 1)
+    pick = swaps.reshape((heads // 2, 1) + (1,) * (x.ndim - 1))
+    return xp.where(pick, pairs[:, ::-1], pairs).reshape(x.shape)
+
+
+def _jnp():
+    import jax.numpy as jnp
+    return jnp
+
+
+def balanced_order(is_temporal) -> np.ndarray:
+    """int `[heads]`: the head each position of the balanced order holds (NumPy; for inspection)."""
+    flags = np.asarray(is_temporal, dtype=bool)
+    return balance_heads(np.arange(flags.shape[0]), pair_swaps(flags))
+
+
+def megacore_balance(mask: SVGMask, is_temporal, *, method: str = "b2", block_q: int = 512, block_kv: int = 512,
+                     cores: int = 2) -> dict:
+    """How the in-kernel layer's work falls on a megacore chip's `cores` TensorCores, in the heads'
+    own order ("before") and in the balanced order ("after"); analytic, from the two kinds' tile plans.
+
+    A head's work: the tiles it visits (`visited`, every grid step that fetches and computes) and how
+    many of them evaluate the mask (`masked`; b1 masks all, b2 the partial ones, b3 padding only). Each core runs a contiguous share of the heads
+    (`chips.parallel_split`). Returns {"per_head": {kind: {"visited", "masked"}}, "steps": the grid
+    steps every head runs, "before"/"after": {"visited": [per core], "masked": [...], "temporal": [heads
+    per core], "balance": mean / max of visited}}; balance 1.0 means both cores finish together.
+    """
+    mask = check_spatial_mask(mask)
+    flags = np.asarray(is_temporal)
+    if flags.dtype != bool or flags.ndim != 1:
+        raise TypeError(f"is_temporal must be a 1-D bool array (True = temporal head), got {flags.dtype} "
+                        f"shaped {flags.shape}")
+    plans = [plan_kind(mask, kind, block_q, block_kv, rounded=method == "b3") for kind in (0, 1)]
+    per_head = {name: {"visited": int(p.visited.sum()),   # b1 masks every tile it visits
+                       "masked": int((p.visited if method == "b1" else p.needs_mask).sum())}
+                for name, p in zip(("spatial", "temporal"), plans)}
+
+    def split(order):
+        kinds = flags[order]
+        out = {"visited": [], "masked": [], "temporal": []}
+        for share in parallel_split(len(order), cores):
+            t = int(kinds[share.start:share.stop].sum())
+            s_ = len(share) - t
+            out["temporal"].append(t)
+            for key in ("visited", "masked"):
+                out[key].append(t * per_head["temporal"][key] + s_ * per_head["spatial"][key])
+        out["balance"] = float(np.mean(out["visited"]) / max(max(out["visited"]), 1))
+        return out
+
+    return {"per_head": per_head, "steps": max(p.steps for p in plans), "method": method,
+            "blocks": (block_q, block_kv), "before": split(np.arange(len(flags))),
+            "after": split(balanced_order(flags))}
+
+
+def megacore_chip() -> bool:
+    """True where the attached chip is a megacore (v4, v5p): two TensorCores as one jax device."""
+    target = TARGETS.get(detect_runtime().tpu_generation)
+    return target is not None and target.megacore
+
+
 # -- planning each kind of head in frame-major order ----------------------------------------------
 
 def plan_kind(mask: SVGMask, kind: int, block_q: int, block_kv: int, rounded: bool = False):
@@ -155,7 +261,7 @@ def build_svg_attention(mask: SVGMask, *, method: str = "b2", heads: int, tokens
 
 def build_svg_attention_in_kernel(mask: SVGMask, *, method: str = "b2", heads: int, tokens: int, head_dim: int,
                                   dtype, block_q: int = 512, block_kv: int = 512,
-                                  block_kv_compute: int | None = None, interpret=None):
+                                  block_kv_compute: int | None = None, interpret=None, balance_cores=None):
     """A jitted `f(q, k, v, is_temporal) -> out`: the block-sparse kernel following each head's kind.
 
     Both tile plans (the band for spatial heads, the frame-major `TemporalMask` for temporal
@@ -169,6 +275,11 @@ def build_svg_attention_in_kernel(mask: SVGMask, *, method: str = "b2", heads: i
     Cost: each head does only its own kind's work, but every head runs the grid's step count,
     the larger of the two plans (the temporal one); a spatial head's extra steps are idle
     (no DMA, no compute, only the grid-step overhead).
+
+    `balance_cores`: on a megacore chip (v4, v5p) the two TensorCores take contiguous halves of the
+    heads, so the heads are first put in an order that gives each half an equal share of each kind
+    (`pair_swaps`, `balance_heads`; undone after the kernel). None: when the attached chip is a
+    megacore and the head count is even; True: always (odd heads raise); False: never.
     """
     import functools
 
@@ -200,8 +311,20 @@ def build_svg_attention_in_kernel(mask: SVGMask, *, method: str = "b2", heads: i
                                block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=interpret,
                                vmem_limit_bytes=vmem.vmem_limit_bytes)
 
+    if balance_cores is None:
+        balance_cores = heads % 2 == 0 and megacore_chip()
+    elif balance_cores is not True and balance_cores is not False:
+        raise TypeError(f"balance_cores must be None, True or False, got {balance_cores!r}")
+    elif balance_cores and heads % 2:
+        raise ValueError(f"balance_cores=True pairs the heads up over two cores: {heads} heads is odd; use an "
+                         "even head count, or balance_cores=False / None")
+
     def run(q, k, v, is_temporal):
-        return kernel(q, k, v, is_temporal.astype(jnp.int32), schedule)
+        if not balance_cores:
+            return kernel(q, k, v, is_temporal.astype(jnp.int32), schedule)
+        swaps = pair_swaps(is_temporal)
+        q, k, v, kinds = (balance_heads(x, swaps) for x in (q, k, v, is_temporal.astype(jnp.int32)))
+        return unbalance_heads(kernel(q, k, v, kinds, schedule), swaps)
 
     nq, nk = plans[0].grid
     return jax.jit(scaled_and_padded(run, tokens=tokens, head_dim=head_dim, q_len=nq * block_q,
@@ -232,7 +355,8 @@ def svg_attention(q, k, v, is_temporal, mask: SVGMask, *, method: str = "b2", bl
 
 
 def svg_attention_in_kernel(q, k, v, is_temporal, mask: SVGMask, *, method: str = "b2", block_q: int = 512,
-                            block_kv: int = 512, block_kv_compute: int | None = None, interpret=None):
+                            block_kv: int = 512, block_kv_compute: int | None = None, interpret=None,
+                            balance_cores=None):
     """The in-kernel alternative to `svg_attention`: no permutation, the kernel follows the temporal layout.
 
     Same arguments and result. Temporal heads stay frame-major and use `TemporalMask(mask)`,
@@ -245,13 +369,14 @@ def svg_attention_in_kernel(q, k, v, is_temporal, mask: SVGMask, *, method: str 
     `build_svg_attention_in_kernel`). What it costs instead of the permutation: the temporal
     mask is scattered in frame-major order, so temporal heads visit (and mask) far more tiles
     than the band (`compare_temporal_tiles`), and every head runs that longer grid row (a
-    spatial head's extra steps are idle). Methods: b1, b2, b3.
+    spatial head's extra steps are idle). Methods: b1, b2, b3. `balance_cores`: see
+    `build_svg_attention_in_kernel` (on a v4 or v5p, by default, both cores get an equal share of each kind).
     """
     heads, tokens, _ = check_qkv(q, k, v)
     mask = check_spatial_mask(mask, tokens)
     is_temporal = check_flags(is_temporal, heads)
     f = cached_build(build_svg_attention_in_kernel, mask, q, method=method, block_q=block_q, block_kv=block_kv,
-                     block_kv_compute=block_kv_compute, interpret=interpret)
+                     block_kv_compute=block_kv_compute, interpret=interpret, balance_cores=balance_cores)
     return f(q, k, v, is_temporal)
 
 
