@@ -25,7 +25,7 @@ from svg_lib.kernels.reference import check_qkv, reference_attention
 from svg_lib.kernels.splash import make_splash, splash_mask_form
 from svg_lib.memory.budget import check_memory
 from svg_lib.problem import check_block_kv_compute
-from svg_lib.runtime import check_head_split, default_interpret, head_split_devices, split_heads
+from svg_lib.runtime import check_head_split, default_interpret, head_split_devices, shard_heads
 
 METHODS = ("reference", "dense", "splash_dense", "splash", "b1", "b2", "b3")
 _NEEDS_MASK = ("splash", "b1", "b2", "b3")
@@ -45,7 +45,7 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
 
     `devices`: None runs every head on one device; two or more devices (a v7x chip's two
     TensorCores: `runtime.chip_devices`) split the heads evenly between them, each device running
-    the kernels built for its share (`runtime.split_heads`).
+    the kernels built for its share (`runtime.shard_heads`).
 
     `generation` ("v6e", "v5e", ...) is the TPU whose VMEM the kernel is planned for: None
     means the attached TPU, or a v6e off TPU; name one to compile for another (svg_lib.tpu.compiler).
@@ -63,7 +63,7 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
         local = build_attention(mask, method=method, heads=heads // len(devices), tokens=tokens, head_dim=head_dim,
                                 dtype=dtype, block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
                                 interpret=interpret, generation=generation)
-        return jax.jit(split_heads(local, devices, heads))
+        return jax.jit(shard_heads(local, devices, heads))
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if method in _NEEDS_MASK and mask is None:

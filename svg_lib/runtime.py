@@ -127,8 +127,8 @@ def head_split_devices(x, heads: int, split_heads=None):
         if heads % 2 or len(placed) > 1:
             return None
         if traced:
-            mesh = jax.sharding.get_abstract_mesh()
-            if getattr(mesh, "axis_names", ()) or len(jax.devices()) != 2:
+            current_mesh = getattr(jax.sharding, "get_abstract_mesh", lambda: None)  # jax >= 0.5
+            if getattr(current_mesh(), "axis_names", ()) or len(jax.devices()) != 2:
                 return None
     devices = chip_devices(placed[0] if len(placed) == 1 else None)
     if len(devices) < 2:
@@ -140,7 +140,7 @@ def head_split_devices(x, heads: int, split_heads=None):
     return check_head_split(devices, heads)
 
 
-def split_heads(fn, devices, heads: int):
+def shard_heads(fn, devices, heads: int):
     """`fn(q, k, v) -> out` (built for `heads // len(devices)` heads) run on `heads` heads split evenly
     over `devices`: a `jax.shard_map` whose every device runs `fn` on its own contiguous block of heads.
 

@@ -125,8 +125,8 @@ def routed_attention(kernel, q, k, v, is_temporal, geometry):
 # clustered in one half leave the other core idle. Before the kernel the heads are put in an
 # order where each core's half holds one head of every pair (2i, 2i + 1), the pair's members swapped
 # where that evens the kinds out; after the kernel the order is undone. A reshape/transpose and a
-# per-pair select (one fused pass per array), computed from the flags at run time: no gather, and no
-# new program when the routing changes.
+# per-pair select, computed from the flags at run time: no gather, and no new program when the
+# routing changes (XLA compiles it as two passes over each array: a layout copy, a select in place).
 
 def pair_swaps(is_temporal):
     """bool `[heads // 2]`: which pairs (2i, 2i + 1) to swap so that both halves get an equal share
