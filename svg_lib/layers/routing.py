@@ -141,7 +141,8 @@ def pair_swaps(is_temporal):
     if heads % 2:
         raise ValueError(f"balancing heads over two cores pairs them up: {heads} heads is odd; use an even head "
                          "count, or balance_cores=False")
-    first, second = is_temporal[0::2], is_temporal[1::2]
+    pairs = is_temporal.reshape(heads // 2, 2)  # not x[0::2]: older jax lowers a strided slice to a gather
+    first, second = pairs[:, 0], pairs[:, 1]
     mixed = first != second
     rank = xp.cumsum(mixed.astype(xp.int32)) - mixed.astype(xp.int32)   # mixed pairs before this one
     return mixed & (first != (rank % 2 == 0))  # swap where core 0's member is not the kind it should get
