@@ -18,7 +18,7 @@ from collections import OrderedDict
 import numpy as np
 
 from svg_lib.core.masks import Mask, TileAlignedMask, check_block_size
-from svg_lib.core.planner import dense_classes, kernel_tables, plan_tiles
+from svg_lib.core.planner import plan_tiles
 from svg_lib.kernels.backward import with_backward
 from svg_lib.kernels.forward import block_sparse_attention, dense_flash_attention
 from svg_lib.kernels.reference import check_qkv, reference_attention
@@ -40,7 +40,7 @@ def b3_mask(mask: Mask, block_q: int, block_kv: int) -> TileAlignedMask:
 
 def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, head_dim: int, dtype,
                     block_q: int, block_kv: int, block_kv_compute: int | None = None, interpret=None,
-                    generation: str | None = None, devices=None):
+                    generation: str | None = None, devices=None, backward: str | None = None):
     """A jitted `f(q, k, v) -> out` for `[heads, tokens, head_dim]` arrays of `dtype`.
 
     `devices`: None runs every head on one device; two or more devices (a v7x chip's two
@@ -49,6 +49,9 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
 
     `generation` ("v6e", "v5e", ...) is the TPU whose VMEM the kernel is planned for: None
     means the attached TPU, or a v6e off TPU; name one to compile for another (svg_lib.tpu.compiler).
+    `backward` (dense, b1, b2, b3): which backward `jax.grad` runs, "fused" (dq, dk and dv in one
+    kernel), "split" (a dq kernel and a dk/dv kernel), or None: fused where one head's dq fits in
+    VMEM beside it (`memory.budget.check_memory`).
 
     A mask's way through here runs one way: plan once (tile classes and the forward's and
     backward's schedules, `TilePlan.tables`; Splash's mask info), check memory once on that plan
@@ -62,7 +65,7 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
         devices = check_head_split(devices, heads)
         local = build_attention(mask, method=method, heads=heads // len(devices), tokens=tokens, head_dim=head_dim,
                                 dtype=dtype, block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
-                                interpret=interpret, generation=generation)
+                                interpret=interpret, generation=generation, backward=backward)
         return jax.jit(shard_heads(local, devices, heads))
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
@@ -95,7 +98,7 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
     if method in ("splash_dense", "splash"):
         splash_mask = splash_mask_form(mask, tokens, kv_len)  # Splash plans its own tables (make_splash)
     elif method == "dense":
-        tables = kernel_tables(dense_classes(tokens, block_q, block_kv))
+        pass  # dense's kernels, forward and backward, take their tiles from program ids
     else:
         # B3 runs the tile-aligned mask, whose kernel predicate masks padding only
         kernel_mask = b3_mask(mask, block_q, block_kv) if method == "b3" else mask
@@ -104,7 +107,7 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
     # 2. Check memory once, on that plan: the forward refuses now, the backward when a gradient is traced.
     budget = check_memory(method, heads=heads, head_dim=head_dim, dtype=dtype, block_q=block_q, block_kv=block_kv,
                           block_kv_compute=block_kv_compute, generation=generation, plan=plan, tables=tables,
-                          splash_mask=splash_mask)
+                          splash_mask=splash_mask, q_len=q_len, backward=backward)
     blocks = dict(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=interpret)
 
     # 3. Build the kernels from the tables and the limits.
@@ -119,9 +122,9 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
     elif method == "dense":
         forward = functools.partial(dense_flash_attention, tokens=tokens, vmem_limit_bytes=budget.forward_limit,
                                     **blocks)
-        run = with_backward(lambda q, k, v, residuals: forward(q, k, v, residuals=residuals), tables,
+        run = with_backward(lambda q, k, v, residuals: forward(q, k, v, residuals=residuals), None,
                             backward_limits=budget.backward_limits, stage="dense", keep=_not_padding(tokens),
-                            **blocks)
+                            tokens=tokens, **blocks)
     else:
         keep = kernel_mask.kernel_predicate(block_q, block_kv)
         head_kind = jnp.zeros((heads,), jnp.int32)  # one mask: every head follows schedule row block 0
@@ -207,7 +210,7 @@ def _rows_without_keys(mask, tokens, q_len):
 
 
 def attention(q, k, v, mask: Mask | None = None, *, method: str, block_q: int = 512, block_kv: int = 512,
-              block_kv_compute: int | None = None, interpret=None, split_heads=None):
+              block_kv_compute: int | None = None, interpret=None, split_heads=None, backward: str | None = None):
     """Attention over `[heads, tokens, head_dim]` q, k, v (float32 or bfloat16) by `method`.
 
     Methods: "reference" (jnp), "dense" (the series' flash kernel), "splash_dense" (B0,
@@ -219,7 +222,8 @@ def attention(q, k, v, mask: Mask | None = None, *, method: str, block_q: int = 
 
     Differentiable: `jax.grad` runs Pallas backward kernels over the same tiles for dense,
     b1, b2 and b3 (svg_lib.kernels.backward; b3's gradient is that of its rounded mask), and Splash's
-    own backward for splash and splash_dense.
+    own backward for splash and splash_dense. `backward`: "fused" (one kernel computes dq, dk and dv
+    of a tile), "split" (a dq kernel, then a dk/dv kernel), or None, fused where it fits in VMEM.
 
     `split_heads`: on a v7x, whose two TensorCores jax shows as two devices, None (the default)
     splits the heads evenly over the chip's two devices (`runtime.head_split_devices` says when:
@@ -230,7 +234,7 @@ def attention(q, k, v, mask: Mask | None = None, *, method: str, block_q: int = 
     heads = check_qkv(q, k, v)[0]
     devices = head_split_devices(q, heads, split_heads)
     fn = cached_build(build_attention, mask, q, method=method, block_q=block_q, block_kv=block_kv,
-                      block_kv_compute=block_kv_compute, interpret=interpret, devices=devices)
+                      block_kv_compute=block_kv_compute, interpret=interpret, devices=devices, backward=backward)
     return fn(q, k, v) if devices is None else _run_split(fn, devices, q, k, v)
 
 

@@ -49,9 +49,9 @@ def grads64(q, k, v, keep, dout):
             dv)
 
 
-def kernel_grads(q, k, v, dout, mask, method, interpret=None, **blocks):
+def kernel_grads(q, k, v, dout, mask, method, interpret=None, backward=None, **blocks):
     def loss(q, k, v):
-        out = attention(q, k, v, mask, method=method, interpret=interpret, **(blocks or BLOCKS))
+        out = attention(q, k, v, mask, method=method, interpret=interpret, backward=backward, **(blocks or BLOCKS))
         return jnp.sum(out.astype(jnp.float32) * dout.astype(jnp.float32))
     return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
 
@@ -78,6 +78,81 @@ def test_gradients_match_float64(method, dtype):
     mask = computed_mask(MASK, method)
     got = kernel_grads(q, k, v, dout, None if mask is None else MASK, method)
     assert_grads_close(got, grads64(q, k, v, None if mask is None else mask.to_dense(), dout), GRAD_TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("method", ["dense", "b1", "b2", "b3"])
+def test_split_backward_matches_float64(method, dtype):
+    """The two-kernel backward (a dq kernel, then a dk/dv kernel), which runs where one head's dq
+    does not fit in VMEM beside the fused kernel; at this size None picks the fused one."""
+    q, k, v = random_qkv(3, 2, MASK.tokens, 128, dtype)
+    dout = random_qkv(4, 2, MASK.tokens, 128, dtype)[0]
+    mask = computed_mask(MASK, method)
+    got = kernel_grads(q, k, v, dout, None if mask is None else MASK, method, backward="split")
+    assert_grads_close(got, grads64(q, k, v, None if mask is None else mask.to_dense(), dout), GRAD_TOL[dtype])
+
+
+def _pallas_calls(jaxpr):
+    """Every pallas_call equation in `jaxpr`, nested jaxprs included."""
+    from jax.extend import core as jex_core
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            yield eqn
+        for param in eqn.params.values():
+            for sub in (param if isinstance(param, (list, tuple)) else [param]):
+                inner = getattr(sub, "jaxpr", sub)
+                if isinstance(inner, jex_core.Jaxpr):
+                    yield from _pallas_calls(inner)
+
+
+def _kernel_name(eqn) -> str:
+    """A pallas_call's name: `name` in recent jax, `name_and_src_info` ("name at file:line") in jax 0.7."""
+    return eqn.params.get("name") or str(eqn.params["name_and_src_info"]).split()[0]
+
+
+@pytest.mark.parametrize("backward", ["fused", "split"])
+def test_which_backward_kernels_a_gradient_runs(backward):
+    """jax.grad runs the form asked for: the fused kernel alone, or the dq and dk/dv kernels. Dense's
+    backward, like its forward, reads no table (no scalar prefetch): its tiles come from program ids,
+    so the compiler's static profile, which reads SMEM as 0, simulates every step as what it is."""
+    q, k, v = random_qkv(3, 1, MASK.tokens, 128, "float32")
+    for method in ("dense", "b2"):
+        loss = lambda q, k, v: jnp.sum(attention(q, k, v, None if method == "dense" else MASK,  # noqa: E731
+                                                 method=method, backward=backward, **BLOCKS))
+        calls = list(_pallas_calls(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v).jaxpr))
+        names = sorted(_kernel_name(c) for c in calls)
+        want = [f"{method}_attention_fused_bwd"] if backward == "fused" else [f"{method}_attention_dkv",
+                                                                                f"{method}_attention_dq"]
+        assert [n for n in names if "bwd" in n or "attention_d" in n] == want, names
+        prefetch = {_kernel_name(c): c.params["grid_mapping"].num_index_operands for c in calls}
+        expected = 0 if method == "dense" else 1
+        assert all(prefetch[n] == expected for n in want), prefetch
+
+
+def test_the_fused_backward_is_taken_where_one_heads_dq_fits():
+    """None picks the fused kernel while one head's f32 dq fits in VMEM beside it, else the split one;
+    asking for the fused one where it does not fit says what to do instead."""
+    from svg_lib import PRESETS
+    from svg_lib.core.planner import plan_tiles as plan_of
+    from svg_lib.memory.budget import check_memory
+    blog = PRESETS["blog"]
+    q_len = -(-blog.tokens // blog.block_q) * blog.block_q
+    plan = plan_of(b3_mask(blog.mask(), blog.block_q, blog.block_kv), blog.block_q, blog.block_kv)
+    common = dict(heads=1, head_dim=128, dtype=jnp.bfloat16, block_q=blog.block_q, block_kv=blog.block_kv,
+                  block_kv_compute=blog.block_kv_compute, plan=plan, tables=plan.tables)
+    budget = check_memory("b3", generation="v6e", q_len=q_len, **common)
+    assert budget.backward_form == "fused" and budget.backward_limits()[0] == "fused"
+    fused = budget.backward[0]
+    assert fused.scratch >= 4 * q_len * 128  # one head's whole dq, f32
+    # 1440p: 302,400 tokens, one head's dq is 148 MiB, more than a v6e's VMEM: the split kernels
+    long = 4 * q_len
+    assert check_memory("b3", generation="v6e", q_len=long, **common).backward_form == "split"
+    with pytest.raises(ValueError, match="backward='split'"):
+        check_memory("b3", generation="v6e", q_len=long, backward="fused", **common).backward_limits()
+    with pytest.raises(ValueError, match="backward must be one of"):
+        check_memory("b3", generation="v6e", q_len=q_len, backward="fast", **common)
+    with pytest.raises(ValueError, match="q_len"):
+        estimate_vmem("b3:fused", 512, 512, 128, jnp.bfloat16)
 
 
 def test_float64_gradients_agree_with_jax_grad_of_the_reference():
@@ -147,14 +222,17 @@ def test_dense_classes_mask_only_the_key_padding():
 
 
 @needs_race_state
-@pytest.mark.parametrize("method", ["dense", "b2", "b3"])
-def test_backward_kernels_have_no_races(method):
+@pytest.mark.parametrize("method, backward", [("dense", "fused"), ("b2", "fused"), ("b3", "fused"),
+                                              ("dense", "split"), ("b3", "split")])
+def test_backward_kernels_have_no_races(method, backward):
+    """Under the interpreter that simulates a TPU's memory, DMAs and semaphores: the fused kernel's
+    copy of dq to HBM included."""
     q, k, v = random_qkv(3, 1, MASK.tokens, 128, "float32")
     dout = random_qkv(4, 1, MASK.tokens, 128, "float32")[0]
     params = pltpu.InterpretParams(detect_races=True)
     got, found = _races_found_in(lambda: [np.asarray(g) for g in kernel_grads(q, k, v, dout, MASK, method,
-                                                                                 interpret=params)])
-    assert not found, f"{method}: the interpreter reported a race in the backward"
+                                                                                 interpret=params, backward=backward)])
+    assert not found, f"{method}: the interpreter reported a race in the {backward} backward"
     mask = computed_mask(MASK, method)
     assert_grads_close(got, grads64(q, k, v, None if mask is None else mask.to_dense(), dout), GRAD_TOL["float32"])
 

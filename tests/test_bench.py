@@ -13,7 +13,7 @@ import pytest
 matplotlib.use("Agg")
 
 from svg_lib.attention import b3_mask  # noqa: E402
-from svg_lib.tools.bench import BenchResult, blog_figure, method_tiles, run_benchmark
+from svg_lib.tools.bench import BenchResult, backward_form, backward_steps, blog_figure, method_tiles, run_benchmark
 from svg_lib.problem import BLOG_SWEEP_V6E_MS, BLOG_V6E_MS, DEFAULT_METHODS, BenchConfig
 from svg_lib.cli import main  # noqa: E402
 from svg_lib.core.geometry import VideoGeometry  # noqa: E402
@@ -129,15 +129,22 @@ def test_errors_are_small_under_each_methods_own_mask(result):
 
 def test_backward_is_timed_checked_and_counted():
     """--backward: forward + backward timed per method, gradients checked against the reference's,
-    and the backward's grid steps those of the forward's schedule plus its transpose."""
+    and the backward's grid steps those of the fused kernel's walk (the transposed schedule), which
+    attention() runs at this size; the split form's are the forward's schedule plus its transpose."""
     config = BenchConfig(geometry=VideoGeometry(3, 8, 16), heads=1, head_dim=128, block_q=128, block_kv=256,
                          density=0.35, dtype="float32")
     res = run_benchmark(config, ("splash_dense", "dense", "b3"), repeats=1, warmup=0, backward=True)
     rows = rows_by_method(res)
     plan = plan_tiles(b3_mask(config.mask(), 128, 256), 128, 256)
     nq, nk = plan.grid
-    assert rows["b3"]["backward_steps"] == nq * plan.steps + nk * plan.transposed_tables[0].shape[1]
-    assert rows["dense"]["backward_steps"] == 2 * nq * nk and rows["splash_dense"]["backward_steps"] is None
+    assert backward_form(config, "b3", plan) == backward_form(config, "dense") == "fused"
+    assert rows["b3"]["backward_steps"] == nk * plan.transposed_tables[0].shape[1]
+    assert rows["dense"]["backward_steps"] == nq * nk and rows["splash_dense"]["backward_steps"] is None
+    # a sequence too long for one head's dq in VMEM: the split form, both passes counted
+    long = dataclasses.replace(config, geometry=VideoGeometry(21, 90, 160), block_q=512, block_kv=512)
+    assert backward_form(long, "dense") == "split"
+    lq, lk = -(-long.tokens // 512), -(-long.tokens // 512)
+    assert backward_steps(long, "dense") == 2 * lq * lk
     for r in res.rows:
         assert r["train_median_ms"] > 0 and r["grad_error"] < F32_TOL * 10
     assert rows["splash_dense"]["train_speedup"] == 1.0

@@ -9,7 +9,7 @@ import json
 from svg_lib.chips import DEFAULT_TARGET, TARGETS
 from svg_lib.cli.common import Command, add_problem_arguments, config_from_args
 from svg_lib.problem import BLOG_SWEEP_V6E_MS
-from svg_lib.tpu.cost import BLOG_RATIOS, EVIDENCE, MODEL_METHODS, cost_model, tile_cost
+from svg_lib.tpu.cost import BLOG_RATIOS, EVIDENCE, MODEL_METHODS, backward_tile_cost, cost_model, tile_cost, training_model
 
 BLOG_SWEEP_BQ = (1024, 3328, 4864)
 SWEEP_KINDS = ("free", "svg_masked", "idle")
@@ -23,6 +23,8 @@ def _cost_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-kv-compute", type=int, metavar="C", help="key chunk inside a tile (default: as kernels pick)")
     parser.add_argument("--sweep", action="store_true",
                         help="also model the blog's BQ sweep (BKV 1536; BQ 1024, 3328, 4864): three more block sizes")
+    parser.add_argument("--backward", action="store_true",
+                        help="also the backward's kernels (ours fused and split, Splash's) and a training step's model")
     parser.add_argument("--refresh", action="store_true", help="recompile the probes even if cached")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
@@ -34,6 +36,18 @@ def _model_table(title: str, model: dict, blog: dict | None) -> str:
             continue
         b = blog.get(m) if blog else None
         lines.append(f"  {m:13} {model[m]:15,.0f} {model[m + '/b0']:7.2f} {'' if b is None else f'{b:.2f}':>11}")
+    return "\n".join(lines)
+
+
+def _training_table(model: dict) -> str:
+    ratios = model.get("ratios", {})
+    lines = ["training step (forward + backward; the backward fused: Splash's for splash_dense, ours for the rest)",
+             f"  {'method':13} {'forward':>13} {'backward':>13} {'total':>13} {'vs B0 fwd':>9} {'bwd':>6} {'total':>6}"]
+    for m in MODEL_METHODS:
+        if m in model:
+            r = ratios.get(m, {})
+            tail = f" {r['forward']:9.2f} {r['backward']:6.2f} {r['total']:6.2f}" if r else ""
+            lines.append(f"  {m:13} {model[m]['forward']:13,.0f} {model[m]['backward']:13,.0f} {model[m]['total']:13,.0f}{tail}")
     return "\n".join(lines)
 
 
@@ -56,6 +70,11 @@ def _cost_run(args: argparse.Namespace) -> int:
             sweep[sq] = {"model_cycles": cost_model(at, c, methods=("b2",))["b2"],
                          "blog_ms": BLOG_SWEEP_V6E_MS.get(sq), "tile_cost": c.to_json()}
         out["sweep_b2_bkv1536"] = sweep
+    if args.backward:
+        bwd = backward_tile_cost(args.target, block_q=bq, block_kv=bkv, block_kv_compute=cost.block_kv_compute,
+                                 head_dim=config.head_dim, kinds=("free", "svg_masked"), refresh=args.refresh)
+        out["backward_cost"] = {k: v for k, v in bwd.to_json().items() if k != "raw"}
+        out["training_model"] = training_model(config, cost, bwd)
     out["tile_cost"].pop("raw", None)
     if args.json:
         print(json.dumps(out))
@@ -64,6 +83,10 @@ def _cost_run(args: argparse.Namespace) -> int:
     print()
     blog = BLOG_RATIOS if config.is_blog_problem and (bq, bkv) == (3328, 1536) else None
     print(_model_table(f"cost model: sum over grid steps of the step's simulated body cost ({config})", model, blog))
+    if args.backward:
+        print()
+        print(bwd.table())
+        print(_training_table(out["training_model"]))
     if sweep:
         base = sweep[3328]["model_cycles"] if 3328 in sweep else None
         print("\nB2 block-size sweep, BKV 1536 (model cycles without the per-row terms; blog ms measured on a v6e)")

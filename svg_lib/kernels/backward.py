@@ -34,6 +34,8 @@ from jax.experimental.pallas import tpu as pltpu
 from svg_lib.core.planner import CLASS_BITS, EMPTY, FULL, PARTIAL, STEP_BITS, KernelTables
 from svg_lib.kernels.forward import MASK_VALUE, MAX_UNROLLED_CHUNKS, NN, NT, _compiler_params, _dot
 
+TN = (((0,), (0,)), ((), ()))  # dot_general dimensions of a^T @ b: contract both operands' first dims
+
 
 def _token_ids(start, n, axis):
     """Global token indices `start ... start + n - 1` laid along `axis` of a 2-D array:
@@ -72,10 +74,13 @@ def _dq_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_acc, *, keep, q_st
 
 
 def _dkv_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, *, keep, q_start, k_start,
-              block_kv_compute):
-    """Add one query tile's share of dk and dv to `dk_acc`, `dv_acc` `[block_kv, head_dim]` f32.
+              block_kv_compute, dq_acc=None):
+    """Add one query tile's share of dk and dv to `dk_acc`, `dv_acc` `[block_kv, head_dim]` f32,
+    and with `dq_acc` (the fused backward) that key tile's share of dq to `dq_acc` `[block_q, head_dim]` f32.
 
-    Computed transposed, keys on rows: lse_ref, di_ref are rows `[1, block_q]` f32.
+    Computed transposed, keys on rows: lse_ref, di_ref are rows `[1, block_q]` f32. The fused
+    backward's one extra line is dq's matmul, `ds^T` turned back (`TN`): p and ds are computed
+    once per tile for all three gradients, where the two-kernel form computes them twice.
     """
     block_q = q_ref.shape[0]
 
@@ -90,8 +95,10 @@ def _dkv_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, *, k
         p_t = jnp.exp(s_t - lse_ref[...])
         dv_acc[ks, :] += _dot(p_t.astype(do.dtype), do, NN)          # [bkc, head_dim]
         dp_t = _dot(v, do, NT)                                       # [bkc, block_q]
-        ds_t = p_t * (dp_t - di_ref[...])
-        dk_acc[ks, :] += _dot(ds_t.astype(q.dtype), q, NN)           # [bkc, head_dim]
+        ds_t = (p_t * (dp_t - di_ref[...])).astype(q.dtype)
+        dk_acc[ks, :] += _dot(ds_t, q, NN)                           # [bkc, head_dim]
+        if dq_acc is not None:
+            dq_acc[...] += _dot(ds_t, k, TN)                         # [block_q, head_dim]
         return carry
 
     chunks = k_ref.shape[0] // block_kv_compute
@@ -107,37 +114,69 @@ def _visit(stage, cls, tile):
         pl.when(cls == PARTIAL)(functools.partial(tile, True))
 
 
-def _step_reader(steps):
-    """`step_at(schedule_ref, row, s) -> (tile, class)` for a packed one-kind schedule of `steps` per row."""
-    def step_at(schedule_ref, row, s):
-        n = row * steps + s
-        entry = (schedule_ref[n >> 1] >> (STEP_BITS * (n & 1))) & 0xFFFF
-        return entry >> CLASS_BITS, entry & ((1 << CLASS_BITS) - 1)
-    return step_at
+def _tile_reader(name, schedule, rows, steps, padding_class):
+    """`(prefetch, step_at)`: what a backward kernel scalar-prefetches, and how its grid step (row, s)
+    finds the tile it visits and that tile's class, `step_at(prefetch_refs, row, s) -> (tile, class)`.
 
-
-def _check_schedule(name, schedule, rows, steps):
+    From a packed schedule (b1, b2, b3; `planner.pack_schedule`): entry `row * steps + s`, half of a
+    word. Without one (dense), from the program ids alone, as the dense forward does: tile `s`, class
+    `padding_class(row, s)` (PARTIAL where the tile reaches into key padding). Then the compiler's
+    static profile, which reads every SMEM value as 0, simulates each step as what it is.
+    """
+    if schedule is None:
+        return (), lambda prefetch, row, s: (s, padding_class(row, s))
     words = -(-rows * steps // 2)
     if tuple(schedule.shape) != (words,):
         raise ValueError(f"{name} must be int32 [{words}] for {rows} rows x {steps} steps "
                          f"(planner.pack_schedule), got {tuple(schedule.shape)}")
 
+    def step_at(prefetch, row, s):
+        n = row * steps + s
+        entry = (prefetch[0][n >> 1] >> (STEP_BITS * (n & 1))) & 0xFFFF
+        return entry >> CLASS_BITS, entry & ((1 << CLASS_BITS) - 1)
+    return (schedule,), step_at
+
+
+def _padding_class(block_kv, tokens):
+    """class of key tile `j` in the dense backward: PARTIAL if it reaches past `tokens`, else FULL."""
+    return lambda j: jnp.where((j + 1) * block_kv > tokens, PARTIAL, FULL)
+
+
+def _call(kernel, prefetch, operands, *, grid, in_specs, out_specs, out_shape, scratch, semantics, vmem_limit_bytes,
+          interpret, name):
+    return pl.pallas_call(
+        kernel,
+        grid_spec=pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=len(prefetch), grid=grid, in_specs=in_specs,
+                                               out_specs=out_specs, scratch_shapes=scratch),
+        out_shape=out_shape,
+        compiler_params=pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=vmem_limit_bytes),
+        interpret=interpret,
+        name=name,
+    )(*prefetch, *operands)
+
+
+# heads and the grid's rows are independent; the last axis carries an accumulator
+_SPLIT_SEMANTICS = ("parallel", "parallel", "arbitrary")
+
 
 def attention_dq(q, k, v, do, lse_rows, di_rows, schedule, *, steps, stage, keep, block_q, block_kv, block_kv_compute,
-                 interpret, vmem_limit_bytes=None):
+                 interpret, vmem_limit_bytes=None, tokens=None):
     """dq `[heads, nq_pad, head_dim]` (w.r.t. the pre-scaled q) over the forward's schedule.
 
     lse_rows, di_rows: f32 `[heads, 1, nq_pad]`, the forward's log-sum-exp and rowsum(do * o).
-    schedule: the forward's packed table, `[ceil(nq * steps / 2)]`.
+    schedule: the forward's packed table, `[ceil(nq * steps / 2)]`; None for dense (every key
+    tile, `steps` = nk, the one reaching past `tokens` masked).
     """
     heads, nq_pad, head_dim = q.shape
     nq = nq_pad // block_q
-    _check_schedule("the forward schedule", schedule, nq, steps)
-    step_at = _step_reader(steps)
+    padding = _padding_class(block_kv, tokens)
+    prefetch, step_at = _tile_reader("the forward schedule", schedule, nq, steps, lambda i, s: padding(s))
+    n = len(prefetch)
 
-    def kernel(schedule_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_ref, dq_acc):
+    def kernel(*refs):
+        q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_ref, dq_acc = refs[n:]
         i, s = pl.program_id(1), pl.program_id(2)
-        kv_tile, cls = step_at(schedule_ref, i, s)
+        kv_tile, cls = step_at(refs[:n], i, s)
 
         @pl.when(s == 0)
         def _():
@@ -152,43 +191,46 @@ def attention_dq(q, k, v, do, lse_rows, di_rows, schedule, *, steps, stage, keep
         def _():
             dq_ref[...] = dq_acc[...].astype(dq_ref.dtype)
 
-    def q_map(h, i, s, schedule_ref):
-        return h, i, 0
+    row = pl.BlockSpec((None, block_q, head_dim), lambda h, i, s, *tables: (h, i, 0))
+    kv = pl.BlockSpec((None, block_kv, head_dim), lambda h, i, s, *tables: (h, step_at(tables, i, s)[0], 0))
+    per_query = pl.BlockSpec((None, 1, block_q), lambda h, i, s, *tables: (h, 0, i))
+    return _call(kernel, prefetch, (q, k, v, do, lse_rows, di_rows), grid=(heads, nq, steps),
+                 in_specs=[row, kv, kv, row, per_query, per_query], out_specs=row,
+                 out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+                 scratch=[pltpu.VMEM((block_q, head_dim), jnp.float32)], semantics=_SPLIT_SEMANTICS,
+                 vmem_limit_bytes=vmem_limit_bytes, interpret=interpret, name=f"{stage}_attention_dq")
 
-    def kv_map(h, i, s, schedule_ref):
-        return h, step_at(schedule_ref, i, s)[0], 0
 
-    row = pl.BlockSpec((None, block_q, head_dim), q_map)
-    kv = pl.BlockSpec((None, block_kv, head_dim), kv_map)
-    per_query = pl.BlockSpec((None, 1, block_q), lambda h, i, s, schedule_ref: (h, 0, i))
-    return pl.pallas_call(
-        kernel,
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=1, grid=(heads, nq, steps),
-            in_specs=[row, kv, kv, row, per_query, per_query], out_specs=row,
-            scratch_shapes=[pltpu.VMEM((block_q, head_dim), jnp.float32)]),
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        compiler_params=_compiler_params(vmem_limit_bytes),
-        interpret=interpret,
-        name=f"{stage}_attention_dq",
-    )(schedule, q, k, v, do, lse_rows, di_rows)
+def _kv_major(q, k, schedule_t, steps_t, block_q, block_kv, tokens, head_dim):
+    """What the dk/dv and fused kernels share: they walk the transposed schedule, one key tile per
+    grid row, and read the query tile of each step. Returns (prefetch, step_at, specs): the specs of
+    q, k, v, do, lse and D, and of a key tile's own `[block_kv, head_dim]` block."""
+    nk = k.shape[1] // block_kv
+    padding = _padding_class(block_kv, tokens)
+    prefetch, step_at = _tile_reader("the transposed schedule", schedule_t, nk, steps_t, lambda j, s: padding(j))
+    q_tile = lambda h, j, s, *tables: (h, step_at(tables, j, s)[0], 0)  # noqa: E731
+    row = pl.BlockSpec((None, block_q, head_dim), q_tile)
+    kv = pl.BlockSpec((None, block_kv, head_dim), lambda h, j, s, *tables: (h, j, 0))
+    per_query = pl.BlockSpec((None, 1, block_q), lambda h, j, s, *tables: (h, 0, q_tile(h, j, s, *tables)[1]))
+    return prefetch, step_at, [row, kv, kv, row, per_query, per_query], kv
 
 
 def attention_dkv(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, stage, keep, block_q, block_kv,
-                  block_kv_compute, interpret, vmem_limit_bytes=None):
+                  block_kv_compute, interpret, vmem_limit_bytes=None, tokens=None):
     """(dk, dv), each `[heads, nk_pad, head_dim]`, over the transposed schedule.
 
     lse_rows, di_rows: f32 `[heads, 1, nq_pad]`. schedule_t: `TilePlan.transposed_schedule`,
-    `[ceil(nk * steps_t / 2)]`: per key tile, the query tiles to visit.
+    `[ceil(nk * steps_t / 2)]`: per key tile, the query tiles to visit; None for dense (every
+    query tile, `steps_t` = nq).
     """
     heads, nk_pad, head_dim = k.shape
-    nk = nk_pad // block_kv
-    _check_schedule("the transposed schedule", schedule_t, nk, steps_t)
-    step_at = _step_reader(steps_t)
+    prefetch, step_at, in_specs, kv = _kv_major(q, k, schedule_t, steps_t, block_q, block_kv, tokens, head_dim)
+    n = len(prefetch)
 
-    def kernel(schedule_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_ref, dv_ref, dk_acc, dv_acc):
+    def kernel(*refs):
+        q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_ref, dv_ref, dk_acc, dv_acc = refs[n:]
         j, s = pl.program_id(1), pl.program_id(2)
-        q_tile, cls = step_at(schedule_ref, j, s)
+        q_tile, cls = step_at(refs[:n], j, s)
 
         @pl.when(s == 0)
         def _():
@@ -205,43 +247,114 @@ def attention_dkv(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, stage,
             dk_ref[...] = dk_acc[...].astype(dk_ref.dtype)
             dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
 
-    def kv_map(h, j, s, schedule_ref):
-        return h, j, 0
-
-    def q_map(h, j, s, schedule_ref):
-        return h, step_at(schedule_ref, j, s)[0], 0
-
-    row = pl.BlockSpec((None, block_q, head_dim), q_map)
-    kv = pl.BlockSpec((None, block_kv, head_dim), kv_map)
-    per_query = pl.BlockSpec((None, 1, block_q), lambda h, j, s, schedule_ref: (h, 0, q_map(h, j, s, schedule_ref)[1]))
     out = jax.ShapeDtypeStruct(k.shape, k.dtype)
-    return pl.pallas_call(
-        kernel,
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=1, grid=(heads, nk, steps_t),
-            in_specs=[row, kv, kv, row, per_query, per_query], out_specs=[kv, kv],
-            scratch_shapes=[pltpu.VMEM((block_kv, head_dim), jnp.float32)] * 2),
-        out_shape=[out, out],
-        compiler_params=_compiler_params(vmem_limit_bytes),
-        interpret=interpret,
-        name=f"{stage}_attention_dkv",
-    )(schedule_t, q, k, v, do, lse_rows, di_rows)
+    return _call(kernel, prefetch, (q, k, v, do, lse_rows, di_rows), grid=(heads, nk_pad // block_kv, steps_t),
+                 in_specs=in_specs, out_specs=[kv, kv], out_shape=[out, out],
+                 scratch=[pltpu.VMEM((block_kv, head_dim), jnp.float32)] * 2, semantics=_SPLIT_SEMANTICS,
+                 vmem_limit_bytes=vmem_limit_bytes, interpret=interpret, name=f"{stage}_attention_dkv")
 
 
-def with_backward(forward, tables: KernelTables, *, backward_limits, stage, keep, block_q, block_kv,
-                  block_kv_compute, interpret):
+def fused_scratch(q_rows, block_q, block_kv, head_dim, dtype):
+    """The fused kernel's VMEM scratch: one head's dq `[q_rows, head_dim]` f32, dk and dv
+    `[block_kv, head_dim]` f32, a `[block_q, head_dim]` buffer of dq in the output dtype and the
+    semaphore of its copies to HBM (`write_dq`)."""
+    return ([pltpu.VMEM((q_rows, head_dim), jnp.float32)] + [pltpu.VMEM((block_kv, head_dim), jnp.float32)] * 2
+            + [pltpu.VMEM((block_q, head_dim), dtype), pltpu.SemaphoreType.DMA(())])
+
+
+def write_dq(dq_acc, dq_out, dq_hbm, sem):
+    """Copy a head's finished dq, f32 `dq_acc` `[q_rows, head_dim]` in VMEM, to `dq_hbm` (that head's
+    `[q_rows, head_dim]` in HBM) in the output's dtype, one query tile at a time through `dq_out`
+    `[block_q, head_dim]`: a cast of the whole would need a second head-sized buffer. Once per head,
+    a few microseconds of DMA beside milliseconds of tiles."""
+    block_q = dq_out.shape[0]
+
+    def tile(i, carry):
+        rows = pl.ds(pl.multiple_of(i * block_q, block_q), block_q)
+        dq_out[...] = dq_acc[rows, :].astype(dq_out.dtype)
+        copy = pltpu.make_async_copy(dq_out, dq_hbm.at[rows, :], sem)
+        copy.start()
+        copy.wait()
+        return carry
+
+    jax.lax.fori_loop(0, dq_acc.shape[0] // block_q, tile, None)
+
+
+def attention_fused(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, stage, keep, block_q, block_kv,
+                    block_kv_compute, interpret, vmem_limit_bytes=None, tokens=None):
+    """(dq, dk, dv) in one pass over the transposed schedule: p and ds once per visited tile.
+
+    The dk/dv kernel's walk (per key tile, the query tiles that visit it) with dq added: a query
+    tile's dq sums over key tiles, which this walk visits in separate grid rows, so one head's
+    whole dq, f32 `[nq_pad, head_dim]`, stays in VMEM from the head's first step to its last and
+    is written to HBM once, at the head's last step (`write_dq`; hence the key-tile axis is
+    "arbitrary": one core walks all of a head's key tiles). Fits where one head's dq does
+    (`estimate_vmem(f"{stage}:fused", ..., q_len=)`): 37.4 MiB at the case study's 76,544 padded
+    rows, head_dim 128; `with_backward` runs the two-kernel form where it does not.
+    """
+    heads, nq_pad, head_dim = q.shape
+    nk = k.shape[1] // block_kv
+    prefetch, step_at, in_specs, kv = _kv_major(q, k, schedule_t, steps_t, block_q, block_kv, tokens, head_dim)
+    n = len(prefetch)
+
+    def kernel(*refs):
+        q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_hbm, dk_ref, dv_ref, dq_acc, dk_acc, dv_acc, dq_out, sem = refs[n:]
+        h, j, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+        q_tile, cls = step_at(refs[:n], j, s)
+
+        @pl.when((j == 0) & (s == 0))
+        def _():
+            dq_acc[...] = jnp.zeros(dq_acc.shape, jnp.float32)
+
+        @pl.when(s == 0)
+        def _():
+            dk_acc[...] = jnp.zeros(dk_acc.shape, jnp.float32)
+            dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
+
+        def tile(masked):
+            rows = pl.ds(pl.multiple_of(q_tile * block_q, block_q), block_q)
+            _dkv_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, keep=keep if masked else None,
+                      q_start=q_tile * block_q, k_start=j * block_kv, block_kv_compute=block_kv_compute,
+                      dq_acc=dq_acc.at[rows, :])
+        _visit(stage, cls, tile)
+
+        @pl.when(s == steps_t - 1)
+        def _():
+            dk_ref[...] = dk_acc[...].astype(dk_ref.dtype)
+            dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
+
+        @pl.when((j == nk - 1) & (s == steps_t - 1))
+        def _():  # the head's dq is complete
+            write_dq(dq_acc, dq_out, dq_hbm.at[h], sem)
+
+    out = jax.ShapeDtypeStruct(k.shape, k.dtype)
+    return _call(kernel, prefetch, (q, k, v, do, lse_rows, di_rows), grid=(heads, nk, steps_t),
+                 in_specs=in_specs, out_specs=[pl.BlockSpec(memory_space=pl.ANY), kv, kv],
+                 out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), out, out],
+                 scratch=fused_scratch(nq_pad, block_q, block_kv, head_dim, q.dtype),
+                 semantics=("parallel", "arbitrary", "arbitrary"), vmem_limit_bytes=vmem_limit_bytes,
+                 interpret=interpret, name=f"{stage}_attention_fused_bwd")
+
+
+def with_backward(forward, tables: KernelTables | None, *, backward_limits, stage, keep, block_q, block_kv,
+                  block_kv_compute, interpret, tokens=None):
     """`run(q, k, v)` on padded, pre-scaled arrays, differentiable by `jax.grad`.
 
     `forward(q, k, v, residuals)` returns the output, or `(out, lse)` with `residuals=True`.
-    `tables`: the tiles the forward visits, as the planner packed them (`TilePlan.tables`, or
-    `kernel_tables(dense_classes(...))`): `attention_dq` runs over `tables.schedule`,
-    `attention_dkv` over `tables.schedule_t`. `backward_limits() -> (dq, dkv)` gives their VMEM
-    limits (`MemoryBudget.backward_limits`); it is called when a gradient is traced, so blocks
-    whose backward does not fit refuse there and a forward-only caller never meets it.
+    `tables`: the tiles the forward visits, as the planner packed them (`TilePlan.tables`): the
+    backward walks `tables.schedule_t` (fused, or the dk/dv kernel) and `tables.schedule` (the dq
+    kernel). None for dense, whose backward, like its forward, takes its tiles from program ids
+    and masks the key tile that reaches past `tokens`. `backward_limits() -> (form, limits)`
+    says which backward runs, "fused" (`attention_fused`, limits `(fused,)`) or "split"
+    (`attention_dq` then `attention_dkv`, limits `(dq, dkv)`), and with what VMEM limits
+    (`MemoryBudget.backward_limits`); it is called when a gradient is traced, so blocks whose
+    backward does not fit refuse there and a forward-only caller never meets it.
     """
-    schedule, schedule_t = jnp.asarray(tables.schedule), jnp.asarray(tables.schedule_t)
+    schedule = schedule_t = None
+    if tables is not None:
+        schedule, schedule_t = jnp.asarray(tables.schedule), jnp.asarray(tables.schedule_t)
     common = dict(stage=stage, keep=keep, block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
-                  interpret=interpret)
+                  interpret=interpret, tokens=tokens)
 
     @jax.custom_vjp
     def run(q, k, v):
@@ -253,13 +366,18 @@ def with_backward(forward, tables: KernelTables, *, backward_limits, stage, keep
 
     def run_bwd(res, do):
         q, k, v, out, lse = res
-        dq_limit, dkv_limit = backward_limits()
+        form, limits = backward_limits()
+        # dense: every key tile for each query tile's dq, every query tile for each key tile's dk, dv
+        steps, steps_t = ((k.shape[1] // block_kv, q.shape[1] // block_q) if tables is None
+                          else (tables.steps, tables.steps_t))
         do = do.astype(q.dtype)
         di = jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)[:, None]  # [heads, 1, nq_pad]
-        dq = attention_dq(q, k, v, do, lse, di, schedule, steps=tables.steps, vmem_limit_bytes=dq_limit,
-                          **common)
-        dk, dv = attention_dkv(q, k, v, do, lse, di, schedule_t, steps_t=tables.steps_t,
-                               vmem_limit_bytes=dkv_limit, **common)
+        if form == "fused":
+            return attention_fused(q, k, v, do, lse, di, schedule_t, steps_t=steps_t, vmem_limit_bytes=limits[0],
+                                   **common)
+        dq = attention_dq(q, k, v, do, lse, di, schedule, steps=steps, vmem_limit_bytes=limits[0], **common)
+        dk, dv = attention_dkv(q, k, v, do, lse, di, schedule_t, steps_t=steps_t, vmem_limit_bytes=limits[1],
+                               **common)
         return dq, dk, dv
 
     run.defvjp(run_fwd, run_bwd)

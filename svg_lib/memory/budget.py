@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 from svg_lib.core.planner import KernelTables, TilePlan
 from svg_lib.memory.smem import SmemEstimate, SmemOverflowError, check_schedule_fits, estimate_smem
-from svg_lib.memory.vmem import BACKWARD_PASSES, SPLASH_METHODS, VmemEstimate, check_fits, estimate_vmem
+from svg_lib.memory.vmem import SPLASH_METHODS, VmemEstimate, check_fits, estimate_vmem
+
+BACKWARD_FORMS = ("fused", "split")
 
 
 @dataclass(frozen=True)
@@ -22,59 +24,80 @@ class MemoryBudget:
     """What one built attention may use of a TPU core's memory.
 
     `forward`: the forward kernel's VMEM estimate (it fits). `smem`: its schedule's SMEM, None
-    for kernels that read no schedule (dense, Splash's own tables). `backward`: the dq and
-    dk/dv kernels' VMEM estimates (None for Splash, whose backward is its own), and
-    `backward_refusal` the error a gradient would raise, or None when both fit.
+    for kernels that read no schedule (dense, Splash's own tables). `backward_form`: which backward
+    a gradient runs, "fused" (one kernel: `kernels.backward.attention_fused`) or "split" (the dq
+    and dk/dv kernels); `backward`: its kernels' VMEM estimates, `(fused,)` or `(dq, dkv)` (None
+    for Splash, whose backward is its own), and `backward_refusal` the error a gradient would
+    raise, or None when they fit.
     """
 
     forward: VmemEstimate
     smem: SmemEstimate | None = None
-    backward: tuple[VmemEstimate, VmemEstimate] | None = None
+    backward: tuple[VmemEstimate, ...] | None = None
     backward_refusal: ValueError | None = None
+    backward_form: str | None = None
 
     @property
     def forward_limit(self) -> int | None:
         """The forward kernel's scoped VMEM limit (None: the chip's default covers it)."""
         return self.forward.vmem_limit_bytes
 
-    def backward_limits(self) -> tuple[int | None, int | None]:
-        """The dq and dk/dv kernels' VMEM limits; raises the kept refusal if either does not fit."""
+    def backward_limits(self) -> tuple[str, tuple[int | None, ...]]:
+        """`(form, limits)`: the backward's form and its kernels' VMEM limits (`(fused,)` or `(dq, dkv)`);
+        raises the kept refusal if they do not fit."""
         if self.backward_refusal is not None:
             raise type(self.backward_refusal)(str(self.backward_refusal))
         if self.backward is None:
             raise ValueError(f"{self.forward.method} has no backward kernels of svg_lib's")
-        return tuple(e.vmem_limit_bytes for e in self.backward)
+        return self.backward_form, tuple(e.vmem_limit_bytes for e in self.backward)
 
 
 def check_memory(method: str, *, heads: int, head_dim: int, dtype, block_q: int, block_kv: int,
                  block_kv_compute: int | None = None, generation: str | None = None,
                  plan: TilePlan | None = None, tables: KernelTables | None = None,
-                 splash_mask: str | None = None) -> MemoryBudget:
+                 splash_mask: str | None = None, q_len: int | None = None,
+                 backward: str | None = None) -> MemoryBudget:
     """Check `method`'s kernels at these blocks against `generation`'s VMEM and SMEM, once.
 
     `plan`: the forward's tile plan (b1, b2, b3: its schedule is checked against SMEM, and a
     refusal names larger blocks that fit); `tables`: the schedules the backward reads (dense,
     b1, b2, b3); `splash_mask`: how a Splash method holds its mask (`splash.splash_mask_form`).
+    `backward`: "fused", "split", or None to take the fused backward wherever one head's dq fits
+    in VMEM beside it (`q_len` padded query rows; the split form otherwise).
     Raises a ValueError for a forward that does not fit; returns a `MemoryBudget`.
     """
+    if backward not in (None,) + BACKWARD_FORMS:
+        raise ValueError(f"backward must be one of {BACKWARD_FORMS} or None (the fused one where it fits), "
+                         f"got {backward!r}")
     forward = check_fits(estimate_vmem(method, block_q, block_kv, head_dim, dtype, block_kv_compute, generation,
                                        splash_mask=splash_mask))
     if method in SPLASH_METHODS:
         return MemoryBudget(forward)
     smem = None if plan is None else check_schedule_fits(plan, method=method, heads=heads, generation=generation)
-    if tables is None:
+    if tables is None and method != "dense":  # dense's backward, like its forward, reads no table
         raise ValueError(f"{method} needs its kernel tables (planner.kernel_tables) to check its backward")
-    backward = tuple(estimate_vmem(f"{method}:{which}", block_q, block_kv, head_dim, dtype, block_kv_compute,
-                                   generation) for which in BACKWARD_PASSES)
+    def estimate(which):
+        return estimate_vmem(f"{method}:{which}", block_q, block_kv, head_dim, dtype, block_kv_compute, generation,
+                             q_len=q_len)
+    form = backward
+    if form is None:
+        form = "fused" if q_len is not None and estimate("fused").fits else "split"
+    kernels = (estimate("fused"),) if form == "fused" else (estimate("dq"), estimate("dkv"))
+    # the fused kernel walks the transposed schedule only; the split form walks both
+    tables_read = () if tables is None else (("transposed schedule", tables.schedule_t),) + (
+        (("schedule", tables.schedule),) if form == "split" else ())
     refusal = None
     try:
-        for name, table in (("schedule", tables.schedule), ("transposed schedule", tables.schedule_t)):
+        for name, table in tables_read:
             estimate = estimate_smem({name: table.shape}, generation)
             if not estimate.fits:
                 raise SmemOverflowError(f"the backward's {name} ({table.size:,} words) overflows SMEM: "
                                         f"{estimate}; use larger blocks")
-        for estimate in backward:
-            check_fits(estimate)
+        for kernel in kernels:
+            if form == "fused" and not kernel.fits:  # check_fits would suggest blocks; here the cure is the split form
+                raise ValueError(f"the fused backward holds one head's dq in VMEM and overflows it: {kernel}; "
+                                 f"use backward='split' (or None, which picks it)")
+            check_fits(kernel)
     except ValueError as err:
         refusal = err
-    return MemoryBudget(forward, smem, backward, refusal)
+    return MemoryBudget(forward, smem, kernels, refusal, form)

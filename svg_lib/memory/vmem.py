@@ -230,20 +230,21 @@ def tpu_generation() -> str:
 
 def estimate_vmem(method: str, block_q: int, block_kv: int, head_dim: int, dtype,
                   block_kv_compute: int | None = None, generation: str | None = None, *,
-                  splash_mask: str | None = None) -> VmemEstimate:
+                  splash_mask: str | None = None, q_len: int | None = None) -> VmemEstimate:
     """Estimate the VMEM of one kernel of `method` ("dense", "b1", "b2", "b3", "splash_dense", "splash").
 
     `splash_mask` says how a Splash method holds its mask (`splash.splash_mask_form`): "blocks"
     (the default, the costliest: a `[block_q, block_kv]` int32 mask block, double-buffered),
     "computable" (a `[block_q, 128]` int32 index block) or "full" (nothing). A backward kernel
-    of dense, b1, b2 or b3 is named with its pass: "b3:dq", "b3:dkv" (`svg_lib.kernels.backward`).
+    of dense, b1, b2 or b3 is named with its pass: "b3:dq", "b3:dkv", or "b3:fused", which holds a
+    whole head's dq and so needs `q_len`, the padded query count (`svg_lib.kernels.backward`).
     """
     block_q = check_block_size("block_q", block_q)
     block_kv = check_block_size("block_kv", block_kv)
     block_kv_compute = check_block_kv_compute(block_kv, block_kv_compute, block_q)
     memory = tpu_memory(generation)
     if ":" in method:
-        return _estimate_backward(method, block_q, block_kv, head_dim, dtype, block_kv_compute, memory)
+        return _estimate_backward(method, block_q, block_kv, head_dim, dtype, block_kv_compute, memory, q_len)
     splash = method in SPLASH_METHODS
     if splash:
         splash_mask = splash_mask or "blocks"
@@ -270,10 +271,11 @@ def estimate_vmem(method: str, block_q: int, block_kv: int, head_dim: int, dtype
                         splash_mask, mask_table)
 
 
-BACKWARD_PASSES = ("dq", "dkv")
+BACKWARD_PASSES = ("dq", "dkv", "fused")
 
 
-def _estimate_backward(method, block_q, block_kv, head_dim, dtype, block_kv_compute, memory) -> VmemEstimate:
+def _estimate_backward(method, block_q, block_kv, head_dim, dtype, block_kv_compute, memory,
+                       q_len=None) -> VmemEstimate:
     """The backward kernels' VMEM (svg_lib.kernels.backward), counted like the forward's.
 
     dq: q, do, dq blocks `[block_q, head_dim]`, k, v blocks, lse and D rows (`[1, block_q]` f32,
@@ -281,7 +283,10 @@ def _estimate_backward(method, block_q, block_kv, head_dim, dtype, block_kv_comp
     ds in f32 and ds in the input dtype. dkv: q, do blocks, k, v, dk, dv blocks, the same lse and D
     rows; f32 dk and dv accumulators; per element as dq plus p in the input dtype. (Until
     2026-12-02 the dq count took lse and D as lane-replicated `[block_q, 128]` blocks, which the
-    kernel no longer reads: 6.1 MiB too many at the blog's 3328-row tiles.)
+    kernel no longer reads: 6.1 MiB too many at the blog's 3328-row tiles.) fused: dkv's blocks and
+    accumulators, one head's whole dq accumulator (f32 `[q_len, head_dim]`; it leaves for HBM a query
+    tile at a time through a `[block_q, head_dim]` buffer, not through a pipelined block), per element
+    as dkv, and dq's `[block_q, head_dim]` f32 product.
     """
     import jax.numpy as jnp
     stage, _, which = method.partition(":")
@@ -290,6 +295,7 @@ def _estimate_backward(method, block_q, block_kv, head_dim, dtype, block_kv_comp
                          f"in {BACKWARD_PASSES} (e.g. 'b3:dkv'), got {method!r}")
     itemsize = jnp.dtype(dtype).itemsize
     chunk = block_q * block_kv_compute
+    extra = 0
     if which == "dq":
         pipeline = 2 * (itemsize * head_dim * (3 * block_q + 2 * block_kv) + 2 * 4 * 8 * block_q)
         scratch = 4 * block_q * head_dim
@@ -298,7 +304,13 @@ def _estimate_backward(method, block_q, block_kv, head_dim, dtype, block_kv_comp
         pipeline = 2 * (itemsize * head_dim * (2 * block_q + 4 * block_kv) + 2 * 4 * 8 * block_q)
         scratch = 2 * 4 * block_kv * head_dim
         per_element = 16 + 2 * itemsize
-    intermediates = chunk * (per_element + 9)  # every stage has tiles that mask (padding at least)
+    if which == "fused":
+        if q_len is None or q_len < block_q or q_len % block_q:
+            raise ValueError(f"the fused backward holds a whole head's dq: give q_len, the padded query count "
+                             f"(a multiple of block_q={block_q}), got {q_len!r}")
+        scratch += 4 * q_len * head_dim + itemsize * block_q * head_dim  # and the buffer dq leaves through
+        extra = 4 * block_q * head_dim
+    intermediates = chunk * (per_element + 9) + extra  # every stage has tiles that mask (padding at least)
     return VmemEstimate(method, block_q, block_kv, block_kv_compute, head_dim, jnp.dtype(dtype).name, pipeline,
                         scratch, intermediates, memory.generation, memory.vmem_bytes, memory.default_scoped)
 

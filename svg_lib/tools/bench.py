@@ -34,6 +34,7 @@ from svg_lib.core.masks import DENSE_LIMIT_TOKENS
 from svg_lib.core.planner import plan_tiles
 from svg_lib.kernels.reference import masked_softmax_times_v, reference_attention
 from svg_lib.kernels.splash import splash_mask_form
+from svg_lib.memory.budget import check_memory
 from svg_lib.problem import BLOG_SWEEP_V6E_MS, BLOG_V6E_MS, DEFAULT_METHODS, PRESETS, BenchConfig
 from svg_lib.runtime import Runtime, default_interpret, detect_runtime
 
@@ -83,23 +84,36 @@ def method_tiles(config: BenchConfig, method: str, plan=None, b3_plan=None) -> d
 
 
 def backward_steps(config: BenchConfig, method: str, plan=None, b3_plan=None) -> int | None:
-    """Grid steps per head of `method`'s backward: the dq pass plus the dk/dv pass.
+    """Grid steps per head of `method`'s backward, as `attention()` runs it (`backward_form`).
 
-    dense: every tile in each pass; b1, b2, b3: the forward's schedule for dq and its
-    transpose for dk/dv (svg_lib.kernels.backward). None for Splash (its own fused backward kernel,
-    whose skipping we do not count) and the reference.
+    Fused: one pass over the transposed schedule (dense: every tile once). Split: the dq pass over
+    the forward's schedule plus the dk/dv pass over its transpose (dense: every tile twice). None
+    for Splash (its own fused backward kernel, whose skipping we do not count) and the reference.
     """
     n, bq, bkv = config.tokens, config.block_q, config.block_kv
     nq, nk = -(-n // bq), -(-n // bkv)
-    if method == "dense":
-        return 2 * nq * nk
-    if method not in ("b1", "b2", "b3"):
+    if method not in ("dense", "b1", "b2", "b3"):
         return None
+    p = None
     if method == "b3":
         p = b3_plan or plan_tiles(b3_mask(config.mask(), bq, bkv), bq, bkv)
-    else:
+    elif method != "dense":
         p = plan or plan_tiles(config.mask(), bq, bkv)
-    return nq * p.steps + nk * p.transposed_tables[0].shape[1]
+    fused = backward_form(config, method, p) == "fused"
+    if method == "dense":
+        return nq * nk * (1 if fused else 2)
+    transposed = nk * p.transposed_tables[0].shape[1]
+    return transposed if fused else nq * p.steps + transposed
+
+
+def backward_form(config: BenchConfig, method: str, plan=None) -> str:
+    """"fused" or "split": which backward `attention()` runs for `method` at `config` on this machine's
+    TPU (a v6e off TPU), decided as `build_attention` decides it (`memory.budget.check_memory`)."""
+    q_len = -(-config.tokens // config.block_q) * config.block_q
+    budget = check_memory(method, heads=config.heads, head_dim=config.head_dim, dtype=config.dtype,
+                          block_q=config.block_q, block_kv=config.block_kv, block_kv_compute=config.block_kv_compute,
+                          plan=plan, tables=None if plan is None else plan.tables, q_len=q_len)
+    return budget.backward_form
 
 
 def check_methods(methods) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from svg_lib.core.masks import LANES
 from svg_lib.core.planner import FULL, PARTIAL, pack_schedule
+from svg_lib.kernels.backward import attention_dkv, attention_dq, attention_fused
 from svg_lib.kernels.forward import block_sparse_attention, dense_flash_attention
 from svg_lib.kernels.splash import _block_mask, _computable_mask, _splash, with_vmem_limit
 from svg_lib.memory.vmem import SPLASH_METHODS, KiB, MiB, VmemEstimate, estimate_vmem, tpu_memory
@@ -105,6 +106,8 @@ def _check_kernel(estimate: VmemEstimate, limit: int | None):
     def band(q_ids, k_ids):  # numpy on the host (Splash's blocks), jnp in a kernel
         return (abs(q_ids - k_ids) <= bkv) & (k_ids < tokens)
 
+    if ":" in e.method:
+        return _backward_check_kernel(e, limit, tokens), shapes
     if e.method == "dense":
         return (lambda q, k, v: dense_flash_attention(q, k, v, tokens=tokens, block_q=bq, block_kv=bkv,
                                                       block_kv_compute=c, interpret=False,
@@ -128,6 +131,34 @@ def _check_kernel(estimate: VmemEstimate, limit: int | None):
         interpret=False)
     # the limit travels as build_attention gives it: in Splash's own CompilerParams
     return jax.jit(kernel if limit is None else with_vmem_limit(kernel, limit)), shapes
+
+
+def _backward_check_kernel(e: VmemEstimate, limit: int | None, tokens: int):
+    """`fn(q, k, v)`: the backward kernel `e.method` names ("b3:dq", "b3:dkv", "b3:fused", ...) over a
+    2 x 2 grid of tiles of which two are mask-free and two masked (as B2's; B1 masks all four), the
+    other operands (dO, the log-sum-exp and D) made from q outside the kernel. The fused kernel holds
+    the 2 query tiles' dq: its estimate must be made with `q_len=2 * block_q`."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    stage, _, which = e.method.partition(":")
+    bq, bkv, c = e.block_q, e.block_kv, e.block_kv_compute
+    classes = np.array([[PARTIAL, PARTIAL], [PARTIAL, PARTIAL]] if stage == "b1" else [[FULL, PARTIAL], [PARTIAL, FULL]])
+    schedule = None if stage == "dense" else jnp.asarray(pack_schedule(np.array([[0, 1], [0, 1]]), classes))
+
+    def keep(q_ids, k_ids):
+        return (abs(q_ids - k_ids) <= bkv) & (k_ids < tokens)
+
+    common = dict(stage=stage, keep=keep, block_q=bq, block_kv=bkv, block_kv_compute=c, interpret=False,
+                  vmem_limit_bytes=limit, tokens=tokens)
+
+    def fn(q, k, v):
+        rows = q[:, None, :, 0].astype(jnp.float32)  # any per-query rows: VMEM does not depend on them
+        if which == "dq":
+            return attention_dq(q, k, v, q, rows, rows, schedule, steps=2, **common)
+        kernel = attention_fused if which == "fused" else attention_dkv
+        return kernel(q, k, v, q, rows, rows, schedule, steps_t=2, **common)
+    return fn
 
 
 def compile_check(estimate: VmemEstimate, target: str | None = None, limit: int | None = -1) -> CompilerCheck:

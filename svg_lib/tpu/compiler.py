@@ -308,12 +308,14 @@ def compile_verdict(fn, shapes, target: str = DEFAULT_TARGET) -> dict:
                 temp_bytes=int(memory.temp_size_in_bytes), code_bytes=int(memory.generated_code_size_in_bytes))
 
 
-def compile_gradient(config, method: str, target: str = DEFAULT_TARGET, *, heads: int | None = None) -> dict:
+def compile_gradient(config, method: str, target: str = DEFAULT_TARGET, *, heads: int | None = None,
+                     backward: str | None = None) -> dict:
     """Compile `jax.grad` of `method`'s attention (for q, k and v) for `target`; `compile_verdict`'s dict.
 
-    The forward with its log-sum-exp, and the backward's dq and dk/dv kernels (svg_lib.kernels.backward),
-    in one program, at `config`'s size. `heads` overrides the config's: every head runs the same
-    kernels on its own slice, so one head compiles the same kernels in a fraction of the time.
+    The forward with its log-sum-exp, and the backward's kernels (svg_lib.kernels.backward: the fused
+    one, or dq and dk/dv; `backward` as in `build_attention`), in one program, at `config`'s size.
+    `heads` overrides the config's: every head runs the same kernels on its own slice, so one head
+    compiles the same kernels in a fraction of the time.
     """
     import jax
     import jax.numpy as jnp
@@ -322,7 +324,8 @@ def compile_gradient(config, method: str, target: str = DEFAULT_TARGET, *, heads
     mask = None if method in ("dense", "splash_dense") else config.mask()
     f = build_attention(mask, method=method, heads=heads, tokens=config.tokens, head_dim=config.head_dim,
                         dtype=config.dtype, block_q=config.block_q, block_kv=config.block_kv,
-                        block_kv_compute=config.block_kv_compute, interpret=False, generation=target)
+                        block_kv_compute=config.block_kv_compute, interpret=False, generation=target,
+                        backward=backward)
     grad = jax.grad(lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32)), argnums=(0, 1, 2))
     return compile_verdict(grad, [((heads, config.tokens, config.head_dim), config.dtype)] * 3, target)
 

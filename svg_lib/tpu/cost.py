@@ -46,8 +46,8 @@ from svg_lib.tpu.probes import (BACKWARD_KERNELS, BACKWARD_KINDS, BODY_KINDS, CA
                                 FLOOR_KIND, PROBE_STEPS, SPLASH_KINDS, Probe, probes_for, run_probes, versions)
 
 # who runs which backward kernels for one tile (BackwardCost.per_tile)
-BACKWARD_PAIRS = {"svg_lib": ("svg_lib_dq", "svg_lib_dkv"), "splash": ("splash_dq", "splash_dkv"),
-                  "splash_fused": ("splash_fused",)}
+BACKWARD_PAIRS = {"svg_lib": ("svg_lib_dq", "svg_lib_dkv"), "svg_lib_fused": ("svg_lib_fused",),
+                  "splash": ("splash_dq", "splash_dkv"), "splash_fused": ("splash_fused",)}
 EVIDENCE = "simulated by the TPU compiler's static LLO profile (compile-only, not measured)"
 
 
@@ -228,9 +228,10 @@ def _store(path: Path, target: str, probes: list[Probe], rows: list[dict], v: di
 class BackwardCost:
     """Simulated cycles per grid step of the backward kernels at one block size.
 
-    `per_step[kernel][kind]` for kernel in BACKWARD_KERNELS. Our backward and Splash's default
-    one run two steps per visited tile (one in the dq pass, one in the dk/dv pass), Splash's
-    fused kernel one; `per_tile(who)` sums a tile's steps for who in BACKWARD_PAIRS."""
+    `per_step[kernel][kind]` for kernel in BACKWARD_KERNELS. The split backwards, ours and Splash's
+    default, run two steps per visited tile (one in the dq pass, one in the dk/dv pass), the fused
+    kernels, ours and Splash's, one; `per_tile(who)` sums a tile's steps for who in BACKWARD_PAIRS.
+    `floor`: the fused tile's five matmuls alone (`per_step["svg_lib_fused"]["matmuls"]`)."""
 
     target: str
     block_q: int
@@ -246,10 +247,20 @@ class BackwardCost:
         steps = [self.per_step.get(k, {}).get(kind) for k in BACKWARD_PAIRS[who]]
         return None if None in steps else sum(steps)
 
-    def ratio(self, kind: str = "free", versus: str = "splash") -> float | None:
-        """Our backward's cycles per tile over Splash's two kernels' (or `versus="splash_fused"`)."""
-        ours, theirs = self.per_tile("svg_lib", kind), self.per_tile(versus, kind)
-        return None if not ours or not theirs else ours / theirs
+    def ratio(self, kind: str = "free", versus: str = "splash", ours: str = "svg_lib") -> float | None:
+        """`ours`' cycles per tile (our split backward, or "svg_lib_fused") over `versus`' (Splash's two
+        kernels, or "splash_fused")."""
+        mine, theirs = self.per_tile(ours, kind), self.per_tile(versus, kind)
+        return None if not mine or not theirs else mine / theirs
+
+    @property
+    def floor(self) -> float | None:
+        """The backward's roofline per tile: the fused tile's five matmuls alone."""
+        return self.per_step.get("svg_lib_fused", {}).get(FLOOR_KIND)
+
+    def vs_floor(self, who: str = "svg_lib_fused", kind: str = "free") -> float | None:
+        tile = self.per_tile(who, kind)
+        return None if not tile or not self.floor else tile / self.floor
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -267,6 +278,11 @@ class BackwardCost:
                 lines.append(f"per tile, {kind}: svg_lib dq + dkv {self.per_tile('svg_lib', kind):,.0f}; Splash dq + dkv "
                              f"{self.per_tile('splash', kind):,.0f} ({self.ratio(kind):.2f}x); Splash fused "
                              f"{self.per_tile('splash_fused', kind):,.0f} ({self.ratio(kind, 'splash_fused'):.2f}x)")
+            fused = self.ratio(kind, "splash_fused", ours="svg_lib_fused")
+            if fused is not None:
+                floor = f"; the five matmuls alone {self.floor:,.0f} ({self.vs_floor(kind=kind):.2f}x)" if self.floor else ""
+                lines.append(f"per tile, {kind}: svg_lib fused {self.per_tile('svg_lib_fused', kind):,.0f} = "
+                             f"{fused:.2f}x Splash fused{floor}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -280,25 +296,28 @@ def backward_tile_cost(target: str = "v6e", *, block_q: int, block_kv: int, bloc
     check_target(target)
     block_q, block_kv = check_block_size("block_q", block_q), check_block_size("block_kv", block_kv)
     block_kv_compute = check_block_kv_compute(block_kv, block_kv_compute, block_q)
-    bad = [k for k in kinds if k not in BACKWARD_KINDS]
+    bad = [k for k in kinds if k not in BACKWARD_KINDS or k == FLOOR_KIND]
     if bad:
-        raise ValueError(f"unknown backward body kind(s) {bad}; backward_tile_cost knows {BACKWARD_KINDS}")
+        raise ValueError(f"unknown backward body kind(s) {bad}; backward_tile_cost knows "
+                         f"{tuple(k for k in BACKWARD_KINDS if k != FLOOR_KIND)} (and always measures the floor)")
     v = versions()
     key = {**_cache_key(target, block_q, block_kv, block_kv_compute, head_dim, BACKWARD_KERNELS, BODY_KINDS, v),
            "what": "backward_tile_cost", "kinds": list(kinds)}
     path = _cache_path(key)
     if path.exists() and not refresh:
         return BackwardCost(**json.loads(path.read_text()))
+    measured = [(kernel, kind) for kernel in BACKWARD_KERNELS for kind in kinds] + [("svg_lib_fused", FLOOR_KIND)]
     probes = [Probe(kernel, kind, block_q, block_kv, block_kv_compute, head_dim, PROBE_ROWS[0], steps)
-              for kernel in BACKWARD_KERNELS for kind in kinds for steps in PROBE_STEPS]
+              for kernel, kind in measured for steps in PROBE_STEPS]
     rows = run_probes(probes, target, bundles=False)
     errors = [f"{p}: {r['error']}" for p, r in zip(probes, rows) if r.get("error")]
     if errors:
         raise RuntimeError("backward probe kernels failed to compile:\n" + "\n".join(errors))
     cycles = {(p.kernel, p.kind, p.steps): r["cycles"] for p, r in zip(probes, rows)}
     (s1, s2) = PROBE_STEPS
-    per_step = {kernel: {kind: (cycles[kernel, kind, s2] - cycles[kernel, kind, s1]) / (s2 - s1) for kind in kinds}
-                for kernel in BACKWARD_KERNELS}
+    per_step = {}
+    for kernel, kind in measured:
+        per_step.setdefault(kernel, {})[kind] = (cycles[kernel, kind, s2] - cycles[kernel, kind, s1]) / (s2 - s1)
     result = BackwardCost(target, block_q, block_kv, block_kv_compute, head_dim, per_step, v,
                           [{**p.to_json(), **r} for p, r in zip(probes, rows)])
     cache_files.write_json_atomic(path, result.to_json())
@@ -424,3 +443,78 @@ def cost_model(problem, costs, *, block_q: int | None = None, block_kv: int | No
     if "splash_dense" in out:
         out.update({f"{m}/b0": out[m] / out["splash_dense"] for m in methods})
     return out
+
+
+# -- the training step: forward + backward from the plan ---------------------------------------
+
+def backward_step_kinds(method: str, plan=None, b3_plan=None) -> dict:
+    """Grid steps (per head) of each kind in `method`'s fused backward, which walks the transposed
+    schedule (`TilePlan.transposed_tables`): per key tile, the query tiles that visit it, each row
+    padded with idle steps to the longest. Dense and splash_dense: every tile, no idle step. B3's
+    masked tiles mask only key padding, priced here as SVG-masked ones (the probe there is; an upper
+    bound, on a handful of tiles)."""
+    if method in ("splash_dense", "dense"):
+        p = plan if plan is not None else b3_plan
+        nq, nk = p.classes.shape
+        return {"free": nq * nk}
+    p = b3_plan if method == "b3" else plan
+    if p is None:
+        raise ValueError(f"{method} needs its plan (plan_tiles of the {'tile-aligned' if method == 'b3' else 'exact'} mask)")
+    q_index, step_class, _ = p.transposed_tables
+    full, partial = int((step_class == FULL).sum()), int((step_class == PARTIAL).sum())
+    idle = int((step_class == EMPTY).sum())
+    if method == "b1":
+        return {"svg_masked": full + partial, "idle": idle}
+    if method in ("b2", "b3"):
+        return {"free": full, "svg_masked": partial, "idle": idle}
+    raise ValueError(f"unknown method {method!r}; the model knows {MODEL_METHODS}")
+
+
+def training_model(problem, forward: TileCost, backward: "BackwardCost", *, block_q: int | None = None,
+                   block_kv: int | None = None, heads: int | None = None, methods=MODEL_METHODS) -> dict:
+    """Model cycles of one training step's attention (forward, then `jax.grad`'s backward) per method,
+    from the forward's and the backward's simulated costs at the problem's blocks.
+
+    Forward: `cost_model`. Backward: splash_dense runs Splash's fused backward (one step a tile,
+    every tile); dense, b1, b2 and b3 our fused backward over their transposed schedules
+    (`backward_step_kinds`), idle steps priced at the forward's idle step (the backward's is not
+    probed). Returns {method: {"forward", "backward", "total"}} and, where splash_dense is among the
+    methods, {"ratios": {method: {"forward", "backward", "total"}}} against it. Simulated cycles: a
+    model of the chip, not a measurement (`svg_lib.tpu.probes` says what the probes leave out)."""
+    mask, fields = resolve_problem(problem, needs=("block_q", "block_kv"), block_q=block_q, block_kv=block_kv,
+                                   heads=heads)
+    blocks = (fields["block_q"], fields["block_kv"])
+    for name, c in (("forward", forward), ("backward", backward)):
+        if (c.block_q, c.block_kv) != blocks:
+            raise ValueError(f"the {name}'s costs are at {c.block_q} x {c.block_kv} tiles, the problem's blocks are "
+                             f"{blocks[0]} x {blocks[1]}: measure them there")
+    heads = fields["heads"] or 1
+    plan = plan_tiles(mask, fields["block_q"], fields["block_kv"])
+    b3_plan = plan_tiles(b3_mask(mask, fields["block_q"], fields["block_kv"]), fields["block_q"], fields["block_kv"])
+    fwd = cost_model(mask, forward, block_q=blocks[0], block_kv=blocks[1], heads=heads, methods=methods)
+    idle = forward.per_step["svg_lib"]["idle"]
+    out = {}
+    for m in methods:
+        kernel = "splash_fused" if m == "splash_dense" else "svg_lib_fused"
+        per_step = {**backward.per_step[kernel], "idle": idle}
+        missing = [k for k in backward_step_kinds(m, plan, b3_plan) if k not in per_step]
+        if missing:
+            raise ValueError(f"the backward costs lack {missing} for {kernel}: measure them "
+                             f"(backward_tile_cost(..., kinds=('free', 'svg_masked')))")
+        bwd = heads * sum(n * per_step[k] for k, n in backward_step_kinds(m, plan, b3_plan).items())
+        out[m] = {"forward": fwd[m], "backward": bwd, "total": fwd[m] + bwd}
+    if "splash_dense" in out:
+        b0 = out["splash_dense"]
+        out["ratios"] = {m: {part: out[m][part] / b0[part] for part in b0} for m in methods}
+    return out
+
+
+BACKWARD_REFERENCE_FILE = REFERENCE_FILE.parent / "backward_cost_reference.json"
+
+
+def load_backward_reference(path: Path = BACKWARD_REFERENCE_FILE) -> dict:
+    """The committed backward costs: {(target, block_q, block_kv): BackwardCost}, and the file's
+    "date", "versions", "note" and "command"."""
+    data = json.loads(Path(path).read_text())
+    data["costs"] = {(c["target"], c["block_q"], c["block_kv"]): BackwardCost(**c) for c in data["costs"]}
+    return data

@@ -63,14 +63,16 @@ FLOOR_KIND = "matmuls"
 # step, what a query tile whose rows fail the bound's test runs (and the body before the bound).
 RUNNING_KIND = "free_running"
 COST_KERNELS = ("svg_lib", "splash")
-# The backward's probes: our dq and dk/dv kernels (svg_lib.kernels.backward), Splash's two backward
-# kernels (dq; dk and dv), and Splash's fused backward kernel, which computes dq, dk and dv of a
-# tile in one step (writing dq once per key tile, summed afterwards).
-BACKWARD_KERNELS = ("svg_lib_dq", "svg_lib_dkv", "splash_dq", "splash_dkv", "splash_fused")
-BACKWARD_KINDS = ("free", "svg_masked")
+# The backward's probes: our dq and dk/dv kernels and our fused kernel (svg_lib.kernels.backward),
+# Splash's two backward kernels (dq; dk and dv), and Splash's fused backward kernel, which computes
+# dq, dk and dv of a tile in one step (writing dq once per key tile, summed afterwards).
+BACKWARD_KERNELS = ("svg_lib_dq", "svg_lib_dkv", "svg_lib_fused", "splash_dq", "splash_dkv", "splash_fused")
+BACKWARD_KINDS = ("free", "svg_masked", "matmuls")
+# "matmuls", the backward's roofline (svg_lib_fused only): the fused tile's five matmuls (k q^T, v do^T,
+# p^T do, ds^T q, ds k) with the scores cast to the input dtype in between, and nothing else.
 SPLASH_KINDS = ("free", "svg_masked")  # Splash's idle and padding steps are table-driven: not probeable
 # Part of every cache key (svg_lib.tpu.cost): raise it when a probe kernel here changes what it measures.
-CACHE_FORMAT = 3
+CACHE_FORMAT = 4
 PROBE_STEPS = (2, 4)      # kv steps of the two probes whose difference gives cycles per step
 PROBE_ROWS = (1, 2)       # query tiles of the two probes whose difference gives the per-row cost
 
@@ -288,13 +290,16 @@ def _backward_probe(p: Probe, name: str, target: str = "v6e"):
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
 
-    if p.kind not in BACKWARD_KINDS:
-        raise ValueError(f"backward probes know {BACKWARD_KINDS}, not {p.kind!r}")
+    if p.kind not in BACKWARD_KINDS or (p.kind == FLOOR_KIND and p.kernel != "svg_lib_fused"):
+        raise ValueError(f"backward probes know {BACKWARD_KINDS} ({FLOOR_KIND!r}: svg_lib_fused only), "
+                         f"not {p.kind!r} for {p.kernel}")
     tokens = (p.steps if p.kernel == "svg_lib_dq" else p.rows) * p.block_kv
     keep = _svg_predicate(p.block_q, tokens) if p.kind == "svg_masked" else None
     limit = _probe_vmem_limit(target)
     if p.kernel.startswith("splash"):
         return _splash_backward_probe(p, keep, limit)
+    if p.kernel == "svg_lib_fused":
+        return _fused_probe(p, name, keep, limit)
     dq = p.kernel == "svg_lib_dq"
     block_rows, block_cols = (p.block_q, p.block_kv) if dq else (p.block_kv, p.block_q)
 
@@ -339,13 +344,95 @@ def _backward_probe(p: Probe, name: str, target: str = "v6e"):
     return fn
 
 
+def _five_matmuls_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, *, keep, q_start, k_start,
+                       block_kv_compute, dq_acc):
+    """The backward's `FLOOR_KIND` body: the fused tile's five matmuls, chunked and unrolled as the real
+    body (`backward._dkv_tile` with dq), with its refs and arguments, and nothing between them."""
+    import jax
+    from jax.experimental import pallas as pl
+
+    chunks = k_ref.shape[0] // block_kv_compute
+
+    def chunk(c, carry):
+        ks = pl.ds(pl.multiple_of(c * block_kv_compute, block_kv_compute), block_kv_compute)
+        k, v, q, do = k_ref[ks, :], v_ref[ks, :], q_ref[...], do_ref[...]
+        p_t = kernels._dot(k, q, kernels.NT).astype(do.dtype)
+        dv_acc[ks, :] += kernels._dot(p_t, do, kernels.NN)
+        ds_t = kernels._dot(v, do, kernels.NT).astype(q.dtype)
+        dk_acc[ks, :] += kernels._dot(ds_t, q, kernels.NN)
+        dq_acc[...] += kernels._dot(ds_t, k, backward.TN)
+        return carry
+
+    jax.lax.fori_loop(0, chunks, chunk, None, unroll=chunks <= kernels.MAX_UNROLLED_CHUNKS)
+
+
+def _fused_probe(p: Probe, name: str, keep, limit):
+    """svg_lib's fused backward, `rows` key tiles x `steps` query tiles, every step of kind `p.kind`
+    (from the program id). Its dq accumulator holds `max(PROBE_STEPS)` query tiles whatever `steps`
+    is, so that the probes of 2 and 4 steps differ only by their steps (the once-per-head copy of dq
+    to HBM, `backward.write_dq`, is the same in both)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    body = _five_matmuls_tile if p.kind == FLOOR_KIND else backward._dkv_tile
+    q_rows = max(PROBE_STEPS) * p.block_q
+
+    def kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_hbm, dk_ref, dv_ref, dq_acc, dk_acc, dv_acc, dq_out,
+               sem):
+        j, s = pl.program_id(1), pl.program_id(2)
+
+        @pl.when((j == 0) & (s == 0))
+        def _():
+            dq_acc[...] = jnp.zeros(dq_acc.shape, jnp.float32)
+
+        @pl.when(s == 0)
+        def _():
+            dk_acc[...] = jnp.zeros(dk_acc.shape, jnp.float32)
+            dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
+
+        rows = pl.ds(pl.multiple_of(s * p.block_q, p.block_q), p.block_q)
+        pl.when(s < p.steps)(lambda: body(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, keep=keep,
+                                          q_start=s * p.block_q, k_start=j * p.block_kv,
+                                          block_kv_compute=p.block_kv_compute, dq_acc=dq_acc.at[rows, :]))
+
+        @pl.when(s == p.steps - 1)
+        def _():
+            dk_ref[...] = dk_acc[...].astype(dk_ref.dtype)
+            dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
+
+        @pl.when((j == p.rows - 1) & (s == p.steps - 1))
+        def _():
+            backward.write_dq(dq_acc, dq_out, dq_hbm.at[0], sem)
+
+    q_spec = pl.BlockSpec((None, p.block_q, p.head_dim), lambda h, j, s: (h, s, 0))
+    kv_spec = pl.BlockSpec((None, p.block_kv, p.head_dim), lambda h, j, s: (h, j, 0))
+    stat = pl.BlockSpec((None, 1, p.block_q), lambda h, j, s: (h, 0, s))
+    out = jax.ShapeDtypeStruct((1, p.rows * p.block_kv, p.head_dim), jnp.bfloat16)
+    call = pl.pallas_call(
+        kernel, grid=(1, p.rows, p.steps),
+        in_specs=[q_spec, kv_spec, kv_spec, q_spec, stat, stat],
+        out_specs=[pl.BlockSpec(memory_space=pl.ANY), kv_spec, kv_spec],
+        out_shape=[jax.ShapeDtypeStruct((1, q_rows, p.head_dim), jnp.bfloat16), out, out],
+        scratch_shapes=backward.fused_scratch(q_rows, p.block_q, p.block_kv, p.head_dim, jnp.bfloat16),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary", "arbitrary"),
+                                             vmem_limit_bytes=limit),
+        name=name)
+
+    def fn(q, k, v):
+        stat = q[:, None, :, 0].astype(jnp.float32)  # any per-query row: the cost does not depend on it
+        return call(q, k, v, q, stat, stat)
+    return fn
+
+
 def _splash_backward_probe(p: Probe, predicate, limit):
     import jax.numpy as jnp
     import numpy as np
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mi
 
-    q_len = p.steps * p.block_q
+    q_len = (p.rows if p.kernel == "splash_dq" else p.steps) * p.block_q  # dq: query tiles are the rows
     info = mi.MaskInfo(data_next=None, mask_next=None, block_mask=None, partial_mask_blocks=None,
                        q_sequence=np.arange(q_len, dtype=np.int32) if predicate is not None else None)
     layout = sk.QKVLayout.HEAD_DIM_MINOR
@@ -383,7 +470,7 @@ def _compile_probe(p: Probe, target: str, name: str):
     else:
         raise ValueError(f"unknown kernel {p.kernel!r}; known: {COST_KERNELS + BACKWARD_KERNELS}")
     # rows run along the grid's second axis: query tiles for the forward and dq, key tiles for dk/dv
-    by_query = p.kernel in ("svg_lib", "splash", "svg_lib_dq", "splash_dq")
+    by_query = p.kernel in ("svg_lib", "splash", "svg_lib_dq", "splash_dq")  # dk/dv and the fused ones: by key
     q_tiles, kv_tiles = (p.rows, p.steps) if by_query else (p.steps, p.rows)
     q = ((1, q_tiles * p.block_q, p.head_dim), "bfloat16")
     kv = ((1, kv_tiles * p.block_kv, p.head_dim), "bfloat16")
