@@ -3,8 +3,10 @@
 A problem is q, k, v of shape `[heads, tokens, head_dim]` from a video geometry, the spatial SVG
 mask at a density, a dtype, and the tile sizes (`block_q` x `block_kv`, each key tile processed
 `block_kv_compute` keys at a time). `BenchConfig` is that description, the one the benchmark,
-the tuner, lowering, compiling and the cost model all take; `PRESETS` are the three the series
-works at (tiny, small, blog), each a `BenchConfig` with a name (`Preset` is the same class).
+the tuner, lowering, compiling and the cost model all take; `PRESETS` are the sizes the series
+works at (tiny, walkthrough, routing, small, blog), each a `BenchConfig` with a name (`Preset` is
+the same class). The case study's published figures are here too, once, for every notebook and
+tool that quotes them (notebook 00, section 7 prints them all).
 Pure Python over `svg_lib.core`: no jax at import.
 """
 from __future__ import annotations
@@ -21,12 +23,24 @@ MiB = 2**20
 
 
 # The Google Developers blog case study "Accelerating Spatio-Temporal Attention for Video
-# Diffusion on TPUs" (BRIEF section 1): synthetic bf16 inputs, 75,600 tokens, 10 heads,
-# head dim 128, BQ 3328, BKV 1536, one TPU v6e chip. Milliseconds per attention call.
+# Diffusion on TPUs" (2026-09-30, BLOG_URL; BRIEF section 1): synthetic bf16 inputs, 75,600 tokens,
+# 10 heads, head dim 128, BQ 3328, BKV 1536, one TPU v6e chip. Milliseconds per attention call.
+BLOG_URL = ("https://developers.googleblog.com/en/"
+            "accelerating-spatio-temporal-attention-for-video-diffusion-on-tpus/")
 BLOG_V6E_MS = {"splash_dense": 78.70, "b1": 96.37, "b2": 54.12, "b3": 32.76}
 # The same study's block-size sweep of B2 with BKV = 1536: BQ -> ms.
 BLOG_SWEEP_V6E_MS = {1024: 66.88, 3328: 54.12, 4864: 58.62}
 # They were measured on the "blog" preset's problem (`PRESETS["blog"]`, `BenchConfig.is_blog_problem`).
+# Its temporal-head benchmark, one v6e: the permutation as a gather around the kernel ("physical")
+# against the permutation handled inside the kernel ("in_kernel"), ms.
+BLOG_TEMPORAL_V6E_MS = {"physical": 44.40, "in_kernel": 74.14}
+# Multi-chip inference (v6e chips): attention latency with the permutation before or after the
+# head all-to-all, ms.
+BLOG_MULTICHIP_MS = {"before": 75.64, "after": 46.81}
+# End to end, Wan 2.x on 8 v6e chips, 40 denoising steps, per resolution: speed-up over dense,
+# PSNR against the dense model's video in dB (None: not reported), attention's share of a layer's
+# latency (None: not reported).
+BLOG_END_TO_END = {"720p": (1.28, None, 0.555), "1080p": (1.49, 24.66, None), "1440p": (1.69, 24.05, 0.882)}
 
 DEFAULT_METHODS = ("splash_dense", "dense", "splash", "b1", "b2", "b3")
 PALLAS_METHODS = ("dense", "splash_dense", "splash", "b1", "b2", "b3")
@@ -85,7 +99,7 @@ class BenchConfig:
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "BenchConfig":
-        """The config of preset `name` ("tiny", "small", "blog") with some fields replaced.
+        """The config of preset `name` (e.g. "tiny", "small", "blog") with some fields replaced.
 
         `overrides` are field names (geometry, heads, head_dim, density, block_q, block_kv,
         block_kv_compute, dtype, first_frame_sink, name) or geometry parts (frames, height, width,
@@ -155,6 +169,14 @@ PRESETS: dict[str, BenchConfig] = {
     # 3 x 3 tiles of 128 that already hold all three tile classes; small enough for race-checking interpret mode
     "tiny": BenchConfig(VideoGeometry(3, 8, 16), heads=2, head_dim=128, block_q=128, block_kv=128,
                         density=0.35, dtype="float32", name="tiny"),
+    # the kernel walkthrough of notebooks 01 to 06 and the appendix: the blog's 21 frames, one head, padding in
+    # both axes (2,520 tokens in 10 x 20 tiles of 256 x 128), fast in interpret mode
+    "walkthrough": BenchConfig(VideoGeometry(21, 8, 15), heads=1, head_dim=128, block_q=256, block_kv=128,
+                               density=0.35, dtype="bfloat16", name="walkthrough"),
+    # the heads of notebooks 07 to 09: 8 frames of 16 x 16 tokens (one frame = two 128-token tiles), 8 heads
+    # split into spatial and temporal ones, float32 so that routed and reference outputs compare closely
+    "routing": BenchConfig(VideoGeometry(8, 16, 16), heads=8, head_dim=64, block_q=128, block_kv=128,
+                           density=0.35, dtype="float32", name="routing"),
     # the blog's 21 frames and its frame-to-block proportions, scaled down so interpret mode on a CPU copes
     "small": BenchConfig(VideoGeometry(21, 16, 30), heads=2, head_dim=128, block_q=512, block_kv=256,
                          density=0.35, dtype="bfloat16", name="small"),
@@ -165,7 +187,7 @@ PRESETS: dict[str, BenchConfig] = {
 
 
 def get_preset(name: str) -> BenchConfig:
-    """Look up a preset by name ("tiny", "small" or "blog")."""
+    """Look up a preset by name (one of `PRESETS`: tiny, walkthrough, routing, small, blog)."""
     try:
         return PRESETS[name]
     except (KeyError, TypeError):

@@ -36,7 +36,6 @@ import numpy as np
 from svg_lib import cache as cache_files  # `cache` is a parameter name here
 from svg_lib.attention import b3_mask, build_attention
 from svg_lib.chips import check_target
-from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.masks import LANES, Mask, TileAlignedMask, check_block_size
 from svg_lib.core.svg_masks import PermutedMask, SVGMask
 from svg_lib.core.planner import plan_tiles
@@ -131,9 +130,10 @@ def sweep_problem(runtime) -> SweepProblem:
                                                            blog.head_dim, blog.dtype, 3)
         label, density = "blog", blog.density
     else:
-        sizes, geometry, heads, head_dim, dtype, repeats = ((128, 256, 512), VideoGeometry(21, 8, 15), 1, 128,
-                                                           "float32", 1)
-        label, density = "walkthrough", 0.35
+        walk = get_preset("walkthrough")   # its geometry, head and density; float32 and its own tile grid here
+        sizes, geometry, heads, head_dim, dtype, repeats = ((128, 256, 512), walk.geometry, walk.heads,
+                                                           walk.head_dim, "float32", 1)
+        label, density = "walkthrough", walk.density
     too_long = padded_tokens(geometry.tokens) + LANES   # past the padded sequence on any device
     return SweepProblem(label=label, geometry=geometry, density=density, heads=heads, head_dim=head_dim,
                         dtype=dtype, sizes=sizes, bad=((96, 128), (128, too_long)), repeats=repeats)
