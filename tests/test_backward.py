@@ -106,8 +106,9 @@ def _pallas_calls(jaxpr):
 
 
 def _kernel_name(eqn) -> str:
-    """A pallas_call's name: `name` in recent jax, `name_and_src_info` ("name at file:line") in jax 0.7."""
-    return eqn.params.get("name") or str(eqn.params["name_and_src_info"]).split()[0]
+    """A pallas_call's name: its `name` parameter in recent jax; in jax 0.7 the first word of its kernel
+    jaxpr's source info ("name at file:line")."""
+    return eqn.params.get("name") or eqn.params["jaxpr"].debug_info.func_src_info.split()[0]
 
 
 @pytest.mark.parametrize("backward", ["fused", "split"])
