@@ -321,15 +321,20 @@ def build_svg_attention_in_kernel(mask: SVGMask, *, method: str = "b2", heads: i
                          "even head count, or balance_cores=False / None")
 
     def run(q, k, v, is_temporal):
-        if not balance_cores:
-            return kernel(q, k, v, is_temporal.astype(jnp.int32), schedule)
-        swaps = pair_swaps(is_temporal)
-        q, k, v, kinds = (balance_heads(x, swaps) for x in (q, k, v, is_temporal.astype(jnp.int32)))
-        return unbalance_heads(kernel(q, k, v, kinds, schedule), swaps)
+        return kernel(q, k, v, is_temporal.astype(jnp.int32), schedule)
 
     nq, nk = plans[0].grid
-    return jax.jit(scaled_and_padded(run, tokens=tokens, head_dim=head_dim, q_len=nq * block_q,
-                                     kv_len=nk * block_kv))
+    padded = scaled_and_padded(run, tokens=tokens, head_dim=head_dim, q_len=nq * block_q, kv_len=nk * block_kv)
+    if not balance_cores:
+        return jax.jit(padded)
+
+    def balanced(q, k, v, is_temporal):
+        # the unpadded arrays reordered (the flags with them), the result put back after the slicing
+        swaps = pair_swaps(is_temporal)
+        q, k, v, flags = (balance_heads(x, swaps) for x in (q, k, v, is_temporal))
+        return unbalance_heads(padded(q, k, v, flags), swaps)
+
+    return jax.jit(balanced)
 
 
 # -- the public layer ------------------------------------------------------------------------
