@@ -259,6 +259,14 @@ def test_pair_swaps_refuse_odd_heads():
         pair_swaps(np.zeros(5, bool))
 
 
+def test_megacore_balance_refuses_bad_input():
+    mask = get_preset("tiny").mask()
+    with pytest.raises(ValueError, match="runs 'b1', 'b2' or 'b3'"):
+        megacore_balance(mask, np.zeros(4, bool), method="dense", block_q=128, block_kv=128)
+    with pytest.raises(TypeError, match="1-D bool array"):
+        megacore_balance(mask, np.zeros(4, int), block_q=128, block_kv=128)
+
+
 def test_blog_tiles_balance_before_and_after():
     mask = get_preset("blog").mask()
     clustered = np.array([True] * 5 + [False] * 5)

@@ -179,10 +179,10 @@ def balanced_order(is_temporal) -> np.ndarray:
     return balance_heads(np.arange(flags.shape[0]), pair_swaps(flags))
 
 
-def megacore_balance(mask: SVGMask, is_temporal, *, method: str = "b2", block_q: int = 512, block_kv: int = 512,
-                     cores: int = 2) -> dict:
-    """How the in-kernel layer's work falls on a megacore chip's `cores` TensorCores, in the heads'
-    own order ("before") and in the balanced order ("after"); analytic, from the two kinds' tile plans.
+def megacore_balance(mask: SVGMask, is_temporal, *, method: str = "b2", block_q: int = 512,
+                     block_kv: int = 512) -> dict:
+    """How the in-kernel layer's work falls on a megacore chip's two TensorCores, in the heads' own
+    order ("before") and in the balanced order ("after"); analytic, from the two kinds' tile plans.
 
     A head's work: the tiles it visits (`visited`, every grid step that fetches and computes) and how
     many of them evaluate the mask (`masked`; b1 masks all, b2 the partial ones, b3 padding only). Each core runs a contiguous share of the heads
@@ -191,6 +191,8 @@ def megacore_balance(mask: SVGMask, is_temporal, *, method: str = "b2", block_q:
     per core], "balance": mean / max of visited}}; balance 1.0 means both cores finish together.
     """
     mask = check_spatial_mask(mask)
+    if method not in ("b1", "b2", "b3"):
+        raise ValueError(f"the in-kernel layer runs 'b1', 'b2' or 'b3', got {method!r}")
     flags = np.asarray(is_temporal)
     if flags.dtype != bool or flags.ndim != 1:
         raise TypeError(f"is_temporal must be a 1-D bool array (True = temporal head), got {flags.dtype} "
@@ -203,7 +205,7 @@ def megacore_balance(mask: SVGMask, is_temporal, *, method: str = "b2", block_q:
     def split(order):
         kinds = flags[order]
         out = {"visited": [], "masked": [], "temporal": []}
-        for share in parallel_split(len(order), cores):
+        for share in parallel_split(len(order), 2):
             t = int(kinds[share.start:share.stop].sum())
             s_ = len(share) - t
             out["temporal"].append(t)
