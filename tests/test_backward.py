@@ -241,11 +241,15 @@ def test_backward_kernels_have_no_races(method, backward):
 def test_backward_vmem_estimates():
     dq = estimate_vmem("b3:dq", 3328, 1536, 128, jnp.bfloat16, 512, "v6e")
     dkv = estimate_vmem("b3:dkv", 3328, 1536, 128, jnp.bfloat16, 512, "v6e")
-    forward = estimate_vmem("b3", 3328, 1536, 128, jnp.bfloat16, 512, "v6e")
     assert dq.fits and dkv.fits
-    # both hold more per score element than the forward (dp and ds besides s and p)
-    assert dq.intermediates > forward.intermediates and dkv.intermediates > forward.intermediates
+    # per-tile values as the compiler was measured to keep them (compile-only v5p: 15 and 18 MiB in
+    # all at these tiles), not every value as if live at once: training fits a 64 MiB chip
+    for e, measured in ((dq, 15), (dkv, 18)):
+        assert measured * 2**20 < e.total < 1.5 * measured * 2**20
+        assert estimate_vmem(e.method, 3328, 1536, 128, jnp.bfloat16, 512, "v5p").fits
     assert dkv.scratch == 2 * 4 * 1536 * 128  # f32 dk and dv accumulators
+    f32 = estimate_vmem("b3:dkv", 3328, 1536, 128, jnp.float32, 512, "v6e")
+    assert f32.intermediates > 2 * dkv.intermediates  # float32 operands: the MXU's six bf16 passes and their parts
     with pytest.raises(ValueError, match="stage in"):
         estimate_vmem("splash:dq", 512, 512, 128, jnp.bfloat16)
     with pytest.raises(ValueError, match="pass"):
@@ -257,13 +261,14 @@ def test_backward_that_overflows_vmem_is_refused_when_the_gradient_is_traced():
     runs; taking the gradient raises the VMEM error instead of compiling something that fails."""
     from svg_lib.attention import build_attention
     head_dim, dtype = 128, jnp.float32
-    blocks = next((bq, c) for bq in range(256, 4097, 256) for c in (128, 256, 512)
-                  if estimate_vmem("dense", bq, 512, head_dim, dtype, c, "v4").fits
-                  and not estimate_vmem("dense:dkv", bq, 512, head_dim, dtype, c, "v4").fits)
-    f = build_attention(None, method="dense", heads=1, tokens=blocks[0], head_dim=head_dim, dtype=dtype,
-                        block_q=blocks[0], block_kv=512, block_kv_compute=blocks[1], interpret=True,
-                        generation="v4")
-    q = jax.ShapeDtypeStruct((1, blocks[0], head_dim), dtype)
+    # the dk/dv and fused kernels double-buffer k, v, dk and dv blocks where the forward has k and v
+    bq, bkv, c = next((bq, bkv, c) for bkv in (512, 1024, 2048, 4096) for bq in range(256, 4097, 256)
+                      for c in (128, 256, 512)
+                      if estimate_vmem("dense", bq, bkv, head_dim, dtype, c, "v4").fits
+                      and not estimate_vmem("dense:dkv", bq, bkv, head_dim, dtype, c, "v4").fits)
+    f = build_attention(None, method="dense", heads=1, tokens=bq, head_dim=head_dim, dtype=dtype,
+                        block_q=bq, block_kv=bkv, block_kv_compute=c, interpret=True, generation="v4")
+    q = jax.ShapeDtypeStruct((1, bq, head_dim), dtype)
     assert jax.eval_shape(f, q, q, q).shape == q.shape
     with pytest.raises(ValueError, match="overflows VMEM"):
         jax.eval_shape(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v)), argnums=(0, 1, 2)), q, q, q)

@@ -419,3 +419,23 @@ def test_recorded_largest_block_q_is_labelled_and_above_the_estimate():
                    if estimate_vmem(r["method"], bq, r["block_kv"], r["head_dim"], r["dtype"], None, r["target"],
                                     splash_mask=r["splash_mask"]).fits]
         assert max(fitting, default=0) <= r["largest_block_q"], r
+
+
+# The backward's kernels (svg_lib.kernels.backward) against the compiler on a 64 MiB chip, where the
+# estimate decides whether training is allowed at all: fitted per-tile values (vmem._BACKWARD_BYTES_PER_SCORE)
+# must still compile under the limit they ask for. The fused kernel's check holds 2 query tiles' dq.
+BACKWARD_POINTS = [
+    ("v5p", "b3:dkv", 3328, 1536, 512, "bfloat16"),
+    ("v5p", "b3:fused", 3328, 1536, 512, "bfloat16"),
+    ("v5p", "b3:dq", 1024, 1024, 512, "float32"),
+    ("v5p", "b1:fused", 1024, 1024, 512, "float32"),
+]
+
+
+@pytest.mark.parametrize("point", BACKWARD_POINTS, ids=["-".join(map(str, p)) for p in BACKWARD_POINTS])
+def test_backward_estimate_compiles_under_its_own_limit(tpu_compiler, point):
+    target, method, bq, bkv, c, dtype = point
+    e = estimate_vmem(method, bq, bkv, 128, dtype, c, target, q_len=2 * bq)
+    assert e.fits, e
+    check = checks.compile_check(e)
+    assert check.compiled, check.error

@@ -272,6 +272,16 @@ def estimate_vmem(method: str, block_q: int, block_kv: int, head_dim: int, dtype
 
 
 BACKWARD_PASSES = ("dq", "dkv", "fused")
+# VMEM per score element of a backward kernel's per-tile values (s, p, dp, ds and the mask's), by input
+# itemsize: fitted to the TPU compiler, not counted. Counting every value as live at once (f32 s, p, dp,
+# ds, the casts and the mask: 27 to 33 bytes) put B3's dq and dk/dv kernels at the case study's tiles
+# at 52.3 and 55.3 MiB and refused training on a v5p or v7x, while the compiler (libtpu 0.0.42.1,
+# compile-only v5p, 2 x 2 tiles) compiles them within 15 and 18 MiB: it streams the elementwise work
+# through vector registers and keeps about one f32 tile live. The smallest limit that compiled, less
+# blocks and accumulators, per score element: bf16 3328 x 1536 (slices of 512), B1 and B3 alike:
+# dq 4.1, dk/dv 6.1, fused 2.3 bytes; float32 1024 x 1024 (512): dq 12.8, dk/dv 13.8, fused 14.8 (f32
+# operands take six bf16 passes of the MXU, and their parts). The table keeps about 1.3x above them.
+_BACKWARD_BYTES_PER_SCORE = {2: {"dq": 6, "dkv": 8, "fused": 8}, 4: {"dq": 17, "dkv": 18, "fused": 19}}
 
 
 def _estimate_backward(method, block_q, block_kv, head_dim, dtype, block_kv_compute, memory,
@@ -279,9 +289,9 @@ def _estimate_backward(method, block_q, block_kv, head_dim, dtype, block_kv_comp
     """The backward kernels' VMEM (svg_lib.kernels.backward), counted like the forward's.
 
     dq: q, do, dq blocks `[block_q, head_dim]`, k, v blocks, lse and D rows (`[1, block_q]` f32,
-    padded to 8 sublanes), all double-buffered; an f32 dq accumulator; per score element s, p, dp,
-    ds in f32 and ds in the input dtype. dkv: q, do blocks, k, v, dk, dv blocks, the same lse and D
-    rows; f32 dk and dv accumulators; per element as dq plus p in the input dtype. (Until
+    padded to 8 sublanes), all double-buffered; an f32 dq accumulator; per score element what the
+    compiler was measured to keep (`_BACKWARD_BYTES_PER_SCORE`). dkv: q, do blocks, k, v, dk, dv
+    blocks, the same lse and D rows; f32 dk and dv accumulators; per element likewise. (Until
     2026-12-02 the dq count took lse and D as lane-replicated `[block_q, 128]` blocks, which the
     kernel no longer reads: 6.1 MiB too many at the blog's 3328-row tiles.) fused: dkv's blocks and
     accumulators, one head's whole dq accumulator (f32 `[q_len, head_dim]`; it leaves for HBM a query
@@ -299,18 +309,17 @@ def _estimate_backward(method, block_q, block_kv, head_dim, dtype, block_kv_comp
     if which == "dq":
         pipeline = 2 * (itemsize * head_dim * (3 * block_q + 2 * block_kv) + 2 * 4 * 8 * block_q)
         scratch = 4 * block_q * head_dim
-        per_element = 16 + itemsize
     else:
         pipeline = 2 * (itemsize * head_dim * (2 * block_q + 4 * block_kv) + 2 * 4 * 8 * block_q)
         scratch = 2 * 4 * block_kv * head_dim
-        per_element = 16 + 2 * itemsize
+    per_element = _BACKWARD_BYTES_PER_SCORE[itemsize][which]
     if which == "fused":
         if q_len is None or q_len < block_q or q_len % block_q:
             raise ValueError(f"the fused backward holds a whole head's dq: give q_len, the padded query count "
                              f"(a multiple of block_q={block_q}), got {q_len!r}")
         scratch += 4 * q_len * head_dim + itemsize * block_q * head_dim  # and the buffer dq leaves through
         extra = 4 * block_q * head_dim
-    intermediates = chunk * (per_element + 9) + extra  # every stage has tiles that mask (padding at least)
+    intermediates = chunk * per_element + extra
     return VmemEstimate(method, block_q, block_kv, block_kv_compute, head_dim, jnp.dtype(dtype).name, pipeline,
                         scratch, intermediates, memory.generation, memory.vmem_bytes, memory.default_scoped)
 

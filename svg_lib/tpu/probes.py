@@ -72,7 +72,7 @@ BACKWARD_KINDS = ("free", "svg_masked", "matmuls")
 # p^T do, ds^T q, ds k) with the scores cast to the input dtype in between, and nothing else.
 SPLASH_KINDS = ("free", "svg_masked")  # Splash's idle and padding steps are table-driven: not probeable
 # Part of every cache key (svg_lib.tpu.cost): raise it when a probe kernel here changes what it measures.
-CACHE_FORMAT = 4
+CACHE_FORMAT = 5
 PROBE_STEPS = (2, 4)      # kv steps of the two probes whose difference gives cycles per step
 PROBE_ROWS = (1, 2)       # query tiles of the two probes whose difference gives the per-row cost
 
