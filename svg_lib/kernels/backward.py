@@ -6,17 +6,30 @@ forward's per-row log-sum-exp `lse`, output `o = p v` and incoming gradient `do`
     dv = p^T do        dp = do v^T        ds = p * (dp - D),  D = rowsum(do * o)
     dq = ds k          dk = ds^T q
 
-(FlashAttention-2's backward). dq sums over key tiles, so its kernel walks the forward's
-schedule: per query tile, the key tiles to visit. dk and dv sum over *query* tiles, so their
-kernel walks the transposed schedule: per key tile, the query tiles that visit it
-(`TilePlan.transposed_tables`). Both visit exactly the forward's non-empty tiles, FULL tiles
-mask-free, PARTIAL tiles masked by the same predicate, idle steps on the resident block.
+(FlashAttention-2's backward). dk and dv sum over *query* tiles, so the backward walks the
+transposed schedule: per key tile, the query tiles that visit it (`TilePlan.transposed_tables`),
+accumulating dk and dv in scratch over a key tile's row of steps. dq sums over key tiles, across
+those rows, and comes in one of two forms:
 
-The dk/dv kernel computes its tile transposed (`s^T = k q^T`, `[block_kv_compute, block_q]`):
-its accumulators are per key, so keys on rows keeps every matmul in the MXU's plain form, and
-the per-query `lse` and `D` arrive as rows `[1, block_q]` that broadcast down sublanes for
-free. The dq kernel keeps queries on rows like the forward and reads the same rows, turned
-into columns (cheaper by the compiler's profile than lane-replicated blocks; see `_dq_tile`).
+    fused   `attention_fused`: one kernel; one head's whole dq stays in VMEM (f32) from the head's
+            first step to its last, each tile adds its share to its query tile's rows, and p and ds
+            are computed once per tile for all three gradients. The default where that dq fits.
+    split   `attention_dq` walks the forward's schedule for dq, `attention_dkv` the transposed one
+            for dk and dv; each rebuilds p. Where a head's dq does not fit in VMEM (1440p).
+
+Either visits exactly the forward's non-empty tiles, FULL tiles mask-free, PARTIAL tiles masked by
+the same predicate, idle steps on the resident block; dense takes its tiles from program ids.
+Simulated cost per tile (the TPU compiler's static profile, compile-only v6e, libtpu 0.0.42.1,
+bf16, head_dim 128; `svg_lib.tpu.cost.backward_tile_cost`): at 3328 x 1536 the fused tile costs
+25,388 cycles, 0.97x Splash's fused backward and 1.00x its own five matmuls alone; the split form
+36,086 (a dq step and a dk/dv step).
+
+The dk/dv and fused kernels compute their tile transposed (`s^T = k q^T`, `[block_kv_compute,
+block_q]`): their accumulators are per key, so keys on rows keeps four of the five matmuls in the
+MXU's plain form (dq's takes `ds^T` turned back, `TN`), and the per-query `lse` and `D` arrive as
+rows `[1, block_q]` that broadcast down sublanes for free. The dq kernel keeps queries on rows like
+the forward and reads the same rows, turned into columns (cheaper by the compiler's profile than
+lane-replicated blocks; see `_dq_tile`).
 
 Arrays here are padded like the forward's: q `[heads, nq * block_q, head_dim]` (pre-scaled),
 k, v `[heads, nk * block_kv, head_dim]`. Padded key columns are masked as in the forward;
