@@ -160,19 +160,52 @@ def test_cli_refuses_a_bad_block_size(capsys):
 
 
 def test_backward_probes_compare_like_with_like(tpu_compiler, cost_cache, monkeypatch):
-    """The backward's probes: every kernel costs cycles per step; ours does the same work per tile
-    as Splash's two backward kernels (a dq step and a dk/dv step), so its cost per tile lands near
-    theirs (the committed reference: 1.00x at 512 x 256, 1.01x at 3328 x 1536 on a v6e), and
-    Splash's fused kernel, one step per tile that computes s and p once, costs less than either."""
-    import json
-
-    from svg_lib.tpu.cost import BACKWARD_KERNELS, REFERENCE_FILE, backward_tile_cost
+    """The backward's probes: every kernel costs cycles per step. Our split backward does the same
+    work per tile as Splash's two backward kernels (a dq step and a dk/dv step), so its cost per tile
+    lands near theirs; the fused kernels, ours and Splash's, one step per tile that computes s and p
+    once, cost less than either; ours no more than Splash's, and within 1.15x of the tile's five
+    matmuls alone (issue 23's goals), here and in the committed reference at the blog's tiles."""
+    from svg_lib.tpu.cost import BACKWARD_KERNELS, backward_tile_cost, load_backward_reference
     monkeypatch.setenv("SVG_LIB_CACHE_DIR", str(cost_cache))
     cost = backward_tile_cost("v6e", block_q=512, block_kv=256)
     assert set(cost.per_step) == set(BACKWARD_KERNELS) and all(c["free"] > 0 for c in cost.per_step.values())
     assert 0.8 < cost.ratio() < 1.25
-    assert cost.per_tile("splash_fused") < min(cost.per_tile("svg_lib"), cost.per_tile("splash"))
-    reference = json.loads((REFERENCE_FILE.parent / "backward_cost_reference.json").read_text())
-    recorded = {(c["block_q"], c["block_kv"]): c for c in reference["costs"]}
-    assert recorded[(512, 256)]["per_step"]["svg_lib_dq"]["free"] == pytest.approx(cost.per_step["svg_lib_dq"]["free"],
-                                                                                     rel=0.05)
+    assert max(cost.per_tile("svg_lib_fused"), cost.per_tile("splash_fused")) < min(cost.per_tile("svg_lib"),
+                                                                                     cost.per_tile("splash"))
+    reference = load_backward_reference()
+    for where in (("v6e", 512, 256), ("v6e", 3328, 1536)):
+        c = cost if where[1] == 512 else reference["costs"][where]
+        assert c.per_tile("svg_lib_fused") <= c.per_tile("splash_fused"), where
+        assert 1.0 <= c.vs_floor("svg_lib_fused") <= 1.15, where
+    recorded = reference["costs"][("v6e", 512, 256)]
+    for kernel in ("svg_lib_dq", "svg_lib_fused"):
+        assert recorded.per_step[kernel]["free"] == pytest.approx(cost.per_step[kernel]["free"], rel=0.05)
+
+
+def test_training_model_sums_forward_and_fused_backward_steps():
+    """A training step's model at the blog's plan, from the committed references: each method's
+    backward is its transposed schedule's steps priced per kind (B0: Splash's fused backward on every
+    tile), the total is forward + backward, and the ratios are against splash_dense."""
+    from svg_lib import PRESETS
+    from svg_lib.tpu.cost import backward_step_kinds, load_backward_reference, training_model
+    blog = PRESETS["blog"]
+    where = ("v6e", blog.block_q, blog.block_kv)
+    forward = load_reference()["groups"]["after"][where]
+    backward = load_backward_reference()["costs"][where]
+    model = training_model(blog, forward, backward, heads=1)
+    b3_plan = plan_tiles(b3_mask(blog.mask(), blog.block_q, blog.block_kv), blog.block_q, blog.block_kv)
+    kinds = backward_step_kinds("b3", b3_plan=b3_plan)
+    q_index = b3_plan.transposed_tables[0]
+    assert sum(kinds.values()) == q_index.size  # every grid step of the transposed walk, idle ones included
+    fused = backward.per_step["svg_lib_fused"]
+    want = (kinds["free"] * fused["free"] + kinds["svg_masked"] * fused["svg_masked"]
+            + kinds["idle"] * forward.per_step["svg_lib"]["idle"])
+    assert model["b3"]["backward"] == pytest.approx(want)
+    nq, nk = b3_plan.grid
+    assert model["splash_dense"]["backward"] == pytest.approx(nq * nk * backward.per_step["splash_fused"]["free"])
+    for m in ("splash_dense", "b3"):
+        assert model[m]["total"] == pytest.approx(model[m]["forward"] + model[m]["backward"])
+    ratios = model["ratios"]["b3"]
+    assert ratios["forward"] < ratios["total"] < 1 and ratios["total"] <= 0.40  # issue 23's goal, in the model
+    with pytest.raises(ValueError, match="tiles"):
+        training_model(blog, forward, load_backward_reference()["costs"][("v6e", 512, 256)])

@@ -441,8 +441,9 @@ class BenchResult:
         lines = [self.header(), line([title for title, *_ in cols]), rule]
         lines += [line([fmt(row.get(key)) for _, key, _, fmt in cols]) for row in self.rows]
         lines.append(rule)
-        notes = ["fwd / bwd steps: grid steps per head of the forward, and of the backward's dq and dk/dv passes "
-                 "together (Splash: its own fused backward, not counted). fwd+bwd ms: one jax.grad call of "
+        notes = ["fwd / bwd steps: grid steps per head of the forward, and of the backward as attention() runs it "
+                 "(the fused kernel's walk of the transposed schedule; where a head's dq does not fit in VMEM, the "
+                 "dq and dk/dv passes together; Splash: its own fused backward, not counted). fwd+bwd ms: one jax.grad call of "
                  "sum(out * dout) for q, k and v, forward included. vs B0 = splash_dense's fwd+bwd median / "
                  "this one. grad error: max |dq, dk, dv - the float32 reference's| under the mask each "
                  f"method computes. {self.repeats} timed call(s) after {self.warmup} warm-up. The case study "
