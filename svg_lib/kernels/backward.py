@@ -45,7 +45,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from svg_lib.core.planner import CLASS_BITS, EMPTY, FULL, PARTIAL, STEP_BITS, KernelTables
-from svg_lib.kernels.forward import MASK_VALUE, MAX_UNROLLED_CHUNKS, NN, NT, _compiler_params, _dot
+from svg_lib.kernels.forward import MASK_VALUE, MAX_UNROLLED_CHUNKS, NN, NT, _dot
 
 TN = (((0,), (0,)), ((), ()))  # dot_general dimensions of a^T @ b: contract both operands' first dims
 
@@ -152,7 +152,12 @@ def _tile_reader(name, schedule, rows, steps, padding_class):
 
 def _padding_class(block_kv, tokens):
     """class of key tile `j` in the dense backward: PARTIAL if it reaches past `tokens`, else FULL."""
-    return lambda j: jnp.where((j + 1) * block_kv > tokens, PARTIAL, FULL)
+    def padding_class(j):
+        if tokens is None:
+            raise ValueError("a backward kernel without a schedule (dense) takes its tiles from program ids "
+                             "and needs tokens=, the unpadded token count, to mask the key padding")
+        return jnp.where((j + 1) * block_kv > tokens, PARTIAL, FULL)
+    return padding_class
 
 
 def _call(kernel, prefetch, operands, *, grid, in_specs, out_specs, out_shape, scratch, semantics, vmem_limit_bytes,
