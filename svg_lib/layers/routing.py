@@ -4,8 +4,9 @@ A spatial head runs the SVG mask on frame-major tokens. A temporal head runs the
 mask on tokens permuted to temporal-major order (brief, section 2), and its output is
 permuted back. Two ways to do that are here, so they can be compared:
 
-* `svg_attention` (physical permutation, the blog's choice): gather each temporal head's
-  q, k, v into temporal-major order, run one kernel with one mask over every head, gather
+* `svg_attention` (physical permutation, the blog's choice): move each temporal head's
+  q, k, v into temporal-major order (a reshape/transpose of the token axis and a per-head
+  select, `permute_heads`: no gather), run one kernel with one mask over every head, move
   the output back. The kernel sees the band in both cases, so it visits the same few tiles.
 * `svg_attention_in_kernel` (no data movement): temporal heads stay frame-major and one
   kernel, reading per-head flags from SMEM, follows each head's own tile schedule and
@@ -14,7 +15,7 @@ permuted back. Two ways to do that are here, so they can be compared:
   kernel visits many more of them (`compare_temporal_tiles` counts them).
 
 Routing never changes a shape: `is_temporal` is a bool `[heads]` array used only as data
-(a `jnp.where` over the head axis picks each head's gather indices; the in-kernel version
+(a `jnp.where` over the head axis picks each head's permuted or unpermuted rows; the in-kernel version
 scalar-prefetches the flags), so under `jax.jit` a new routing is new data, not a new program
 (`CompileCounter` counts XLA compilations to show it).
 """
@@ -97,8 +98,8 @@ def permute_heads(x, is_temporal, geometry, inverse: bool = False):
     `inverse`, back), the other heads as they are.
 
     One reshape/transpose of the whole array (`to_temporal_major`) and a per-head select: no
-    gather. The select reads both copies, but XLA fuses it with the transpose into one pass, far
-    cheaper on a TPU than the row gather `gather_heads(x, head_gather_index(...))` that computes
+    gather. The select reads both copies (the compiled program makes it a layout copy, then the
+    select: two passes), still far cheaper on a TPU than the row gather `gather_heads(x, head_gather_index(...))` that computes
     the same array.
     """
     import jax.numpy as jnp
