@@ -136,21 +136,23 @@ def _mosaic_kernels(module_text: str) -> list:
     return found
 
 
+@pytest.mark.parametrize("backward", ["fused", "split"])
 @pytest.mark.parametrize("dtype,precision", [("float32", "#tpu.contract_precision<fp32>"), ("bfloat16", None)])
-def test_mosaic_lowering_accepts_the_stated_precision(dtype, precision):
-    """jax.export lowers the forward and both backward kernels for TPU with the precision stated:
-    Mosaic's matmuls carry contract_precision fp32 for float32 inputs, and no override for bf16."""
+def test_mosaic_lowering_accepts_the_stated_precision(dtype, precision, backward):
+    """jax.export lowers the forward and the backward's kernels (the fused one, or dq and dk/dv) for
+    TPU with the precision stated: Mosaic's matmuls carry contract_precision fp32 for float32 inputs,
+    and no override for bf16."""
     f = build_attention(MASK, method="b2", heads=1, tokens=MASK.tokens, head_dim=128, dtype=dtype,
-                        block_q=128, block_kv=128, interpret=False)
+                        block_q=128, block_kv=128, interpret=False, backward=backward)
     grad = jax.grad(lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32)), argnums=(0, 1, 2))
     arg = jax.ShapeDtypeStruct((1, MASK.tokens, 128), jnp.dtype(dtype))
     text = export.export(jax.jit(grad), platforms=["tpu"])(arg, arg, arg).mlir_module()
-    assert sorted(re.findall(r'kernel_name = "(\w+)"', text)) == ["b2_attention_dkv", "b2_attention_dq",
-                                                                 "b2_block_sparse_attention"]
+    want = (["b2_attention_fused_bwd"] if backward == "fused" else ["b2_attention_dkv", "b2_attention_dq"])
+    assert sorted(re.findall(r'kernel_name = "(\w+)"', text)) == want + ["b2_block_sparse_attention"]
     bodies = _mosaic_kernels(text)
     if not bodies:
         pytest.skip("this jax's MLIR bindings cannot read the serialized kernels back")
-    assert len(bodies) == 3
+    assert len(bodies) == len(want) + 1
     for body in bodies:
         matmuls = re.findall(r"tpu\.matmul[^\n]*", body)
         assert matmuls, body[:500]
