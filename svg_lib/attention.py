@@ -1,8 +1,9 @@
 """`attention(...)`: one entry point for every method of the series.
 
-It validates inputs, pads the token axis to whole tiles, scales q, turns the mask into
-the tables the chosen kernel consumes (the planner's job), and slices the padding off
-again. Built kernels are cached, so calling it twice with an equal mask (the same one, or
+It validates inputs, scales q and turns the mask into the tables the chosen kernel consumes
+(the planner's job). The series' kernels take any token count as it is (their last tiles are
+partial, cleared in VMEM: `kernels.forward._clear_tail`); only Splash gets copies padded to
+whole tiles, and its output sliced. Built kernels are cached, so calling it twice with an equal mask (the same one, or
 one built again from the same parameters: `Mask.cache_key`) and shapes traces and plans once.
 
 Every method works inside a caller's `jax.jit` and `jax.grad`: the kernels carry their VMEM
@@ -25,7 +26,7 @@ from svg_lib.kernels.reference import check_qkv, reference_attention
 from svg_lib.kernels.splash import make_splash, splash_mask_form
 from svg_lib.memory.budget import check_memory
 from svg_lib.problem import check_block_kv_compute
-from svg_lib.runtime import check_head_split, default_interpret, head_split_devices, shard_heads
+from svg_lib.runtime import check_head_split, default_interpret, head_split_devices, run_split, shard_heads
 
 METHODS = ("reference", "dense", "splash_dense", "splash", "b1", "b2", "b3")
 _NEEDS_MASK = ("splash", "b1", "b2", "b3")
@@ -56,7 +57,7 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
     A mask's way through here runs one way: plan once (tile classes and the forward's and
     backward's schedules, `TilePlan.tables`; Splash's mask info), check memory once on that plan
     (`memory.budget.check_memory`), then build the kernels from the tables. The returned
-    function only pads, runs the kernel and slices.
+    function only scales q and runs the kernel (Splash's: pads and slices too).
     """
     import jax
     import jax.numpy as jnp
@@ -118,13 +119,13 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
                              vmem_limit_bytes=budget.forward_limit, **blocks)
         # Splash leaves a row that keeps no key as an average of v (or unwritten, for a query
         # block with no kept block); the series' contract is zeros, as the reference.
-        run = _rows_zeroed(kernel, _rows_without_keys(mask, tokens, q_len))
+        run = padded(_rows_zeroed(kernel, _rows_without_keys(mask, tokens, q_len)), tokens=tokens, q_len=q_len,
+                     kv_len=kv_len)
     elif method == "dense":
-        forward = functools.partial(dense_flash_attention, tokens=tokens, vmem_limit_bytes=budget.forward_limit,
-                                    **blocks)
+        forward = functools.partial(dense_flash_attention, vmem_limit_bytes=budget.forward_limit, **blocks)
         run = with_backward(lambda q, k, v, residuals: forward(q, k, v, residuals=residuals), None,
                             backward_limits=budget.backward_limits, stage="dense", keep=_not_padding(tokens),
-                            tokens=tokens, **blocks)
+                            **blocks)
     else:
         keep = kernel_mask.kernel_predicate(block_q, block_kv)
         head_kind = jnp.zeros((heads,), jnp.int32)  # one mask: every head follows schedule row block 0
@@ -136,31 +137,35 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
         # jax.grad runs the backward kernels over the same tiles (svg_lib.kernels.backward)
         run = with_backward(forward, tables, backward_limits=budget.backward_limits, stage=method, keep=keep,
                             **blocks)
-        # the planner lets padded query rows be computed unmasked; they are thrown away as zeros
-        run = _rows_zeroed(run, _padding_rows(mask, tokens, q_len))
+        # the planner lets a mask's padding rows be computed unmasked; they are thrown away as zeros
+        run = _rows_zeroed(run, _padding_rows(mask, tokens))
 
-    f = scaled_and_padded(run, tokens=tokens, head_dim=head_dim, q_len=q_len, kv_len=kv_len)
-    return jax.jit(f)
+    return jax.jit(prescaled(run, head_dim=head_dim))
 
 
-def scaled_and_padded(run, *, tokens: int, head_dim: int, q_len: int, kv_len: int):
-    """`f(q, k, v, *extra)` around a kernel `run(q, k, v, *extra)` that wants padded, pre-scaled input.
-
-    q, k, v `[heads, tokens, head_dim]`: q is scaled by 1/sqrt(head_dim) (in f32, then back to
-    its dtype), the token axis is zero-padded to `q_len` (q) and `kv_len` (k, v), and the
-    output is sliced back to `tokens`. The kernels mask padded keys; padded query rows are
-    computed and dropped here.
-    """
+def prescaled(run, *, head_dim: int):
+    """`f(q, k, v, *extra)` around a kernel `run(q, k, v, *extra)` that wants q pre-scaled:
+    q `[heads, tokens, head_dim]` scaled by 1/sqrt(head_dim), in f32, then back to its dtype."""
     import jax.numpy as jnp
 
     scale = 1.0 / math.sqrt(head_dim)
 
     def f(q, k, v, *extra):
-        qs = (q.astype(jnp.float32) * scale).astype(q.dtype)
+        return run((q.astype(jnp.float32) * scale).astype(q.dtype), k, v, *extra)
+
+    return f
+
+
+def padded(run, *, tokens: int, q_len: int, kv_len: int):
+    """`f(q, k, v)` around a kernel `run(q, k, v)` that wants whole tiles (Splash): the token axis
+    zero-padded to `q_len` (q) and `kv_len` (k, v) in HBM copies, the output sliced back to
+    `tokens`. Splash masks the padded keys; the padded query rows are computed and dropped."""
+    import jax.numpy as jnp
+
+    def f(q, k, v):
         pad_q = ((0, 0), (0, q_len - tokens), (0, 0))
         pad_kv = ((0, 0), (0, kv_len - tokens), (0, 0))
-        out = run(jnp.pad(qs, pad_q), jnp.pad(k, pad_kv), jnp.pad(v, pad_kv), *extra)
-        return out[:, :tokens]
+        return run(jnp.pad(q, pad_q), jnp.pad(k, pad_kv), jnp.pad(v, pad_kv))[:, :tokens]
 
     return f
 
@@ -173,7 +178,8 @@ def _not_padding(tokens: int):
 
 
 def _rows_zeroed(kernel, rows):
-    """`kernel(q, k, v)` with the output rows where bool `rows` `[q_len]` is True set to zero (None: as is)."""
+    """`kernel(q, k, v)` with the output rows where bool `rows` (one per output row) is True set to zero
+    (None: as is)."""
     import jax.numpy as jnp
 
     if rows is None:
@@ -184,17 +190,12 @@ def _rows_zeroed(kernel, rows):
     return run
 
 
-def _padding_rows(mask, tokens, q_len):
-    """bool [q_len]: query rows that are padding inside the sequence (`Mask.real_tokens_in`), or None if none.
-
-    Rows past `tokens` are sliced off anyway; only padding a mask declares needs zeroing.
-    """
+def _padding_rows(mask, tokens):
+    """bool [tokens]: query rows that are padding inside the sequence (`Mask.real_tokens_in`), or None if none."""
     import jax.numpy as jnp
 
     real = mask.real_tokens_in(np.arange(tokens + 1)) > 0
-    if real.all():
-        return None
-    return jnp.asarray(np.concatenate([~real, np.zeros(q_len - tokens, bool)]))
+    return None if real.all() else jnp.asarray(~real)
 
 
 def _rows_without_keys(mask, tokens, q_len):
@@ -216,8 +217,8 @@ def attention(q, k, v, mask: Mask | None = None, *, method: str, block_q: int = 
     Methods: "reference" (jnp), "dense" (the series' flash kernel), "splash_dense" (B0,
     JAX's Splash with a full mask), "splash" (Splash with the exact mask), "b1", "b2",
     "b3" (the blog's stages; b3 computes attention under `mask.tile_aligned(block_q,
-    block_kv)`). Any token count works: padding is added inside and never leaks into the
-    result. Softmax scale 1/sqrt(head_dim). `interpret=None` runs compiled on a TPU and in
+    block_kv)`). Any token count works: a last, partial tile never leaks into the result
+    (the series' kernels clear it in VMEM; Splash gets padded copies). Softmax scale 1/sqrt(head_dim). `interpret=None` runs compiled on a TPU and in
     interpret mode elsewhere; `pltpu.InterpretParams(...)` is passed through.
 
     Differentiable: `jax.grad` runs Pallas backward kernels over the same tiles for dense,
@@ -235,20 +236,7 @@ def attention(q, k, v, mask: Mask | None = None, *, method: str, block_q: int = 
     devices = head_split_devices(q, heads, split_heads)
     fn = cached_build(build_attention, mask, q, method=method, block_q=block_q, block_kv=block_kv,
                       block_kv_compute=block_kv_compute, interpret=interpret, devices=devices, backward=backward)
-    return fn(q, k, v) if devices is None else _run_split(fn, devices, q, k, v)
-
-
-def _run_split(fn, devices, q, k, v):
-    """`fn(q, k, v)` split over `devices`; concrete inputs committed to one device are moved onto the
-    split first, and the result is put back on that device, so the caller sees no new placement."""
-    import jax
-    from jax.sharding import Mesh, NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    if isinstance(q, jax.core.Tracer) or not getattr(q, "committed", False):
-        return fn(q, k, v)
-    split = NamedSharding(Mesh(np.array(devices, dtype=object), ("cores",)), P("cores", None, None))
-    return jax.device_put(fn(*(jax.device_put(x, split) for x in (q, k, v))), q.sharding)
+    return fn(q, k, v) if devices is None else run_split(fn, devices, q, k, v)
 
 
 def cached_build(builder, mask, q, **config):

@@ -140,13 +140,15 @@ def head_split_devices(x, heads: int, split_heads=None):
     return check_head_split(devices, heads)
 
 
-def shard_heads(fn, devices, heads: int):
-    """`fn(q, k, v) -> out` (built for `heads // len(devices)` heads) run on `heads` heads split evenly
-    over `devices`: a `jax.shard_map` whose every device runs `fn` on its own contiguous block of heads.
+def shard_heads(fn, devices, heads: int, per_head: int = 0):
+    """`fn(q, k, v, *flags) -> out` (built for `heads // len(devices)` heads) run on `heads` heads split
+    evenly over `devices`: a `jax.shard_map` whose every device runs `fn` on its own contiguous block
+    of heads.
 
-    q, k, v and the result are `[heads, tokens, head_dim]`, sharded on the head axis over a 1-D
-    mesh of `devices` (axis "cores"). Differentiable, and usable inside a caller's jax.jit as long
-    as the caller's arguments are not committed to other devices (jax refuses mixed placements).
+    q, k, v and the result are `[heads, tokens, head_dim]`, and the `per_head` arrays after them
+    (the routed layers' `is_temporal`) `[heads]`, all sharded on the head axis over a 1-D mesh of
+    `devices` (axis "cores"). Differentiable, and usable inside a caller's jax.jit as long as the
+    caller's arguments are not committed to other devices (jax refuses mixed placements).
     """
     import jax
     import numpy as np
@@ -158,7 +160,25 @@ def shard_heads(fn, devices, heads: int):
     spec = P("cores", None, None)
     # check_vma=False: a pallas_call declares a plain out_shape, which shard_map's type check would
     # reject; every value here is split over the axis anyway
-    return jax.shard_map(fn, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)
+    return jax.shard_map(fn, mesh=mesh, in_specs=(spec,) * 3 + (P("cores"),) * per_head, out_specs=spec,
+                         check_vma=False)
+
+
+def run_split(fn, devices, *args):
+    """`fn(*args)` built by `shard_heads` over `devices`. Concrete arguments committed to one device
+    are moved onto the split first and the result put back on that device, so the caller sees no
+    new placement; traced or uncommitted ones go straight in."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    first = args[0]
+    if isinstance(first, jax.core.Tracer) or not getattr(first, "committed", False):
+        return fn(*args)
+    mesh = Mesh(np.array(devices, dtype=object), ("cores",))
+    moved = [jax.device_put(x, NamedSharding(mesh, P("cores", *(None,) * (np.ndim(x) - 1)))) for x in args]
+    return jax.device_put(fn(*moved), first.sharding)
 
 
 def notebook_data_file(name: str):

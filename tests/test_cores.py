@@ -1,6 +1,6 @@
 """A chip's two TensorCores: heads split over a v7x's two devices, and balanced over a megacore's two cores.
 
-* v7x: `attention()` splits heads over the chip's two jax devices by default (`split_heads`),
+* v7x: `attention()` and the routed layers split heads over the chip's two jax devices by default (`split_heads`),
   checked here on simulated CPU devices (a subprocess with two of them), and compiled for a v7x
   with libtpu (compile-only "tpu7x:1x1x1": one chip, two devices) to show each device's kernel
   running half the heads.
@@ -22,7 +22,7 @@ import pytest
 from svg_lib import SVGMask, VideoGeometry
 from svg_lib.chips import TARGETS, parallel_split
 from svg_lib.layers.routing import (CompileCounter, balance_heads, balanced_order, build_svg_attention_in_kernel,
-                                    megacore_balance, pair_swaps, unbalance_heads)
+                                    megacore_balance, pair_swaps)
 from svg_lib.problem import get_preset
 from svg_lib.runtime import check_head_split, chip_devices, head_split_devices
 
@@ -105,6 +105,7 @@ SPLIT_SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     from svg_lib import SVGMask, VideoGeometry, attention
+    from svg_lib.layers.routing import svg_attention, svg_attention_in_kernel
     from svg_lib.runtime import head_split_devices
 
     cores = tuple(jax.devices()[:2])
@@ -135,6 +136,17 @@ SPLIT_SCRIPT = textwrap.dedent("""
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         print(method, "ok")
 
+    # the routed layers split the same way, the per-head flags split with the heads
+    flags = jnp.array([True, False, False, True])
+    for layer in (svg_attention, svg_attention_in_kernel):
+        one = layer(q, k, v, flags, mask, method="b2", **blocks, split_heads=False)
+        two = layer(q, k, v, flags, mask, method="b2", **blocks, split_heads=cores)
+        np.testing.assert_array_equal(np.asarray(two), np.asarray(one))
+        assert all(s.data.shape[0] == 2 for s in two.addressable_shards)
+        placed = [jax.device_put(x, cores[0]) for x in (q, k, v, flags)]
+        assert layer(*placed, mask, method="b2", **blocks, split_heads=cores).sharding.device_set == {cores[0]}
+    print("routed ok")
+
     # spread over devices by the caller already: the default leaves the placement alone
     mesh = Mesh(np.array(cores), ("x",))
     spread = jax.device_put(q, NamedSharding(mesh, P("x")))
@@ -154,7 +166,7 @@ def test_split_heads_equals_one_device_on_two_simulated_devices():
     result = subprocess.run([sys.executable, "-c", SPLIT_SCRIPT], env=env, capture_output=True, text=True,
                             timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert result.stdout.split() == ["b3", "ok", "dense", "ok", "placement", "ok"], result.stdout
+    assert result.stdout.split() == ["b3", "ok", "dense", "ok", "routed", "ok", "placement", "ok"], result.stdout
 
 
 # -- v7x, compiled: each device's kernel runs half the heads ---------------------------------------
@@ -200,9 +212,9 @@ def v7x_small(v7x_compiler):
 def test_v7x_split_runs_half_the_heads_on_each_device(v7x_small):
     config, split, one = v7x_small
     assert split.devices == 2 and one.devices == 1
-    padded = -(-config.tokens // config.block_q) * config.block_q
-    assert split.kernel_shapes == (f"bf16[{config.heads // 2},{padded},{config.head_dim}]",)
-    assert one.kernel_shapes == (f"bf16[{config.heads},{padded},{config.head_dim}]",)
+    assert config.tokens % config.block_q  # a partial last tile: the kernel still sees the tokens as they are
+    assert split.kernel_shapes == (f"bf16[{config.heads // 2},{config.tokens},{config.head_dim}]",)
+    assert one.kernel_shapes == (f"bf16[{config.heads},{config.tokens},{config.head_dim}]",)
     # each device holds half of q, k, v and of the output
     assert 2 * split.memory["argument"] == one.memory["argument"] == 3 * np.prod(config.shape) * 2
     assert 2 * split.memory["output"] == one.memory["output"]
@@ -251,7 +263,7 @@ def test_pair_swaps_balance_every_routing(heads):
         assert abs(int(halves[0].sum()) - int(halves[1].sum())) <= 1   # temporal heads per core
         swaps = pair_swaps(flags)
         np.testing.assert_array_equal(balance_heads(x, swaps), x[order])
-        np.testing.assert_array_equal(unbalance_heads(balance_heads(x, swaps), swaps), x)
+        np.testing.assert_array_equal(np.asarray(balanced_order(jnp.asarray(flags))), order)  # traced flags too
 
 
 def test_pair_swaps_refuse_odd_heads():
@@ -284,7 +296,7 @@ def test_blog_tiles_balance_before_and_after():
     assert b3["before"]["balance"] == b3["after"]["balance"] == 1.0
 
 
-def test_balanced_in_kernel_layer_is_exact_data_driven_and_gathers_nothing():
+def test_balanced_in_kernel_layer_is_exact_data_driven_and_moves_nothing():
     g = VideoGeometry(4, 8, 8)
     mask = SVGMask.spatial(g, 0.35)
     rng = np.random.default_rng(1)
@@ -295,8 +307,19 @@ def test_balanced_in_kernel_layer_is_exact_data_driven_and_gathers_nothing():
     plain = build_svg_attention_in_kernel(mask, balance_cores=False, **kw)
     routings = [np.array(f) for f in ([True, True, False, False], [False, True, True, False], [True] * 4)]
     flags = jnp.asarray(routings[0])
-    text = balanced.lower(q, k, v, flags).as_text()
-    assert "gather" not in text and "transpose" in text
+    # lowered for a TPU: the kernel gets the order as a third table and q, k, v as they are; besides
+    # the scaling of q, nothing touches a [heads, tokens, head_dim] array outside it
+    from jax import export
+    tpu = build_svg_attention_in_kernel(mask, balance_cores=True, **{**kw, "interpret": False})
+    spec = jax.ShapeDtypeStruct(q.shape, q.dtype)
+    text = export.export(tpu, platforms=["tpu"])(spec, spec, spec, jax.ShapeDtypeStruct((4,), bool)).mlir_module()
+    call = text[text.index("stablehlo.custom_call @tpu_custom_call"):]
+    operands = call[:call.index("\n")].split(" : (")[1].split(")")[0].split(", ")
+    assert operands[0] == operands[2] == "tensor<4xi32>" and operands[1].endswith("xi32>")
+    assert operands[3:6] == [f"tensor<4x{g.tokens}x32xf32>"] * 3
+    moves = [line for line in text.splitlines() if f"x{g.tokens}x" in line
+             and any(op in line for op in ("gather", "stablehlo.transpose", "stablehlo.pad", "stablehlo.select"))]
+    assert moves == []   # (the order itself is a [2, 2] transpose of head indices)
     balanced(q, k, v, flags), plain(q, k, v, flags)
     with CompileCounter() as counter:
         for routing in routings:

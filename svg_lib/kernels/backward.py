@@ -31,9 +31,11 @@ rows `[1, block_q]` that broadcast down sublanes for free. The dq kernel keeps q
 the forward and reads the same rows, turned into columns (cheaper by the compiler's profile than
 lane-replicated blocks; see `_dq_tile`).
 
-Arrays here are padded like the forward's: q `[heads, nq * block_q, head_dim]` (pre-scaled),
-k, v `[heads, nk * block_kv, head_dim]`. Padded key columns are masked as in the forward;
-padded query rows carry `do = 0`, so they add nothing to dk or dv.
+Arrays here are not padded, like the forward's: q, do `[heads, tokens, head_dim]` (q pre-scaled),
+k, v the same, lse and D `[heads, 1, tokens]`. The part of a last, partial block past the end is
+cleared in VMEM as in the forward (`forward._clear_tail`): q, do, k and v to zero, lse to +inf (so
+p is exactly 0 there), D to zero. Key columns past the end are then masked as in the forward, and
+query rows past it add nothing to dk or dv.
 """
 from __future__ import annotations
 
@@ -45,15 +47,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from svg_lib.core.planner import CLASS_BITS, EMPTY, FULL, PARTIAL, STEP_BITS, KernelTables
-from svg_lib.kernels.forward import MASK_VALUE, MAX_UNROLLED_CHUNKS, NN, NT, _dot
+from svg_lib.kernels.forward import MASK_VALUE, MAX_UNROLLED_CHUNKS, NN, NT, _clear_tail, _dot, _token_ids
 
 TN = (((0,), (0,)), ((), ()))  # dot_general dimensions of a^T @ b: contract both operands' first dims
-
-
-def _token_ids(start, n, axis):
-    """Global token indices `start ... start + n - 1` laid along `axis` of a 2-D array:
-    a column `[n, 1]` for axis 0, a row `[1, n]` for axis 1 (predicates broadcast them)."""
-    return start + jax.lax.broadcasted_iota(jnp.int32, (n, 1) if axis == 0 else (1, n), axis)
 
 
 def _dq_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_acc, *, keep, q_start, k_start,
@@ -153,11 +149,17 @@ def _tile_reader(name, schedule, rows, steps, padding_class):
 def _padding_class(block_kv, tokens):
     """class of key tile `j` in the dense backward: PARTIAL if it reaches past `tokens`, else FULL."""
     def padding_class(j):
-        if tokens is None:
-            raise ValueError("a backward kernel without a schedule (dense) takes its tiles from program ids "
-                             "and needs tokens=, the unpadded token count, to mask the key padding")
         return jnp.where((j + 1) * block_kv > tokens, PARTIAL, FULL)
     return padding_class
+
+
+def _clear_tails(q_tile, kv_tile, q_tokens, kv_tokens, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref):
+    """`_clear_tail` for every input block of a backward step: the query side's (q, do, and the
+    lse and D rows; `q_tokens` long) at query tile `q_tile`, the key side's (k, v) at `kv_tile`."""
+    for ref, tile, n, axis, fill in ((q_ref, q_tile, q_tokens, 0, 0.0), (do_ref, q_tile, q_tokens, 0, 0.0),
+                                     (lse_ref, q_tile, q_tokens, 1, jnp.inf), (di_ref, q_tile, q_tokens, 1, 0.0),
+                                     (k_ref, kv_tile, kv_tokens, 0, 0.0), (v_ref, kv_tile, kv_tokens, 0, 0.0)):
+        _clear_tail(ref, tile, n, axis=axis, fill=fill)
 
 
 def _call(kernel, prefetch, operands, *, grid, in_specs, out_specs, out_shape, scratch, semantics, vmem_limit_bytes,
@@ -178,15 +180,16 @@ _SPLIT_SEMANTICS = ("parallel", "parallel", "arbitrary")
 
 
 def attention_dq(q, k, v, do, lse_rows, di_rows, schedule, *, steps, stage, keep, block_q, block_kv, block_kv_compute,
-                 interpret, vmem_limit_bytes=None, tokens=None):
-    """dq `[heads, nq_pad, head_dim]` (w.r.t. the pre-scaled q) over the forward's schedule.
+                 interpret, vmem_limit_bytes=None):
+    """dq `[heads, tokens, head_dim]` (w.r.t. the pre-scaled q) over the forward's schedule.
 
-    lse_rows, di_rows: f32 `[heads, 1, nq_pad]`, the forward's log-sum-exp and rowsum(do * o).
+    lse_rows, di_rows: f32 `[heads, 1, tokens]`, the forward's log-sum-exp and rowsum(do * o).
     schedule: the forward's packed table, `[ceil(nq * steps / 2)]`; None for dense (every key
-    tile, `steps` = nk, the one reaching past `tokens` masked).
+    tile, `steps` = nk, the one reaching past the end masked).
     """
-    heads, nq_pad, head_dim = q.shape
-    nq = nq_pad // block_q
+    heads, q_tokens, head_dim = q.shape
+    tokens = k.shape[1]
+    nq = -(-q_tokens // block_q)
     padding = _padding_class(block_kv, tokens)
     prefetch, step_at = _tile_reader("the forward schedule", schedule, nq, steps, lambda i, s: padding(s))
     n = len(prefetch)
@@ -195,6 +198,7 @@ def attention_dq(q, k, v, do, lse_rows, di_rows, schedule, *, steps, stage, keep
         q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_ref, dq_acc = refs[n:]
         i, s = pl.program_id(1), pl.program_id(2)
         kv_tile, cls = step_at(refs[:n], i, s)
+        _clear_tails(i, kv_tile, q_tokens, tokens, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref)
 
         @pl.when(s == 0)
         def _():
@@ -219,11 +223,11 @@ def attention_dq(q, k, v, do, lse_rows, di_rows, schedule, *, steps, stage, keep
                  vmem_limit_bytes=vmem_limit_bytes, interpret=interpret, name=f"{stage}_attention_dq")
 
 
-def _kv_major(q, k, schedule_t, steps_t, block_q, block_kv, tokens, head_dim):
+def _kv_major(schedule_t, steps_t, block_q, block_kv, tokens, head_dim):
     """What the dk/dv and fused kernels share: they walk the transposed schedule, one key tile per
     grid row, and read the query tile of each step. Returns (prefetch, step_at, specs): the specs of
     q, k, v, do, lse and D, and of a key tile's own `[block_kv, head_dim]` block."""
-    nk = k.shape[1] // block_kv
+    nk = -(-tokens // block_kv)
     padding = _padding_class(block_kv, tokens)
     prefetch, step_at = _tile_reader("the transposed schedule", schedule_t, nk, steps_t, lambda j, s: padding(j))
     q_tile = lambda h, j, s, *tables: (h, step_at(tables, j, s)[0], 0)  # noqa: E731
@@ -234,21 +238,23 @@ def _kv_major(q, k, schedule_t, steps_t, block_q, block_kv, tokens, head_dim):
 
 
 def attention_dkv(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, stage, keep, block_q, block_kv,
-                  block_kv_compute, interpret, vmem_limit_bytes=None, tokens=None):
-    """(dk, dv), each `[heads, nk_pad, head_dim]`, over the transposed schedule.
+                  block_kv_compute, interpret, vmem_limit_bytes=None):
+    """(dk, dv), each `[heads, tokens, head_dim]`, over the transposed schedule.
 
-    lse_rows, di_rows: f32 `[heads, 1, nq_pad]`. schedule_t: `TilePlan.transposed_schedule`,
+    lse_rows, di_rows: f32 `[heads, 1, tokens]`. schedule_t: `TilePlan.transposed_schedule`,
     `[ceil(nk * steps_t / 2)]`: per key tile, the query tiles to visit; None for dense (every
     query tile, `steps_t` = nq).
     """
-    heads, nk_pad, head_dim = k.shape
-    prefetch, step_at, in_specs, kv = _kv_major(q, k, schedule_t, steps_t, block_q, block_kv, tokens, head_dim)
+    heads, tokens, head_dim = k.shape
+    q_tokens = q.shape[1]
+    prefetch, step_at, in_specs, kv = _kv_major(schedule_t, steps_t, block_q, block_kv, tokens, head_dim)
     n = len(prefetch)
 
     def kernel(*refs):
         q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_ref, dv_ref, dk_acc, dv_acc = refs[n:]
         j, s = pl.program_id(1), pl.program_id(2)
         q_tile, cls = step_at(refs[:n], j, s)
+        _clear_tails(q_tile, j, q_tokens, tokens, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref)
 
         @pl.when(s == 0)
         def _():
@@ -266,7 +272,7 @@ def attention_dkv(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, stage,
             dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
 
     out = jax.ShapeDtypeStruct(k.shape, k.dtype)
-    return _call(kernel, prefetch, (q, k, v, do, lse_rows, di_rows), grid=(heads, nk_pad // block_kv, steps_t),
+    return _call(kernel, prefetch, (q, k, v, do, lse_rows, di_rows), grid=(heads, -(-tokens // block_kv), steps_t),
                  in_specs=in_specs, out_specs=[kv, kv], out_shape=[out, out],
                  scratch=[pltpu.VMEM((block_kv, head_dim), jnp.float32)] * 2, semantics=_SPLIT_SEMANTICS,
                  vmem_limit_bytes=vmem_limit_bytes, interpret=interpret, name=f"{stage}_attention_dkv")
@@ -282,24 +288,38 @@ def fused_scratch(q_rows, block_q, block_kv, head_dim, dtype):
 
 def write_dq(dq_acc, dq_out, dq_hbm, sem):
     """Copy a head's finished dq, f32 `dq_acc` `[q_rows, head_dim]` in VMEM, to `dq_hbm` (that head's
-    `[q_rows, head_dim]` in HBM) in the output's dtype, one query tile at a time through `dq_out`
-    `[block_q, head_dim]`: a cast of the whole would need a second head-sized buffer. Once per head,
-    a few microseconds of DMA beside milliseconds of tiles."""
+    `[rows, head_dim]` in HBM, rows <= q_rows) in the output's dtype, one query tile at a time through
+    `dq_out` `[block_q, head_dim]`: a cast of the whole would need a second head-sized buffer. Once
+    per head, a few microseconds of DMA beside milliseconds of tiles. A last, partial tile is one
+    shorter copy: DMA row counts must be whole sublane tiles, so `rows` is a multiple of 8
+    (`dq_rows`)."""
     block_q = dq_out.shape[0]
 
+    def copy(start, size):
+        dq_out[...] = dq_acc[pl.ds(start, block_q), :].astype(dq_out.dtype)
+        dma = pltpu.make_async_copy(dq_out.at[:size], dq_hbm.at[pl.ds(start, size), :], sem)
+        dma.start()
+        dma.wait()
+
+    whole, rest = divmod(dq_hbm.shape[0], block_q)
+
     def tile(i, carry):
-        rows = pl.ds(pl.multiple_of(i * block_q, block_q), block_q)
-        dq_out[...] = dq_acc[rows, :].astype(dq_out.dtype)
-        copy = pltpu.make_async_copy(dq_out, dq_hbm.at[rows, :], sem)
-        copy.start()
-        copy.wait()
+        copy(pl.multiple_of(i * block_q, block_q), block_q)
         return carry
 
-    jax.lax.fori_loop(0, dq_acc.shape[0] // block_q, tile, None)
+    jax.lax.fori_loop(0, whole, tile, None)
+    if rest:
+        copy(whole * block_q, rest)
+
+
+def dq_rows(tokens: int) -> int:
+    """The fused kernel's dq rows in HBM: `tokens` rounded up to a multiple of 8, the sublane tile
+    that DMA row counts must fill (`write_dq`); the rows past `tokens` are sliced off after."""
+    return -(-tokens // 8) * 8
 
 
 def attention_fused(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, stage, keep, block_q, block_kv,
-                    block_kv_compute, interpret, vmem_limit_bytes=None, tokens=None):
+                    block_kv_compute, interpret, vmem_limit_bytes=None):
     """(dq, dk, dv) in one pass over the transposed schedule: p and ds once per visited tile.
 
     The dk/dv kernel's walk (per key tile, the query tiles that visit it) with dq added: a query
@@ -307,18 +327,20 @@ def attention_fused(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, stag
     whole dq, f32 `[nq_pad, head_dim]`, stays in VMEM from the head's first step to its last and
     is written to HBM once, at the head's last step (`write_dq`; hence the key-tile axis is
     "arbitrary": one core walks all of a head's key tiles). Fits where one head's dq does
-    (`estimate_vmem(f"{stage}:fused", ..., q_len=)`): 37.4 MiB at the case study's 76,544 padded
-    rows, head_dim 128; `with_backward` runs the two-kernel form where it does not.
+    (`estimate_vmem(f"{stage}:fused", ..., q_len=)`): 37.4 MiB at the case study's 76,544 rows
+    (75,600 tokens in whole query tiles), head_dim 128; `with_backward` runs the two-kernel form where it does not.
     """
-    heads, nq_pad, head_dim = q.shape
-    nk = k.shape[1] // block_kv
-    prefetch, step_at, in_specs, kv = _kv_major(q, k, schedule_t, steps_t, block_q, block_kv, tokens, head_dim)
+    heads, q_tokens, head_dim = q.shape
+    tokens = k.shape[1]
+    nq_pad, nk = -(-q_tokens // block_q) * block_q, -(-tokens // block_kv)
+    prefetch, step_at, in_specs, kv = _kv_major(schedule_t, steps_t, block_q, block_kv, tokens, head_dim)
     n = len(prefetch)
 
     def kernel(*refs):
         q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_hbm, dk_ref, dv_ref, dq_acc, dk_acc, dv_acc, dq_out, sem = refs[n:]
         h, j, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         q_tile, cls = step_at(refs[:n], j, s)
+        _clear_tails(q_tile, j, q_tokens, tokens, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref)
 
         @pl.when((j == 0) & (s == 0))
         def _():
@@ -346,23 +368,24 @@ def attention_fused(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, stag
             write_dq(dq_acc, dq_out, dq_hbm.at[h], sem)
 
     out = jax.ShapeDtypeStruct(k.shape, k.dtype)
-    return _call(kernel, prefetch, (q, k, v, do, lse_rows, di_rows), grid=(heads, nk, steps_t),
-                 in_specs=in_specs, out_specs=[pl.BlockSpec(memory_space=pl.ANY), kv, kv],
-                 out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), out, out],
-                 scratch=fused_scratch(nq_pad, block_q, block_kv, head_dim, q.dtype),
-                 semantics=("parallel", "arbitrary", "arbitrary"), vmem_limit_bytes=vmem_limit_bytes,
-                 interpret=interpret, name=f"{stage}_attention_fused_bwd")
+    dq, dk, dv = _call(kernel, prefetch, (q, k, v, do, lse_rows, di_rows), grid=(heads, nk, steps_t),
+                       in_specs=in_specs, out_specs=[pl.BlockSpec(memory_space=pl.ANY), kv, kv],
+                       out_shape=[jax.ShapeDtypeStruct((heads, dq_rows(q_tokens), head_dim), q.dtype), out, out],
+                       scratch=fused_scratch(nq_pad, block_q, block_kv, head_dim, q.dtype),
+                       semantics=("parallel", "arbitrary", "arbitrary"), vmem_limit_bytes=vmem_limit_bytes,
+                       interpret=interpret, name=f"{stage}_attention_fused_bwd")
+    return (dq if dq.shape[1] == q_tokens else dq[:, :q_tokens]), dk, dv
 
 
 def with_backward(forward, tables: KernelTables | None, *, backward_limits, stage, keep, block_q, block_kv,
-                  block_kv_compute, interpret, tokens=None):
-    """`run(q, k, v)` on padded, pre-scaled arrays, differentiable by `jax.grad`.
+                  block_kv_compute, interpret):
+    """`run(q, k, v)` on pre-scaled `[heads, tokens, head_dim]` arrays, differentiable by `jax.grad`.
 
     `forward(q, k, v, residuals)` returns the output, or `(out, lse)` with `residuals=True`.
     `tables`: the tiles the forward visits, as the planner packed them (`TilePlan.tables`): the
     backward walks `tables.schedule_t` (fused, or the dk/dv kernel) and `tables.schedule` (the dq
     kernel). None for dense, whose backward, like its forward, takes its tiles from program ids
-    and masks the key tile that reaches past `tokens`. `backward_limits() -> (form, limits)`
+    and masks the key tile that reaches past the end. `backward_limits() -> (form, limits)`
     says which backward runs, "fused" (`attention_fused`, limits `(fused,)`) or "split"
     (`attention_dq` then `attention_dkv`, limits `(dq, dkv)`), and with what VMEM limits
     (`MemoryBudget.backward_limits`); it is called when a gradient is traced, so blocks whose
@@ -372,7 +395,7 @@ def with_backward(forward, tables: KernelTables | None, *, backward_limits, stag
     if tables is not None:
         schedule, schedule_t = jnp.asarray(tables.schedule), jnp.asarray(tables.schedule_t)
     common = dict(stage=stage, keep=keep, block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
-                  interpret=interpret, tokens=tokens)
+                  interpret=interpret)
 
     @jax.custom_vjp
     def run(q, k, v):
@@ -386,10 +409,10 @@ def with_backward(forward, tables: KernelTables | None, *, backward_limits, stag
         q, k, v, out, lse = res
         form, limits = backward_limits()
         # dense: every key tile for each query tile's dq, every query tile for each key tile's dk, dv
-        steps, steps_t = ((k.shape[1] // block_kv, q.shape[1] // block_q) if tables is None
+        steps, steps_t = ((-(-k.shape[1] // block_kv), -(-q.shape[1] // block_q)) if tables is None
                           else (tables.steps, tables.steps_t))
         do = do.astype(q.dtype)
-        di = jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)[:, None]  # [heads, 1, nq_pad]
+        di = jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)[:, None]  # [heads, 1, tokens]
         if form == "fused":
             return attention_fused(q, k, v, do, lse, di, schedule_t, steps_t=steps_t, vmem_limit_bytes=limits[0],
                                    **common)

@@ -15,8 +15,15 @@ and an elementwise predicate `keep(q_ids, k_ids)` for the tiles that must mask. 
 in-kernel routing (routing.py) runs the same block-sparse kernel with one schedule and
 one predicate per kind of head.
 
-All arrays here are already padded: q `[heads, nq * block_q, head_dim]`, k and v
-`[heads, nk * block_kv, head_dim]`, q pre-scaled by 1/sqrt(head_dim).
+Arrays here are not padded: q `[heads, tokens, head_dim]` (pre-scaled by 1/sqrt(head_dim)), k and
+v `[heads, tokens, head_dim]`, any token count. The grid has `ceil(tokens / block)` tiles per axis,
+and where the last tile is partial its VMEM block reaches past the array's end: what lies there is
+unspecified (the DMA copies only the array's rows; both interpreters fill it with NaN), so at the
+steps whose block reaches past the end each kernel sets that part to zero in VMEM (`_clear_tail`)
+before any tile body reads it, and the bodies see what a zero-padded copy would have given them. The
+part of an output block past the end is never written to HBM. No padded copy of q, k, v or the
+output is made in HBM (at the case study's size, 75,600 tokens and 3328 x 1536 tiles, the padded
+copies were about 749 MiB of temporaries, compile-only v6e).
 
 The bounded max. The running max costs, at every slice of keys, a row max of the scores and a
 rescale of l and acc. A query tile's first step runs that body; then `_try_bound` tests whether
@@ -235,6 +242,33 @@ def _plain_interpreter(interpret) -> bool:
     return interpret is not None and interpret is not False and not isinstance(interpret, pltpu.InterpretParams)
 
 
+def _token_ids(start, n, axis):
+    """Global token indices `start ... start + n - 1` laid along `axis` of a 2-D array:
+    a column `[n, 1]` for axis 0, a row `[1, n]` for axis 1 (predicates broadcast them)."""
+    return start + jax.lax.broadcasted_iota(jnp.int32, (n, 1) if axis == 0 else (1, n), axis)
+
+
+def _clear_tail(ref, index, tokens: int, *, axis: int = 0, fill: float = 0.0):
+    """Set the part of block `index` of `ref` (blocks of `ref.shape[axis]` tokens along `axis`)
+    that lies past token `tokens`, the array's end, to `fill`, in VMEM, at the steps whose block
+    reaches that far. Emits nothing where `tokens` is a multiple of the block.
+
+    A partial last block holds unspecified values past the array's end (on a TPU, whatever the
+    buffer held before; NaN in the interpreters), and 0 * NaN is NaN in a matmul: a masked score
+    alone would not keep them out. Cleared, they are what zero padding was (or `fill`: +inf for
+    the backward's log-sum-exp rows, which makes p exactly 0 there). A select over one block, at
+    the last tile of an axis only.
+    """
+    size = ref.shape[axis]
+    if tokens % size == 0:
+        return
+    start = index * size
+
+    @pl.when(start + size > tokens)
+    def _():
+        ref[...] = jnp.where(_token_ids(start, size, axis) < tokens, ref[...], fill).astype(ref.dtype)
+
+
 def _init_state(m_ref, l_ref, acc_ref, flag_ref=None):
     m_ref[...] = jnp.full(m_ref.shape, MASK_VALUE, jnp.float32)
     l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
@@ -264,17 +298,17 @@ def _finish(m_ref, l_ref, acc_ref, o_ref, interpret=False, lse_ref=None):
 
 
 def _outputs(q, block_q, index_map, residuals):
-    """out_shape and out_specs: the output `[heads, nq_pad, head_dim]`, and with `residuals` the
-    per-row log-sum-exp `[heads, 1, nq_pad]` f32, one value per query row, the layout the
+    """out_shape and out_specs: the output `[heads, tokens, head_dim]`, and with `residuals` the
+    per-row log-sum-exp `[heads, 1, tokens]` f32, one value per query row, the layout the
     backward's kernels read (a row that broadcasts down sublanes)."""
-    heads, nq_pad, head_dim = q.shape
+    heads, tokens, head_dim = q.shape
     shapes = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
     specs = [pl.BlockSpec((None, block_q, head_dim), index_map)]
     if residuals:
         def row_map(*grid_and_tables):  # the output's block (h, i, 0) as a row block (h, 0, i)
             h, i, _ = index_map(*grid_and_tables)
             return h, 0, i
-        shapes.append(jax.ShapeDtypeStruct((heads, 1, nq_pad), jnp.float32))
+        shapes.append(jax.ShapeDtypeStruct((heads, 1, tokens), jnp.float32))
         specs.append(pl.BlockSpec((None, 1, block_q), row_map))
     return (tuple(shapes), tuple(specs)) if residuals else (shapes[0], specs[0])
 
@@ -294,17 +328,18 @@ def _compiler_params(vmem_limit_bytes):
 
 # -- dense ---------------------------------------------------------------------------------
 
-def dense_flash_attention(q, k, v, *, tokens, block_q, block_kv, block_kv_compute, interpret,
+def dense_flash_attention(q, k, v, *, block_q, block_kv, block_kv_compute, interpret,
                           vmem_limit_bytes=None, residuals=False):
     """Dense flash attention: every (query tile, key tile) pair, K/V tiles along the grid.
 
-    Only the last key tile can reach into padding, so only it masks (`k < tokens`).
+    Only the last key tile can reach past the keys' end, so only it masks (`k < tokens`).
     The test is made at run time even when there is no padding: a branch known at trace
     time would be folded away, and the interpreter's copies with it (see the tile body).
-    With `residuals`, returns `(out, lse)`, lse f32 `[heads, 1, nq_pad]` for the backward.
+    With `residuals`, returns `(out, lse)`, lse f32 `[heads, 1, q tokens]` for the backward.
     """
-    heads, nq_pad, head_dim = q.shape
-    nq, nk = nq_pad // block_q, k.shape[1] // block_kv
+    heads, q_tokens, head_dim = q.shape
+    tokens = k.shape[1]
+    nq, nk = -(-q_tokens // block_q), -(-tokens // block_kv)
     on_cpu = _plain_interpreter(interpret)
 
     def not_padding(q_ids, k_ids):
@@ -313,6 +348,7 @@ def dense_flash_attention(q, k, v, *, tokens, block_q, block_kv, block_kv_comput
     def kernel(q_ref, k_ref, v_ref, key_norm_ref, o_ref, *refs):
         lse_ref, (m_ref, l_ref, acc_ref, flag_ref) = (refs[0], refs[1:]) if residuals else (None, refs)
         h, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+        _clear_tail(q_ref, i, q_tokens), _clear_tail(k_ref, j, tokens), _clear_tail(v_ref, j, tokens)
         tile = functools.partial(_online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
                                  q_start=i * block_q, k_start=j * block_kv,
                                  block_kv_compute=block_kv_compute, interpret=on_cpu)
@@ -350,7 +386,7 @@ def dense_flash_attention(q, k, v, *, tokens, block_q, block_kv, block_kv_comput
 # -- block-sparse: B1, B2, B3 ---------------------------------------------------------------
 
 def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, block_q, block_kv,
-                           block_kv_compute, interpret, vmem_limit_bytes=None, residuals=False):
+                           block_kv_compute, interpret, vmem_limit_bytes=None, residuals=False, head_order=None):
     """B1 / B2 / B3 over a planner schedule.
 
     schedule: int32 `[ceil(kinds * nq * steps / 2)]` from the planner (`TilePlan.schedule`,
@@ -362,39 +398,55 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
     resident tile, so the pipeline issues no DMA for them. `keep(q_ids, k_ids)` is the
     elementwise predicate for masked tiles (the exact mask for B1/B2, padding only for B3), or
     a tuple of them, one per kind. With `residuals`, returns `(out, lse)`, lse f32
-    `[heads, 1, nq_pad]` for the backward (svg_lib.kernels.backward).
+    `[heads, 1, q tokens]` for the backward (svg_lib.kernels.backward).
+
+    head_order: None, or int32 `[heads]`, a permutation, scalar-prefetched too: grid row h runs head
+    `head_order[h]`, reading that head's q, k, v and writing its output in place. A megacore chip
+    splits the grid's head rows into contiguous halves between its two cores; the routed layer
+    gives an order that balances the kinds between them (`routing.balanced_head_order`) without
+    moving any array.
     """
     if stage not in ("b1", "b2", "b3"):
         raise ValueError(f"stage must be 'b1', 'b2' or 'b3', got {stage!r}")
     keeps = keep if isinstance(keep, tuple) else (keep,)
-    heads, nq_pad, head_dim = q.shape
-    nq = nq_pad // block_q
+    heads, q_tokens, head_dim = q.shape
+    tokens = k.shape[1]
+    nq = -(-q_tokens // block_q)
     words = -(-len(keeps) * nq * steps // 2)
     if tuple(schedule.shape) != (words,) or tuple(head_kind.shape) != (heads,):
         raise ValueError(f"for {len(keeps)} kind(s) x {nq} query tiles x {steps} steps and {heads} heads the "
                          f"schedule must be int32 [{words}] and head_kind int32 [{heads}] (planner.pack_schedule / "
                          f"stack_schedules); got {tuple(schedule.shape)} and {tuple(head_kind.shape)}")
+    if head_order is not None and tuple(head_order.shape) != (heads,):
+        raise ValueError(f"head_order must be int32 [{heads}], a permutation of the heads; got {tuple(head_order.shape)}")
+    tables = (head_kind, schedule) + (() if head_order is None else (head_order,))
 
-    def step_at(head_kind_ref, schedule_ref, h, i, s):
+    def head_at(tables, h):
+        """The head that grid row h runs: h, or head_order[h]."""
+        return h if head_order is None else tables[2][h]
+
+    def step_at(tables, h, i, s):
         """(key tile, class) of grid step (h, i, s): entry n of the schedule, half of word n // 2."""
-        n = (head_kind_ref[h] * nq + i) * steps + s
-        entry = (schedule_ref[n >> 1] >> (STEP_BITS * (n & 1))) & 0xFFFF
+        n = (tables[0][head_at(tables, h)] * nq + i) * steps + s
+        entry = (tables[1][n >> 1] >> (STEP_BITS * (n & 1))) & 0xFFFF
         return entry >> CLASS_BITS, entry & ((1 << CLASS_BITS) - 1)
 
-    def kernel(head_kind_ref, schedule_ref, q_ref, k_ref, v_ref, key_norm_ref, o_ref, *refs):
+    def kernel(*refs):
+        table_refs, (q_ref, k_ref, v_ref, key_norm_ref, o_ref, *refs) = refs[:len(tables)], refs[len(tables):]
         lse_ref, (m_ref, l_ref, acc_ref, flag_ref) = (refs[0], refs[1:]) if residuals else (None, refs)
         h, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-        kv_tile, cls = step_at(head_kind_ref, schedule_ref, h, i, s)
+        head, (kv_tile, cls) = head_at(table_refs, h), step_at(table_refs, h, i, s)
+        _clear_tail(q_ref, i, q_tokens), _clear_tail(k_ref, kv_tile, tokens), _clear_tail(v_ref, kv_tile, tokens)
         on_cpu = _plain_interpreter(interpret)
         body = functools.partial(_online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
                                  q_start=i * block_q, k_start=kv_tile * block_kv,
                                  block_kv_compute=block_kv_compute, interpret=on_cpu)
-        switch = functools.partial(_try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[h], on_cpu)
+        switch = functools.partial(_try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[head], on_cpu)
         tile = lambda keep: _visit(body, keep, flag_ref, switch)  # noqa: E731
 
         def masked_tile():  # the predicate of this head's kind (one kind unless routing)
             for kind, keep_kind in enumerate(keeps):
-                pl.when(head_kind_ref[h] == kind)(functools.partial(tile, keep_kind))
+                pl.when(table_refs[0][head] == kind)(functools.partial(tile, keep_kind))
 
         @pl.when(s == 0)
         def _():
@@ -410,17 +462,17 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
         def _():
             _finish(m_ref, l_ref, acc_ref, o_ref, on_cpu, lse_ref)
 
-    def q_map(h, i, s, *_):
-        return h, i, 0
+    def q_map(h, i, s, *table_refs):
+        return head_at(table_refs, h), i, 0
 
-    def kv_map(h, i, s, head_kind_ref, schedule_ref):
-        return h, step_at(head_kind_ref, schedule_ref, h, i, s)[0], 0
+    def kv_map(h, i, s, *table_refs):
+        return head_at(table_refs, h), step_at(table_refs, h, i, s)[0], 0
 
     out_shape, out_specs = _outputs(q, block_q, q_map, residuals)
     return pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=2,
+            num_scalar_prefetch=len(tables),
             grid=(heads, nq, steps),
             in_specs=[pl.BlockSpec((None, block_q, head_dim), q_map),
                       pl.BlockSpec((None, block_kv, head_dim), kv_map),
@@ -432,4 +484,4 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
         compiler_params=_compiler_params(vmem_limit_bytes),
         interpret=interpret,
         name=f"{stage}_block_sparse_attention",
-    )(head_kind, schedule, q, k, v, _key_norm_max(k))
+    )(*tables, q, k, v, _key_norm_max(k))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from svg_lib.attention import build_attention, cached_build, scaled_and_padded
+from svg_lib.attention import build_attention, cached_build, prescaled
 from svg_lib.chips import TARGETS, parallel_split
 from svg_lib.core.geometry import (inverse_temporal_major_permutation, temporal_major_permutation, to_frame_major,
                                    to_temporal_major)
@@ -35,7 +35,7 @@ from svg_lib.kernels.reference import check_qkv
 from svg_lib.memory.smem import check_schedule_fits, schedule_smem
 from svg_lib.memory.vmem import check_fits, estimate_vmem
 from svg_lib.problem import check_block_kv_compute
-from svg_lib.runtime import default_interpret, detect_runtime
+from svg_lib.runtime import check_head_split, default_interpret, detect_runtime, head_split_devices, run_split, shard_heads
 
 # -- validation ------------------------------------------------------------------------------
 
@@ -123,11 +123,12 @@ def routed_attention(kernel, q, k, v, is_temporal, geometry):
 # On a v4 or v5p the chip's two TensorCores are one jax device and split the kernel's leading
 # "parallel" grid axis, the heads, into contiguous halves (`chips.parallel_split`). With the
 # in-kernel routing a temporal head visits more tiles than a spatial one, so temporal heads
-# clustered in one half leave the other core idle. Before the kernel the heads are put in an
-# order where each core's half holds one head of every pair (2i, 2i + 1), the pair's members swapped
-# where that evens the kinds out; after the kernel the order is undone. A reshape/transpose and a
-# per-pair select, computed from the flags at run time: no gather, and no new program when the
-# routing changes (XLA compiles it as two passes over each array: a layout copy, a select in place).
+# clustered in one half leave the other core idle. The kernel's grid therefore runs the heads in
+# an order where each core's half holds one head of every pair (2i, 2i + 1), the pair's members
+# swapped where that evens the kinds out: a `[heads]` int32 table computed from the flags at run
+# time (no new program when the routing changes) and scalar-prefetched by the kernel, whose index
+# maps read each grid row's head from it (`block_sparse_attention(..., head_order=)`). No array
+# moves: q, k and v are read, and the output written, where they are.
 
 def pair_swaps(is_temporal):
     """bool `[heads // 2]`: which pairs (2i, 2i + 1) to swap so that both halves get an equal share
@@ -151,7 +152,7 @@ def pair_swaps(is_temporal):
 
 def balance_heads(x, swaps):
     """`x` `[heads, ...]` in the balanced order: position i < heads/2 holds pair i's first member
-    (after its swap), position heads/2 + i its second; `unbalance_heads` undoes it."""
+    (after its swap), position heads/2 + i its second."""
     xp = np if isinstance(x, np.ndarray) else _jnp()
     heads = x.shape[0]
     pairs = x.reshape((heads // 2, 2) + x.shape[1:])
@@ -160,24 +161,21 @@ def balance_heads(x, swaps):
     return xp.swapaxes(pairs, 0, 1).reshape(x.shape)
 
 
-def unbalance_heads(x, swaps):
-    """The inverse of `balance_heads(x, swaps)`: heads back in their own order."""
-    xp = np if isinstance(x, np.ndarray) else _jnp()
-    heads = x.shape[0]
-    pairs = xp.swapaxes(x.reshape((2, heads // 2) + x.shape[1:]), 0, 1)
-    pick = swaps.reshape((heads // 2, 1) + (1,) * (x.ndim - 1))
-    return xp.where(pick, pairs[:, ::-1], pairs).reshape(x.shape)
-
-
 def _jnp():
     import jax.numpy as jnp
     return jnp
 
 
-def balanced_order(is_temporal) -> np.ndarray:
-    """int `[heads]`: the head each position of the balanced order holds (NumPy; for inspection)."""
-    flags = np.asarray(is_temporal, dtype=bool)
-    return balance_heads(np.arange(flags.shape[0]), pair_swaps(flags))
+def balanced_order(is_temporal):
+    """int32 `[heads]`: the head each grid row runs in the balanced order (`balance_heads` of the
+    head indices). NumPy flags give a NumPy order; jnp (traced) flags a jnp one, the kernel's
+    `head_order` table."""
+    if isinstance(is_temporal, np.ndarray) or not hasattr(is_temporal, "dtype"):
+        flags = np.asarray(is_temporal, dtype=bool)
+        return balance_heads(np.arange(flags.shape[0], dtype=np.int32), pair_swaps(flags))
+    jnp = _jnp()
+    flags = is_temporal.astype(bool)
+    return balance_heads(jnp.arange(flags.shape[0], dtype=jnp.int32), pair_swaps(flags))
 
 
 def megacore_balance(mask: SVGMask, is_temporal, *, method: str = "b2", block_q: int = 512,
@@ -243,14 +241,21 @@ def plan_kind(mask: SVGMask, kind: int, block_q: int, block_kv: int, rounded: bo
 
 def build_svg_attention(mask: SVGMask, *, method: str = "b2", heads: int, tokens: int, head_dim: int, dtype,
                         block_q: int = 512, block_kv: int = 512, block_kv_compute: int | None = None,
-                        interpret=None):
+                        interpret=None, devices=None):
     """A jitted `f(q, k, v, is_temporal) -> out` (physical permutation); plans the kernel once.
 
     q, k, v `[heads, tokens, head_dim]` frame-major, is_temporal bool `[heads]`. Use it to
     time the layer (time f, not svg_attention) and to count compilations across routings.
+    `devices`: as `attention.build_attention`'s (a v7x chip's two devices split the heads).
     """
     import jax
 
+    if devices is not None:
+        devices = check_head_split(devices, heads)
+        local = build_svg_attention(mask, method=method, heads=heads // len(devices), tokens=tokens,
+                                    head_dim=head_dim, dtype=dtype, block_q=block_q, block_kv=block_kv,
+                                    block_kv_compute=block_kv_compute, interpret=interpret)
+        return jax.jit(shard_heads(local, devices, heads, per_head=1))
     mask = check_spatial_mask(mask, tokens)
     kernel = build_attention(mask, method=method, heads=heads, tokens=tokens, head_dim=head_dim, dtype=dtype,
                              block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
@@ -265,7 +270,8 @@ def build_svg_attention(mask: SVGMask, *, method: str = "b2", heads: int, tokens
 
 def build_svg_attention_in_kernel(mask: SVGMask, *, method: str = "b2", heads: int, tokens: int, head_dim: int,
                                   dtype, block_q: int = 512, block_kv: int = 512,
-                                  block_kv_compute: int | None = None, interpret=None, balance_cores=None):
+                                  block_kv_compute: int | None = None, interpret=None, balance_cores=None,
+                                  devices=None):
     """A jitted `f(q, k, v, is_temporal) -> out`: the block-sparse kernel following each head's kind.
 
     Both tile plans (the band for spatial heads, the frame-major `TemporalMask` for temporal
@@ -281,14 +287,23 @@ def build_svg_attention_in_kernel(mask: SVGMask, *, method: str = "b2", heads: i
     (no DMA, no compute, only the grid-step overhead).
 
     `balance_cores`: on a megacore chip (v4, v5p) the two TensorCores take contiguous halves of the
-    heads, so the heads are first put in an order that gives each half an equal share of each kind
-    (`pair_swaps`, `balance_heads`; undone after the kernel). None: when the attached chip is a
-    megacore and the head count is even; True: always (odd heads raise); False: never.
+    heads, so the grid runs the heads in an order that gives each half an equal share of each kind
+    (`balanced_order`, the kernel's `head_order` table; no array is moved). None: when the attached
+    chip is a megacore and the head count is even; True: always (odd heads raise); False: never.
+    `devices`: as `attention.build_attention`'s (a v7x chip's two devices split the heads).
     """
     import functools
 
     import jax
     import jax.numpy as jnp
+
+    if devices is not None:
+        devices = check_head_split(devices, heads)
+        local = build_svg_attention_in_kernel(mask, method=method, heads=heads // len(devices), tokens=tokens,
+                                              head_dim=head_dim, dtype=dtype, block_q=block_q, block_kv=block_kv,
+                                              block_kv_compute=block_kv_compute, interpret=interpret,
+                                              balance_cores=balance_cores)
+        return jax.jit(shard_heads(local, devices, heads, per_head=1))
 
     mask = check_spatial_mask(mask, tokens)
     if method not in ("b1", "b2", "b3"):
@@ -302,19 +317,6 @@ def build_svg_attention_in_kernel(mask: SVGMask, *, method: str = "b2", heads: i
     def kind_plans(bq, bkv):  # kind 0 = spatial, kind 1 = temporal
         return [plan_kind(mask, kind, bq, bkv, rounded=method == "b3") for kind in (0, 1)]
 
-    def suggest(bq, bkv):
-        plans = kind_plans(bq, bkv)
-        return schedule_smem(heads, 2 * plans[0].grid[0], max(p.steps for p in plans))
-
-    plans = kind_plans(block_q, block_kv)
-    steps = max(p.steps for p in plans)
-    check_schedule_fits(plans[0], method=method, heads=heads, kinds=2, steps=steps, suggest=suggest)
-    keeps = tuple(p.mask.kernel_predicate(block_q, block_kv) for p in plans)  # b3: key padding only
-    schedule = jnp.asarray(stack_schedules(plans))
-    kernel = functools.partial(block_sparse_attention, steps=steps, stage=method, keep=keeps, block_q=block_q,
-                               block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=interpret,
-                               vmem_limit_bytes=vmem.vmem_limit_bytes)
-
     if balance_cores is None:
         balance_cores = heads % 2 == 0 and megacore_chip()
     elif balance_cores is not True and balance_cores is not False:
@@ -323,27 +325,32 @@ def build_svg_attention_in_kernel(mask: SVGMask, *, method: str = "b2", heads: i
         raise ValueError(f"balance_cores=True pairs the heads up over two cores: {heads} heads is odd; use an "
                          "even head count, or balance_cores=False / None")
 
+    def suggest(bq, bkv):
+        plans = kind_plans(bq, bkv)
+        return schedule_smem(heads, 2 * plans[0].grid[0], max(p.steps for p in plans),
+                             head_order=balance_cores)
+
+    plans = kind_plans(block_q, block_kv)
+    steps = max(p.steps for p in plans)
+    check_schedule_fits(plans[0], method=method, heads=heads, kinds=2, steps=steps, suggest=suggest,
+                        head_order=balance_cores)
+    keeps = tuple(p.mask.kernel_predicate(block_q, block_kv) for p in plans)  # b3: key padding only
+    schedule = jnp.asarray(stack_schedules(plans))
+    kernel = functools.partial(block_sparse_attention, steps=steps, stage=method, keep=keeps, block_q=block_q,
+                               block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=interpret,
+                               vmem_limit_bytes=vmem.vmem_limit_bytes)
+
     def run(q, k, v, is_temporal):
-        return kernel(q, k, v, is_temporal.astype(jnp.int32), schedule)
+        order = balanced_order(is_temporal) if balance_cores else None
+        return kernel(q, k, v, is_temporal.astype(jnp.int32), schedule, head_order=order)
 
-    nq, nk = plans[0].grid
-    padded = scaled_and_padded(run, tokens=tokens, head_dim=head_dim, q_len=nq * block_q, kv_len=nk * block_kv)
-    if not balance_cores:
-        return jax.jit(padded)
-
-    def balanced(q, k, v, is_temporal):
-        # the unpadded arrays reordered (the flags with them), the result put back after the slicing
-        swaps = pair_swaps(is_temporal)
-        q, k, v, flags = (balance_heads(x, swaps) for x in (q, k, v, is_temporal))
-        return unbalance_heads(padded(q, k, v, flags), swaps)
-
-    return jax.jit(balanced)
+    return jax.jit(prescaled(run, head_dim=head_dim))
 
 
 # -- the public layer ------------------------------------------------------------------------
 
 def svg_attention(q, k, v, is_temporal, mask: SVGMask, *, method: str = "b2", block_q: int = 512,
-                  block_kv: int = 512, block_kv_compute: int | None = None, interpret=None):
+                  block_kv: int = 512, block_kv_compute: int | None = None, interpret=None, split_heads=None):
     """SVG attention with per-head routing, temporal heads permuted physically.
 
     q, k, v: `[heads, tokens, head_dim]` in frame-major order. is_temporal: bool `[heads]`
@@ -353,19 +360,27 @@ def svg_attention(q, k, v, is_temporal, mask: SVGMask, *, method: str = "b2", bl
     outputs are gathered back. Returns `[heads, tokens, head_dim]`, frame-major.
 
     The kernel is built once per (mask, shapes, config) and cached; the routing is data, so
-    under `jax.jit` any new `is_temporal` reuses the compiled program.
+    under `jax.jit` any new `is_temporal` reuses the compiled program. `split_heads`: as
+    `attention`'s (on a v7x, by default, the heads split over the chip's two devices).
     """
+    return _routed_layer(build_svg_attention, q, k, v, is_temporal, mask, split_heads, method=method,
+                         block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=interpret)
+
+
+def _routed_layer(builder, q, k, v, is_temporal, mask, split_heads, **config):
+    """Check the inputs, build (cached) and run a routed layer, split over a v7x's two devices where
+    `runtime.head_split_devices` says so."""
     heads, tokens, _ = check_qkv(q, k, v)
     mask = check_spatial_mask(mask, tokens)
     is_temporal = check_flags(is_temporal, heads)
-    f = cached_build(build_svg_attention, mask, q, method=method, block_q=block_q, block_kv=block_kv,
-                     block_kv_compute=block_kv_compute, interpret=interpret)
-    return f(q, k, v, is_temporal)
+    devices = head_split_devices(q, heads, split_heads)
+    f = cached_build(builder, mask, q, devices=devices, **config)
+    return f(q, k, v, is_temporal) if devices is None else run_split(f, devices, q, k, v, is_temporal)
 
 
 def svg_attention_in_kernel(q, k, v, is_temporal, mask: SVGMask, *, method: str = "b2", block_q: int = 512,
                             block_kv: int = 512, block_kv_compute: int | None = None, interpret=None,
-                            balance_cores=None):
+                            balance_cores=None, split_heads=None):
     """The in-kernel alternative to `svg_attention`: no permutation, the kernel follows the temporal layout.
 
     Same arguments and result. Temporal heads stay frame-major and use `TemporalMask(mask)`,
@@ -379,14 +394,12 @@ def svg_attention_in_kernel(q, k, v, is_temporal, mask: SVGMask, *, method: str 
     mask is scattered in frame-major order, so temporal heads visit (and mask) far more tiles
     than the band (`compare_temporal_tiles`), and every head runs that longer grid row (a
     spatial head's extra steps are idle). Methods: b1, b2, b3. `balance_cores`: see
-    `build_svg_attention_in_kernel` (on a v4 or v5p, by default, both cores get an equal share of each kind).
+    `build_svg_attention_in_kernel` (on a v4 or v5p, by default, both cores get an equal share of each
+    kind). `split_heads`: as `attention`'s (on a v7x, by default, the heads split over its two devices).
     """
-    heads, tokens, _ = check_qkv(q, k, v)
-    mask = check_spatial_mask(mask, tokens)
-    is_temporal = check_flags(is_temporal, heads)
-    f = cached_build(build_svg_attention_in_kernel, mask, q, method=method, block_q=block_q, block_kv=block_kv,
-                     block_kv_compute=block_kv_compute, interpret=interpret, balance_cores=balance_cores)
-    return f(q, k, v, is_temporal)
+    return _routed_layer(build_svg_attention_in_kernel, q, k, v, is_temporal, mask, split_heads, method=method,
+                         block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=interpret,
+                         balance_cores=balance_cores)
 
 
 # -- comparing the two placements of the permutation ------------------------------------------------

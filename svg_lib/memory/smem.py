@@ -148,16 +148,19 @@ def estimate_smem(tables: dict, generation: str | None = None) -> SmemEstimate:
     return SmemEstimate(rows, fixed_bytes(), generation, capacity)
 
 
-def schedule_smem(heads: int, rows: int, steps: int, generation: str | None = None) -> SmemEstimate:
+def schedule_smem(heads: int, rows: int, steps: int, generation: str | None = None, *,
+                  head_order: bool = False) -> SmemEstimate:
     """SMEM of `block_sparse_attention`: a `[heads]` kind row and the packed schedule, two
     16-bit steps per int32 word (`planner.pack_schedule`): `[ceil(rows * steps / 2)]`; beside
     them the bounded max's `[heads]` float32 key-norm maxima and its one-word switch flag
     (`kernels.forward._try_bound`), 32-bit words laid out like the int32 rows.
 
-    rows = kinds x query tiles (one kind unless the in-kernel routing stacks two).
+    rows = kinds x query tiles (one kind unless the in-kernel routing stacks two). `head_order`: the
+    kernel also reads a `[heads]` order of the heads (the routed layer balancing a megacore's cores).
     """
-    return estimate_smem({"head_kind": (heads,), "schedule": (-(-rows * steps // 2),), **_bound_rows(heads)},
-                         generation)
+    order = {"head_order": (heads,)} if head_order else {}
+    return estimate_smem({"head_kind": (heads,), "schedule": (-(-rows * steps // 2),), **order,
+                          **_bound_rows(heads)}, generation)
 
 
 def _bound_rows(heads: int) -> dict:
@@ -170,7 +173,7 @@ class SmemOverflowError(ValueError):
 
 
 def check_schedule_fits(plan, *, method: str, heads: int, kinds: int = 1, steps: int | None = None,
-                        generation: str | None = None, suggest=None) -> SmemEstimate:
+                        generation: str | None = None, suggest=None, head_order: bool = False) -> SmemEstimate:
     """Raise a ValueError naming the sizes, the capacity and blocks that fit, if `plan`'s schedule
     (stacked `kinds` times, `steps` per row, the plan's own by default) overflows SMEM.
 
@@ -179,7 +182,7 @@ def check_schedule_fits(plan, *, method: str, heads: int, kinds: int = 1, steps:
     """
     nq = plan.grid[0]
     steps = plan.steps if steps is None else steps
-    estimate = schedule_smem(heads, kinds * nq, steps, generation)
+    estimate = schedule_smem(heads, kinds * nq, steps, generation, head_order=head_order)
     if estimate.fits:
         return estimate
     if suggest is None:
@@ -190,7 +193,8 @@ def check_schedule_fits(plan, *, method: str, heads: int, kinds: int = 1, steps:
                     return None
                 mask = mask.source.tile_aligned(bq, bkv)
             trial = plan_tiles(mask, bq, bkv)
-            return schedule_smem(heads, kinds * trial.grid[0], trial.steps, estimate.generation)
+            return schedule_smem(heads, kinds * trial.grid[0], trial.steps, estimate.generation,
+                                 head_order=head_order)
     hint = "; no larger block up to 4096 fits either: split the sequence or use a mask with fewer tiles"
     for bq, bkv in _larger_blocks(plan.block_q, plan.block_kv):
         trial = suggest(bq, bkv)

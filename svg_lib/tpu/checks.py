@@ -100,8 +100,11 @@ def _check_kernel(estimate: VmemEstimate, limit: int | None):
     bq, bkv, c = e.block_q, e.block_kv, e.block_kv_compute
     q_len, kv_len = 2 * bq, 2 * bkv
     tokens = kv_len - LANES  # a padded key column, so the kernels' masked paths exist
-    shapes = [((1, q_len, e.head_dim), e.dtype), ((1, kv_len, e.head_dim), e.dtype),
-              ((1, kv_len, e.head_dim), e.dtype)]
+    # Splash takes whole tiles, its key padding masked; the series' kernels take q, k and v as they
+    # are, the last tiles partial (cleared in VMEM), as attention() calls them
+    whole = e.method.startswith("splash")
+    shapes = [((1, q_len if whole else q_len - LANES, e.head_dim), e.dtype)] + [
+        ((1, kv_len if whole else tokens, e.head_dim), e.dtype)] * 2
 
     def band(q_ids, k_ids):  # numpy on the host (Splash's blocks), jnp in a kernel
         return (abs(q_ids - k_ids) <= bkv) & (k_ids < tokens)
@@ -109,9 +112,8 @@ def _check_kernel(estimate: VmemEstimate, limit: int | None):
     if ":" in e.method:
         return _backward_check_kernel(e, limit, tokens), shapes
     if e.method == "dense":
-        return (lambda q, k, v: dense_flash_attention(q, k, v, tokens=tokens, block_q=bq, block_kv=bkv,
-                                                      block_kv_compute=c, interpret=False,
-                                                      vmem_limit_bytes=limit)), shapes
+        return (lambda q, k, v: dense_flash_attention(q, k, v, block_q=bq, block_kv=bkv, block_kv_compute=c,
+                                                      interpret=False, vmem_limit_bytes=limit)), shapes
     if e.method in ("b1", "b2", "b3"):
         import numpy as np
 
@@ -150,7 +152,7 @@ def _backward_check_kernel(e: VmemEstimate, limit: int | None, tokens: int):
         return (abs(q_ids - k_ids) <= bkv) & (k_ids < tokens)
 
     common = dict(stage=stage, keep=keep, block_q=bq, block_kv=bkv, block_kv_compute=c, interpret=False,
-                  vmem_limit_bytes=limit, tokens=tokens)
+                  vmem_limit_bytes=limit)
 
     def fn(q, k, v):
         rows = q[:, None, :, 0].astype(jnp.float32)  # any per-query rows: VMEM does not depend on them
