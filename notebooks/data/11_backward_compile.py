@@ -41,7 +41,7 @@ for heads in (1, blog.heads):
     print(records[-1], flush=True)
     del compiled, grad, f
 
-q_len = -(-blog.tokens // blog.block_q) * blog.block_q  # the fused backward holds a head's dq for every padded row
+q_len = -(-blog.tokens // blog.block_q) * blog.block_q  # the fused backward holds a head's dq for the rows of whole query tiles
 estimates = {name: estimate_vmem(name, blog.block_q, blog.block_kv, blog.head_dim, jnp.bfloat16, None, "v6e",
                                  q_len=q_len).total
              for name in ("b3", "b3:fused", "b3:dq", "b3:dkv")}
