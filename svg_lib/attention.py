@@ -3,8 +3,9 @@
 It validates inputs, scales q and turns the mask into the tables the chosen kernel consumes
 (the planner's job). The series' kernels take any token count as it is (their last tiles are
 partial, cleared in VMEM: `kernels.forward._clear_tail`); only Splash gets copies padded to
-whole tiles, and its output sliced. Built kernels are cached, so calling it twice with an equal mask (the same one, or
-one built again from the same parameters: `Mask.cache_key`) and shapes traces and plans once.
+whole tiles, and its output sliced. Built kernels are cached, so calling it twice with an
+equal mask (the same one, or one built again from the same parameters: `Mask.cache_key`) and
+shapes traces and plans once.
 
 Every method works inside a caller's `jax.jit` and `jax.grad`: the kernels carry their VMEM
 limits in their own pallas_calls' compiler parameters (Splash's through `splash.with_vmem_limit`),
@@ -218,7 +219,8 @@ def attention(q, k, v, mask: Mask | None = None, *, method: str, block_q: int = 
     JAX's Splash with a full mask), "splash" (Splash with the exact mask), "b1", "b2",
     "b3" (the blog's stages; b3 computes attention under `mask.tile_aligned(block_q,
     block_kv)`). Any token count works: a last, partial tile never leaks into the result
-    (the series' kernels clear it in VMEM; Splash gets padded copies). Softmax scale 1/sqrt(head_dim). `interpret=None` runs compiled on a TPU and in
+    (the series' kernels clear it in VMEM; Splash gets padded copies). Softmax scale
+    1/sqrt(head_dim). `interpret=None` runs compiled on a TPU and in
     interpret mode elsewhere; `pltpu.InterpretParams(...)` is passed through.
 
     Differentiable: `jax.grad` runs Pallas backward kernels over the same tiles for dense,

@@ -403,7 +403,7 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
     head_order: None, or int32 `[heads]`, a permutation, scalar-prefetched too: grid row h runs head
     `head_order[h]`, reading that head's q, k, v and writing its output in place. A megacore chip
     splits the grid's head rows into contiguous halves between its two cores; the routed layer
-    gives an order that balances the kinds between them (`routing.balanced_head_order`) without
+    gives an order that balances the kinds between them (`routing.balanced_order`) without
     moving any array.
     """
     if stage not in ("b1", "b2", "b3"):

@@ -35,7 +35,8 @@ from svg_lib.kernels.reference import check_qkv
 from svg_lib.memory.smem import check_schedule_fits, schedule_smem
 from svg_lib.memory.vmem import check_fits, estimate_vmem
 from svg_lib.problem import check_block_kv_compute
-from svg_lib.runtime import check_head_split, default_interpret, detect_runtime, head_split_devices, run_split, shard_heads
+from svg_lib.runtime import (check_head_split, default_interpret, detect_runtime, head_split_devices, run_split,
+                             shard_heads)
 
 # -- validation ------------------------------------------------------------------------------
 
