@@ -3,9 +3,10 @@
 
     python tools/reading-times.py            # print "notebook: N min (W words)" for every notebook
 
-Words of markdown at 200 a minute, plus half a minute per code cell (reading the code, not
-running it), rounded to the nearest 5 minutes (at least 5). tests/test_notebook_setup.py holds
-the README's column to this rule.
+Words of markdown at 120 a minute, the pace of a careful reader of technical prose who checks
+each claim against the cell below it (skimming runs near 250), plus one minute per code cell
+(reading the code and its output, not running it), rounded to the nearest 5 minutes (at least 5).
+tests/test_notebook_setup.py holds the README's column to this rule.
 """
 import json
 import math
@@ -13,8 +14,8 @@ import re
 import sys
 from pathlib import Path
 
-WORDS_PER_MINUTE = 200
-MINUTES_PER_CODE_CELL = 0.5
+WORDS_PER_MINUTE = 120
+MINUTES_PER_CODE_CELL = 1.0
 
 
 def reading_minutes(path: Path) -> tuple[int, int]:
