@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 
 CHECKED = [
+    "00_setup_and_tpu_primer.ipynb",
 ]
 
 NUMBER = re.compile(
