@@ -33,6 +33,7 @@ NOTEBOOKS = ROOT / "notebooks"
 
 CHECKED = [
     "00_setup_and_tpu_primer.ipynb",
+    "01_dense_attention.ipynb",
 ]
 
 NUMBER = re.compile(
