@@ -34,6 +34,8 @@ NOTEBOOKS = ROOT / "notebooks"
 CHECKED = [
     "00_setup_and_tpu_primer.ipynb",
     "01_dense_attention.ipynb",
+    "02_video_attention_masks.ipynb",
+    "04_b2_full_edge_tiles.ipynb",
 ]
 
 NUMBER = re.compile(
