@@ -35,6 +35,7 @@ CHECKED = [
     "00_setup_and_tpu_primer.ipynb",
     "01_dense_attention.ipynb",
     "02_video_attention_masks.ipynb",
+    "03_b1_naive_sparse.ipynb",
     "04_b2_full_edge_tiles.ipynb",
 ]
 
