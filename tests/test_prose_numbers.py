@@ -37,6 +37,7 @@ CHECKED = [
     "02_video_attention_masks.ipynb",
     "03_b1_naive_sparse.ipynb",
     "04_b2_full_edge_tiles.ipynb",
+    "05_block_size_tuning.ipynb",
 ]
 
 NUMBER = re.compile(
