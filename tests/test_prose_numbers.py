@@ -38,6 +38,13 @@ CHECKED = [
     "03_b1_naive_sparse.ipynb",
     "04_b2_full_edge_tiles.ipynb",
     "05_block_size_tuning.ipynb",
+    "06_b3_tile_aligned.ipynb",
+    "07_temporal_heads_permutation.ipynb",
+    "08_svg_routing.ipynb",
+    "09_scaling_out.ipynb",
+    "10_sliding_tiles.ipynb",
+    "11_training_with_sparse_attention.ipynb",
+    "A_appendix.ipynb",
 ]
 
 NUMBER = re.compile(
