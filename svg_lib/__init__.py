@@ -14,7 +14,7 @@ of each kind goes):
     memory/       arithmetic: vmem, smem estimates, known before building; budget checks both once
     kernels/      Pallas: forward (one tile body), backward, splash, reference, tolerances
     attention     attention() and build_attention(): plan once, check memory once, build
-    layers/       built on attention(): routing, profiling, multichip, synthetic
+    layers/       built on attention(): routing, profiling, multichip, synthetic, semantic tiles
     tpu/          TPU tooling without a TPU: lowering, compiler, errors, checks, sharded, probes
                   -> cost
     tools/        measuring: bench, tuner
@@ -59,6 +59,8 @@ from svg_lib.layers.profiling import HeadProfile, profile_heads  # noqa: E402
 from svg_lib.layers.synthetic import (attention_recall, equal_budget_table, quality_table,  # noqa: E402
                                       relative_l2, structured_qkv)
 from svg_lib.layers.multichip import build_sharded_svg_attention, make_mesh, sharded_svg_attention  # noqa: E402
+# semantic tiles: masks computed from q and k on the device, run by the B3 kernels
+from svg_lib.layers.semantic import SemanticCentroids, SemanticPlan, semantic_attention, semantic_plan  # noqa: E402
 # compiled for TPU on this CPU by libtpu; per-tile cost simulated by the compiler
 from svg_lib.tpu.compiler import CompileReport, compile_for_tpu  # noqa: E402
 from svg_lib.tpu.sharded import (ShardedCompileReport, SplitCompileReport, compile_sharded_layer,  # noqa: E402

@@ -1,0 +1,446 @@
+"""Semantic tiles: a mask computed from q and k at every step, on the device, run by the B3 kernels.
+
+Sparse VideoGen 2's idea made tile-aligned. Per head:
+
+1. cluster the queries into tiles of `block_q` tokens and the keys into tiles of `block_kv`
+   (`semantic_clusters.tile_kmeans`: k-means with exact capacities, warm-started from the
+   centroids the caller carries from the previous step);
+2. score each (query tile, key tile) pair by its centroids, exp(c_i . c_j / sqrt(d)) times the key
+   tile's size (the mass a query of tile i would put on tile j if every key sat on its centroid),
+   and keep, per query tile, the best key tiles under a budget set by `density` (`select_tiles`);
+3. gather q, k, v into cluster order, run the B3 forward (and, for `jax.grad`, the fused backward)
+   over the selected tiles, whose tables the device planner makes (`kernels.device_plan`), and
+   gather the output back into the original order.
+
+Everything is jnp with static shapes: one compilation serves every step, however the clusters
+move. The plan (`SemanticPlan`) is a pytree, so it crosses `jax.jit` and the centroids in it are
+the state a denoising loop carries.
+
+The kernels run one head at a time (`jax.vmap` over the heads: a loop of one-head kernels, in one
+program). Each head has its own tables, and today's kernels read one table for all heads in the
+backward (`kernels.backward`) and take one predicate per kind of head in the forward (so kinds =
+heads would compile the masked tile body once per head); a per-head table in both would let one
+pallas_call run all heads (the change is described in the issue's notes).
+
+The permutation is a row gather (`jnp.take_along_axis`), forward and back. Its cost against the
+alternatives (a one-hot matmul on the MXU, a sort carrying the rows) is to be measured with the
+TPU compiler's static profile at the blog's size; that is left for the measurements of issue 32.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import numpy as np
+
+from svg_lib.attention import prescaled
+from svg_lib.core.geometry import VideoGeometry
+from svg_lib.core.masks import check_block_size
+from svg_lib.core.planner import KernelTables
+from svg_lib.kernels.backward import attention_dq, attention_dkv, attention_fused
+from svg_lib.kernels.device_plan import device_tables
+from svg_lib.kernels.forward import block_sparse_attention
+from svg_lib.kernels.reference import check_qkv
+from svg_lib.layers.semantic_clusters import DEFAULT_ROUNDS, capacities, check_iterations, tile_kmeans
+from svg_lib.memory.budget import check_memory
+from svg_lib.memory.smem import SmemOverflowError, schedule_smem
+from svg_lib.problem import check_block_kv_compute
+from svg_lib.runtime import default_interpret
+
+DEFAULT_ITERATIONS = 10  # from a cold start; SVG2 runs 50 at its first sparse step, then 2 warm
+
+
+def _jax():
+    import jax
+    return jax
+
+
+@dataclasses.dataclass(frozen=True)
+class SemanticCentroids:
+    """What a denoising loop carries from step to step: each head's tile centroids.
+
+    q f32 `[heads, ceil(tokens / block_q), head_dim]`, k f32 `[heads, ceil(tokens / block_kv), head_dim]`.
+    A pytree: it crosses `jax.jit`."""
+
+    q: object
+    k: object
+
+
+@dataclasses.dataclass(frozen=True)
+class SemanticPlan:
+    """Which tiles semantic attention computes, and where each token sits (a pytree).
+
+    `q_order`, `k_order` int32 `[heads, tokens]`: cluster order, `permuted[h, i] = x[h, order[h, i]]`
+    (v follows k). `tiles` bool `[heads, nq, nk]`: the computed (query tile, key tile) pairs in
+    permuted order, `nq = ceil(tokens / block_q)`, `nk = ceil(tokens / block_kv)`; at most `steps`
+    per query tile. `centroids`: the `SemanticCentroids` to pass to the next step's `semantic_plan`.
+    Static (part of the tree's structure): `block_q`, `block_kv`, `steps`.
+    """
+
+    q_order: object
+    k_order: object
+    tiles: object
+    centroids: SemanticCentroids
+    block_q: int = dataclasses.field(metadata=dict(static=True))
+    block_kv: int = dataclasses.field(metadata=dict(static=True))
+    steps: int = dataclasses.field(metadata=dict(static=True))
+
+    @property
+    def tokens(self) -> int:
+        return int(self.q_order.shape[1])
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return tuple(int(n) for n in self.tiles.shape[1:])
+
+
+def _register_pytrees():
+    jax = _jax()
+    jax.tree_util.register_dataclass(SemanticCentroids, data_fields=["q", "k"], meta_fields=[])
+    jax.tree_util.register_dataclass(SemanticPlan, data_fields=["q_order", "k_order", "tiles", "centroids"],
+                                     meta_fields=["block_q", "block_kv", "steps"])
+
+
+_register_pytrees()
+
+
+# -- checking what comes in -------------------------------------------------------------------
+
+def check_density(density) -> float:
+    """The fraction of tiles to compute: a number in (0, 1]."""
+    if isinstance(density, bool) or not isinstance(density, (int, float, np.floating, np.integer)) \
+            or not 0.0 < float(density) <= 1.0:
+        raise ValueError(f"density must be a number in (0, 1] (the fraction of tiles computed), got {density!r}")
+    return float(density)
+
+
+def tile_budget(density: float, key_tiles: int) -> int:
+    """Key tiles per query tile for `density`: round(density * nk), at least 1. With equal tiles the
+    computed pairs are then density x tokens^2, up to the rounding and the short last tiles."""
+    return max(1, min(key_tiles, int(round(check_density(density) * key_tiles))))
+
+
+def check_qk(q, k):
+    """Validate `[heads, tokens, head_dim]` q and k of one shape; returns (heads, tokens, head_dim)."""
+    for name, x in (("q", q), ("k", k)):
+        if getattr(x, "ndim", None) != 3:
+            raise ValueError(f"{name} must be shaped [heads, tokens, head_dim], got shape {getattr(x, 'shape', None)}")
+    if tuple(q.shape) != tuple(k.shape):
+        raise ValueError(f"q and k must have the same shape [heads, tokens, head_dim]; got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}")
+    return tuple(int(s) for s in q.shape)
+
+
+def _check_centroids(centroids, heads, nq, nk, head_dim):
+    if centroids is None:
+        return None
+    if not isinstance(centroids, SemanticCentroids):
+        raise TypeError(f"centroids must be the SemanticCentroids of a previous plan (plan.centroids) or None, "
+                        f"got {type(centroids).__name__}")
+    for name, c, n in (("q", centroids.q, nq), ("k", centroids.k, nk)):
+        if tuple(c.shape) != (heads, n, head_dim):
+            raise ValueError(f"centroids.{name} must be shaped [heads, tiles, head_dim] = {(heads, n, head_dim)} for "
+                             f"these q, k and blocks, got {tuple(c.shape)} (a plan made at other blocks or sizes?)")
+    return centroids
+
+
+# -- step 2: choosing the tiles ---------------------------------------------------------------
+
+def tile_scores(q_centroids, k_centroids, k_sizes):
+    """f32 `[heads, nq, nk]`: the log of each tile pair's estimated attention mass,
+    c_i . c_j / sqrt(d) + log(size_j) (SVG2's exp(c_i . c_j / sqrt(d)) x |cluster j|, in logs)."""
+    jax = _jax()
+    import jax.numpy as jnp
+
+    d = q_centroids.shape[-1]
+    logits = jnp.einsum("hid,hjd->hij", q_centroids, k_centroids, precision=jax.lax.Precision.HIGHEST)
+    return logits / math.sqrt(d) + jnp.log(jnp.asarray(k_sizes, jnp.float32))[None, None, :]
+
+
+def select_tiles(scores, steps: int, *, top_p: float | None = None, pinned=None):
+    """bool `[heads, nq, nk]`: per query tile, the `steps` key tiles of highest score (top-k).
+
+    `top_p`: keep only the shortest prefix of those whose estimated mass (softmax of the row's
+    scores) reaches `top_p` (SVG2's top-p, under the same budget). `pinned`: bool `[nk]`, key tiles
+    every query tile computes (a sink), taken first and counted in the budget.
+    """
+    jax = _jax()
+    import jax.numpy as jnp
+
+    if pinned is not None:
+        scores = jnp.where(jnp.asarray(pinned)[None, None, :], jnp.inf, scores)
+    best, index = jax.lax.top_k(scores, steps)                          # [heads, nq, steps], descending
+    keep = jnp.ones(best.shape, bool)
+    if top_p is not None:
+        mass = jnp.take_along_axis(jax.nn.softmax(jnp.where(jnp.isinf(scores), 0.0, scores), axis=-1), index, axis=-1)
+        before = jnp.cumsum(mass, axis=-1) - mass                        # mass of the better tiles
+        keep = (before < top_p) | (jnp.arange(steps) == 0) | jnp.isinf(best)
+    tiles = jnp.zeros(scores.shape, bool)
+    heads, nq, _ = scores.shape
+    h, i = jnp.meshgrid(jnp.arange(heads), jnp.arange(nq), indexing="ij")
+    return tiles.at[h[..., None], i[..., None], index].set(keep)
+
+
+def sink_tiles(geometry: VideoGeometry | None, block_kv: int, tokens: int):
+    """(pinned key tokens, pinned key tiles): with a `geometry`, the first frame's keys (SVG's
+    first-frame sink) are held in the leading key tiles, which every query tile computes.
+
+    Returns (None, None) without a geometry; else int `[sink]` token indices and bool `[nk]`."""
+    if geometry is None:
+        return None, None
+    if not isinstance(geometry, VideoGeometry):
+        raise TypeError(f"geometry must be a VideoGeometry or None, got {type(geometry).__name__}")
+    if geometry.tokens != tokens:
+        raise ValueError(f"the geometry has {geometry.tokens} tokens but q and k have {tokens}")
+    if geometry.text_tokens:
+        raise ValueError(f"semantic tiles take video tokens only for now; this geometry has "
+                         f"{geometry.text_tokens} text tokens (their rows and columns would be dense)")
+    sink = np.arange(geometry.frame_tokens)
+    pinned = np.zeros(-(-tokens // block_kv), bool)
+    pinned[:-(-sink.size // block_kv)] = True
+    return sink, pinned
+
+
+# -- step 1 and 2 together: the plan ------------------------------------------------------------
+
+def semantic_plan(q, k, *, block_q: int, block_kv: int, density: float, iterations: int = DEFAULT_ITERATIONS,
+                  centroids: SemanticCentroids | None = None, top_p: float | None = None,
+                  rounds: int = DEFAULT_ROUNDS, geometry: VideoGeometry | None = None) -> SemanticPlan:
+    """Cluster q and k into tiles and choose the tiles to compute: a `SemanticPlan`.
+
+    q, k `[heads, tokens, head_dim]` (any tokens; float32 or bfloat16). Queries cluster into tiles
+    of exactly `block_q` tokens, keys of `block_kv` (the last of each short), by `iterations` of
+    size-constrained k-means (`semantic_clusters.tile_kmeans`, `rounds` rounds of proposals per
+    assignment) from `centroids` (the previous plan's `plan.centroids`: a warm start) or a cold
+    start. Each query tile then keeps its `round(density * nk)` best key tiles by centroid score
+    (`select_tiles`; `top_p` trims each row to that share of its estimated mass). `geometry`: hold
+    the first frame's keys in the leading key tiles, computed by every query tile (SVG's sink).
+
+    Traceable: call it inside `jax.jit` (q, k traced; the blocks, density, iterations static).
+    """
+    jax = _jax()
+    import jax.numpy as jnp
+
+    heads, tokens, head_dim = check_qk(q, k)
+    block_q = check_block_size("block_q", block_q)
+    block_kv = check_block_size("block_kv", block_kv)
+    iterations, rounds = check_iterations(iterations, rounds)
+    if top_p is not None and not (isinstance(top_p, (int, float)) and 0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must be None or a number in (0, 1], got {top_p!r}")
+    nq, nk = -(-tokens // block_q), -(-tokens // block_kv)
+    steps = tile_budget(density, nk)
+    centroids = _check_centroids(centroids, heads, nq, nk, head_dim)
+    sink, pinned = sink_tiles(geometry, block_kv, tokens)
+
+    def cluster(x, c, block):
+        return tile_kmeans(x, block, iterations=iterations, centroids=c, rounds=rounds)
+
+    cq = None if centroids is None else centroids.q
+    ck = None if centroids is None else centroids.k
+    q_order, q_cent = jax.vmap(functools.partial(cluster, block=block_q))(q, cq) if cq is not None else \
+        jax.vmap(lambda x: cluster(x, None, block_q))(q)
+    if sink is None:
+        k_order, k_cent = jax.vmap(functools.partial(cluster, block=block_kv))(k, ck) if ck is not None else \
+            jax.vmap(lambda x: cluster(x, None, block_kv))(k)
+    else:
+        k_order, k_cent = _cluster_around_sink(k, ck, sink, block_kv, cluster)
+    scores = tile_scores(q_cent, k_cent, capacities(tokens, block_kv))
+    tiles = select_tiles(scores, steps, top_p=top_p, pinned=pinned)
+    return SemanticPlan(q_order, k_order, tiles, SemanticCentroids(q_cent, k_cent), block_q, block_kv, steps)
+
+
+def _cluster_around_sink(k, ck, sink, block_kv, cluster):
+    """Key order and centroids with the sink keys first (whole tiles of them, in token order) and the
+    other keys clustered into the tiles after: the sink tiles' centroids are their means."""
+    jax = _jax()
+    import jax.numpy as jnp
+
+    tokens = k.shape[1]
+    sink_tiles_ = -(-sink.size // block_kv)
+    head_of_line = np.arange(sink_tiles_ * block_kv)  # the tokens the sink tiles hold, in order
+    rest = np.setdiff1d(np.arange(tokens), head_of_line)
+    if rest.size == 0:
+        raise ValueError("the first frame fills every key tile: nothing is left to cluster")
+
+    def one(x, c):
+        order_rest, c_rest = cluster(x[rest], c, block_kv)
+        sink_means = x[head_of_line].astype(jnp.float32).reshape(sink_tiles_, block_kv, -1).mean(axis=1)
+        order = jnp.concatenate([jnp.asarray(head_of_line, jnp.int32), jnp.asarray(rest, jnp.int32)[order_rest]])
+        return order, jnp.concatenate([sink_means, c_rest])
+
+    if ck is None:
+        return jax.vmap(lambda x: one(x, None))(k)
+    return jax.vmap(lambda x, c: one(x, c[sink_tiles_:]))(k, ck)
+
+
+# -- step 3: attention in cluster order -------------------------------------------------------
+
+def gather_rows(x, order):
+    """`x[h, order[h, i], :]`: `[heads, tokens, head_dim]` x in the order of int `[heads, tokens]`."""
+    import jax.numpy as jnp
+
+    return jnp.take_along_axis(x, order[:, :, None], axis=1)
+
+
+def inverse_order(order):
+    """int32 `[heads, tokens]`: the order that undoes `order` (`inverse[h, order[h, i]] = i`)."""
+    import jax.numpy as jnp
+
+    heads, tokens = order.shape
+    rows = jnp.arange(heads)[:, None]
+    return jnp.zeros(order.shape, jnp.int32).at[rows, order].set(jnp.arange(tokens, dtype=jnp.int32)[None, :])
+
+
+def _one_head_b3(*, tokens, head_dim, dtype, block_q, block_kv, block_kv_compute, steps, steps_t, interpret,
+                 generation, backward):
+    """`run(q, k, v, schedule, schedule_t)` for one head `[1, tokens, head_dim]` (q pre-scaled) and its
+    packed tables: the B3 forward, and for `jax.grad` the B3 backward over the same tiles.
+
+    The tables are arguments, not constants: they are computed on the device at every step.
+    Memory is checked here, once, on the tables' shapes."""
+    jax = _jax()
+    import jax.numpy as jnp
+
+    nq, nk = -(-tokens // block_q), -(-tokens // block_kv)
+    words, words_t = -(-nq * steps // 2), -(-nk * steps_t // 2)
+    smem = schedule_smem(1, nq, steps, generation)
+    if not smem.fits:
+        raise SmemOverflowError(f"the semantic schedule of {nq} query tiles x {steps} steps overflows SMEM: {smem}; "
+                                "use larger blocks or a lower density")
+    shapes = KernelTables((nq, nk), np.zeros(words, np.int32), steps, np.zeros(words_t, np.int32), steps_t)
+    budget = check_memory("b3", heads=1, head_dim=head_dim, dtype=dtype, block_q=block_q, block_kv=block_kv,
+                          block_kv_compute=block_kv_compute, generation=generation, tables=shapes,
+                          q_len=nq * block_q, backward=backward)
+    blocks = dict(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=interpret)
+    head_kind = jnp.zeros((1,), jnp.int32)
+
+    def not_padding(q_ids, k_ids):  # a selected tile is whole: inside it only key padding is masked
+        return k_ids < tokens
+
+    def forward(q, k, v, schedule, residuals):
+        return block_sparse_attention(q, k, v, head_kind, schedule, steps=steps, stage="b3", keep=not_padding,
+                                      vmem_limit_bytes=budget.forward_limit, residuals=residuals, **blocks)
+
+    @jax.custom_vjp
+    def run(q, k, v, schedule, schedule_t):
+        return forward(q, k, v, schedule, False)
+
+    def run_fwd(q, k, v, schedule, schedule_t):
+        out, lse = forward(q, k, v, schedule, True)
+        return out, (q, k, v, out, lse, schedule, schedule_t)
+
+    def run_bwd(res, do):
+        q, k, v, out, lse, schedule, schedule_t = res
+        form, limits = budget.backward_limits()
+        do = do.astype(q.dtype)
+        di = jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)[:, None]  # [1, 1, tokens]
+        common = dict(stage="b3", keep=not_padding, **blocks)
+        if form == "fused":
+            dq, dk, dv = attention_fused(q, k, v, do, lse, di, schedule_t, steps_t=steps_t,
+                                         vmem_limit_bytes=limits[0], **common)
+        else:
+            dq = attention_dq(q, k, v, do, lse, di, schedule, steps=steps, vmem_limit_bytes=limits[0], **common)
+            dk, dv = attention_dkv(q, k, v, do, lse, di, schedule_t, steps_t=steps_t, vmem_limit_bytes=limits[1],
+                                   **common)
+        return dq, dk, dv, None, None
+
+    run.defvjp(run_fwd, run_bwd)
+    return run
+
+
+def check_plan(plan, heads: int, tokens: int):
+    """Validate a `SemanticPlan` against q, k, v of `heads` x `tokens`."""
+    if not isinstance(plan, SemanticPlan):
+        raise TypeError(f"plan must be a SemanticPlan (svg_lib.semantic_plan(q, k, ...)), got {type(plan).__name__}")
+    nq, nk = -(-tokens // plan.block_q), -(-tokens // plan.block_kv)
+    expect = {"q_order": (heads, tokens), "k_order": (heads, tokens), "tiles": (heads, nq, nk)}
+    for name, shape in expect.items():
+        got = tuple(getattr(plan, name).shape)
+        if got != shape:
+            raise ValueError(f"plan.{name} is shaped {got} but q, k, v of {heads} heads x {tokens} tokens need "
+                             f"{shape}: was the plan made from other q and k?")
+    return plan
+
+
+def semantic_attention(q, k, v, plan: SemanticPlan, *, block_kv_compute: int | None = None, interpret=None,
+                       backward: str | None = None, generation: str | None = None):
+    """Attention over the plan's tiles, returned in the original token order: `[heads, tokens, head_dim]`.
+
+    q, k, v `[heads, tokens, head_dim]` float32 or bfloat16 (any tokens), `plan` from `semantic_plan`.
+    q is gathered into `plan.q_order`, k and v into `plan.k_order`, the B3 kernels compute the
+    selected tiles (tables made on the device, `kernels.device_plan`), and the output is gathered
+    back. Softmax scale 1/sqrt(head_dim). Differentiable with `jax.grad` (the B3 backward over the
+    same tiles: "fused", "split", or None for fused where it fits, as in `attention`). Runs inside
+    `jax.jit`; a new plan of the same shapes is new data, not a new program.
+    `interpret`: None runs compiled on a TPU and in interpret mode elsewhere.
+    """
+    heads, tokens, head_dim = check_qkv(q, k, v)
+    plan = check_plan(plan, heads, tokens)
+    fn = _built(heads, tokens, head_dim, str(q.dtype), plan.block_q, plan.block_kv, plan.steps, block_kv_compute,
+                interpret, backward, generation)
+    return fn(q, k, v, plan)
+
+
+@functools.lru_cache(maxsize=16)
+def _built(heads, tokens, head_dim, dtype, block_q, block_kv, steps, block_kv_compute, interpret, backward,
+           generation):
+    """The jitted `f(q, k, v, plan)` for one configuration (cached: repeated calls trace once)."""
+    jax = _jax()
+
+    nq = -(-tokens // block_q)
+    block_kv_compute = check_block_kv_compute(block_kv, block_kv_compute, block_q)
+    interpret = default_interpret() if interpret is None else interpret
+    run = _one_head_b3(tokens=tokens, head_dim=head_dim, dtype=dtype, block_q=block_q, block_kv=block_kv,
+                       block_kv_compute=block_kv_compute, steps=steps, steps_t=nq, interpret=interpret,
+                       generation=generation, backward=backward)
+    # one head per kernel call: vmap over the heads runs them in a loop inside one program
+    per_head = jax.vmap(lambda q, k, v, s, t: run(q[None], k[None], v[None], s, t)[0])
+    kernel = prescaled(per_head, head_dim=head_dim)
+
+    def f(q, k, v, plan):
+        tables = device_tables(plan.tiles, tokens=tokens, block_kv=block_kv, steps=steps, steps_t=nq)
+        out = kernel(gather_rows(q, plan.q_order), gather_rows(k, plan.k_order), gather_rows(v, plan.k_order),
+                     tables.schedule, tables.schedule_t)
+        return gather_rows(out, inverse_order(plan.q_order))
+
+    return jax.jit(f)
+
+
+# -- what a plan computes, for checking and measuring ---------------------------------------------
+
+def plan_keep(plan: SemanticPlan, rows=None):
+    """bool `[heads, rows, tokens]`: which (query, key) pairs the plan computes, in the original order.
+
+    `rows`: the query indices to answer for (int `[rows]`; None: every query, for small sizes)."""
+    import jax.numpy as jnp
+
+    tokens = plan.tokens
+    rows = jnp.arange(tokens) if rows is None else jnp.asarray(rows)
+    q_tile = inverse_order(plan.q_order)[:, rows] // plan.block_q           # [heads, rows]
+    k_tile = inverse_order(plan.k_order) // plan.block_kv                    # [heads, tokens]
+    h = jnp.arange(plan.tiles.shape[0])[:, None, None]
+    return plan.tiles[h, q_tile[:, :, None], k_tile[:, None, :]]
+
+
+def plan_recall(q, k, plan: SemanticPlan, rows):
+    """float `[heads]`: the share of each head's dense softmax mass inside the plan's tiles,
+    averaged over the query `rows` (int `[rows]`). Only heads x rows x tokens scores are formed."""
+    jax = _jax()
+    import jax.numpy as jnp
+
+    rows = jnp.asarray(rows)
+    s = jnp.einsum("hrd,hkd->hrk", q[:, rows].astype(jnp.float32), k.astype(jnp.float32),
+                   precision=jax.lax.Precision.HIGHEST) / math.sqrt(q.shape[-1])
+    p = jax.nn.softmax(s, axis=-1)
+    return jnp.mean(jnp.sum(jnp.where(plan_keep(plan, rows), p, 0.0), axis=-1), axis=-1)
+
+
+def computed_fraction(plan: SemanticPlan):
+    """float `[heads]`: the share of all tokens x tokens pairs the plan computes (short tiles counted short)."""
+    import jax.numpy as jnp
+
+    rows = jnp.asarray(capacities(plan.tokens, plan.block_q), jnp.float32)
+    cols = jnp.asarray(capacities(plan.tokens, plan.block_kv), jnp.float32)
+    pairs = jnp.einsum("hij,i,j->h", plan.tiles.astype(jnp.float32), rows, cols)
+    return pairs / float(plan.tokens) ** 2

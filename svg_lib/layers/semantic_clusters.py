@@ -1,0 +1,213 @@
+"""Tile-sized clusters: k-means whose every cluster holds exactly one kernel tile of tokens.
+
+Sparse VideoGen 2 clusters q and k with ordinary k-means and runs a kernel whose blocks follow
+the clusters. A TPU kernel's tiles are fixed (`block_q` x `block_kv`), and a cluster laid on
+fixed tiles makes every tile it touches computed; so here each cluster *is* a tile: `block`
+tokens, the last one short when the token count is not a multiple of it. Sorting the tokens by
+cluster then puts cluster c exactly on tile c.
+
+The assignment with exact capacities runs in rounds, all in jnp with static shapes (it traces
+once, and runs inside `jax.jit`):
+
+    each round, every token still unplaced asks for its nearest cluster that has room left;
+    a cluster asked by more tokens than it has room for takes the nearest of them.
+
+A round is one `[tokens, clusters]` distance argmin and one sort of the tokens: no sequential
+loop over tokens. After `rounds` rounds the few tokens still unplaced fill the free places in
+token order, so every cluster ends at exactly its capacity whatever the data. Then the centroids
+are the means of their members, and k-means repeats for a fixed number of `iterations`, starting
+from the caller's centroids (the previous denoising step's: a warm start) or from k-means++
+seeding (a cold start).
+
+`cut_kmeans_order` is the alternative the issue measured first (ordinary k-means, tokens sorted
+by label, then cut into tiles), and `tile_objective` the k-means objective of any tiling: they are
+here so the two can be compared (tests/test_semantic.py; notebook 12).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+DEFAULT_ROUNDS = 4
+
+
+def capacities(tokens: int, block: int) -> np.ndarray:
+    """int32 `[ceil(tokens / block)]`: each cluster's size, `block` tokens, the last one what is left."""
+    clusters = -(-tokens // block)
+    sizes = np.full(clusters, block, np.int32)
+    sizes[-1] = tokens - (clusters - 1) * block
+    return sizes
+
+
+def initial_centroids(x, clusters: int, seed: int = 0):
+    """`[clusters, d]` f32 for a cold start: k-means++ seeding of `x` `[tokens, d]`.
+
+    The first centroid is a token drawn uniformly, each next one a token drawn with probability
+    proportional to its squared distance to the nearest centroid so far (one `[tokens]` distance
+    update per centroid, a loop of `clusters` steps). Centroids spread over the data this way;
+    tokens picked evenly along the sequence, tried first, often put two in one planted cluster,
+    which the capacity-bound iterations then could not separate. `seed` fixes the draws.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    x = x.astype(jnp.float32)
+    keys = jax.random.split(jax.random.PRNGKey(seed), clusters)
+    first = x[jax.random.randint(keys[0], (), 0, x.shape[0])]
+    nearest = jnp.sum((x - first) ** 2, axis=1)
+
+    def pick(j, state):
+        c, nearest = state
+        logits = jnp.log(jnp.maximum(nearest, 1e-30))  # proportional to the squared distance
+        chosen = x[jax.random.categorical(keys[j], logits)]
+        return c.at[j].set(chosen), jnp.minimum(nearest, jnp.sum((x - chosen) ** 2, axis=1))
+
+    c = jnp.zeros((clusters, x.shape[1]), jnp.float32).at[0].set(first)
+    return jax.lax.fori_loop(1, clusters, pick, (c, nearest))[0]
+
+
+def squared_distances(x, centroids):
+    """f32 `[tokens, clusters]`: |x_t - c_j|^2 for `x` `[tokens, d]` and `centroids` `[clusters, d]`
+    (as |x|^2 - 2 x.c + |c|^2: one matmul, on the MXU on a TPU)."""
+    import jax
+    import jax.numpy as jnp
+
+    x = x.astype(jnp.float32)
+    c = centroids.astype(jnp.float32)
+    cross = jnp.matmul(x, c.T, precision=jax.lax.Precision.HIGHEST)
+    return jnp.sum(x * x, axis=1, keepdims=True) - 2.0 * cross + jnp.sum(c * c, axis=1)[None, :]
+
+
+def _rank_within_groups(group, key, groups: int):
+    """int32 `[n]`: each element's rank by `key` (ascending) among the elements of its `group`
+    (int32 `[n]` in [0, groups]), by one sort on (group, key)."""
+    import jax.numpy as jnp
+
+    n = group.shape[0]
+    order = jnp.lexsort((key, group))                 # by group, then by key
+    sorted_group = group[order]
+    start = jnp.searchsorted(sorted_group, jnp.arange(groups + 1), side="left")  # where each group begins
+    rank_sorted = jnp.arange(n) - start[sorted_group]
+    return jnp.zeros(n, jnp.int32).at[order].set(rank_sorted.astype(jnp.int32))
+
+
+def assign_with_capacity(x, centroids, sizes, *, rounds: int = DEFAULT_ROUNDS):
+    """int32 `[tokens]`: each token's cluster, cluster j receiving exactly `sizes[j]` tokens.
+
+    x `[tokens, d]`, centroids `[clusters, d]`, sizes int `[clusters]` (NumPy, summing to tokens).
+    Rounds of proposals (module docstring): in each, unplaced tokens ask for their nearest cluster
+    with room, and each cluster takes its nearest askers up to its room. Tokens still unplaced after
+    `rounds` fill the remaining places in token order.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    tokens, clusters = x.shape[0], centroids.shape[0]
+    sizes = np.asarray(sizes, np.int32)
+    if sizes.shape != (clusters,) or int(sizes.sum()) != tokens or (sizes < 1).any():
+        raise ValueError(f"sizes must be {clusters} positive cluster sizes summing to {tokens} tokens, "
+                         f"got {sizes.tolist()}")
+    dist = squared_distances(x, centroids)
+
+    def round_(_, state):
+        label, room = state
+        unplaced = label < 0
+        choice = jnp.argmin(jnp.where(room[None, :] > 0, dist, jnp.inf), axis=1).astype(jnp.int32)
+        asked = jnp.where(unplaced, choice, clusters)                 # placed tokens ask no one
+        mine = jnp.take_along_axis(dist, choice[:, None], axis=1)[:, 0]
+        rank = _rank_within_groups(asked, mine, clusters)
+        taken = unplaced & (rank < room[jnp.minimum(asked, clusters - 1)])
+        label = jnp.where(taken, choice, label)
+        room = room - jnp.zeros(clusters, jnp.int32).at[choice].add(taken.astype(jnp.int32))
+        return label, room
+
+    label, room = jax.lax.fori_loop(0, rounds, round_, (jnp.full(tokens, -1, jnp.int32), jnp.asarray(sizes)))
+    return _fill_free_places(label, room)
+
+
+def _fill_free_places(label, room):
+    """Give the tokens still unplaced (label -1) the free places, in token order: the i-th unplaced
+    token goes to the cluster holding the i-th free place (clusters' free places laid end to end)."""
+    import jax.numpy as jnp
+
+    unplaced = label < 0
+    i = jnp.cumsum(unplaced) - 1                                   # rank among the unplaced
+    cluster_of_place = jnp.searchsorted(jnp.cumsum(room), i, side="right").astype(jnp.int32)
+    return jnp.where(unplaced, cluster_of_place, label)
+
+
+def member_means(x, label, sizes):
+    """f32 `[clusters, d]`: the mean of each cluster's members (sizes are exact, so no empty cluster)."""
+    import jax.numpy as jnp
+
+    sums = jnp.zeros((len(sizes), x.shape[1]), jnp.float32).at[label].add(x.astype(jnp.float32))
+    return sums / jnp.asarray(sizes, jnp.float32)[:, None]
+
+
+def tile_kmeans(x, block: int, *, iterations: int, centroids=None, rounds: int = DEFAULT_ROUNDS):
+    """Size-constrained k-means of one head's tokens: `(order, centroids)`.
+
+    x `[tokens, d]`; clusters of exactly `block` tokens (`capacities`). `iterations` rounds of
+    assign-then-average from `centroids` `[clusters, d]` (None: `initial_centroids`). Returns
+    `order` int32 `[tokens]`, the tokens sorted by cluster (tile c holds `order[c * block:(c + 1) *
+    block]`, `x[order]` is x in cluster order), and the final centroids `[clusters, d]` f32, the
+    means of the tiles (what the next step starts from).
+    """
+    import jax
+    import jax.numpy as jnp
+
+    sizes = capacities(x.shape[0], block)
+    c = initial_centroids(x, len(sizes)) if centroids is None else centroids.astype(jnp.float32)
+    label = jnp.zeros(x.shape[0], jnp.int32)
+
+    def iteration(_, state):
+        c, _ = state
+        label = assign_with_capacity(x, c, sizes, rounds=rounds)
+        return member_means(x, label, sizes), label
+
+    c, label = jax.lax.fori_loop(0, iterations, iteration, (c, label))
+    if iterations == 0:  # no iteration asked for: assign once to the given centroids
+        label = assign_with_capacity(x, c, sizes, rounds=rounds)
+        c = member_means(x, label, sizes)
+    return jnp.argsort(label, stable=True).astype(jnp.int32), c
+
+
+def tile_objective(x, order, block: int):
+    """The k-means objective of a tiling: mean over tokens of |x_t - mean of its tile|^2, f32 `[]`.
+
+    x `[tokens, d]`, order int `[tokens]` (x[order] cut into tiles of `block`, the last short)."""
+    import jax.numpy as jnp
+
+    sizes = capacities(x.shape[0], block)
+    label = jnp.asarray(np.repeat(np.arange(len(sizes)), sizes))
+    xs = x[order].astype(jnp.float32)
+    means = member_means(xs, label, sizes)
+    return jnp.mean(jnp.sum((xs - means[label]) ** 2, axis=1))
+
+
+def cut_kmeans_order(x, block: int, *, iterations: int, centroids=None):
+    """The comparison: ordinary (unconstrained) Lloyd k-means with one cluster per tile, tokens
+    sorted by label, then cut into tiles of `block`. Returns `order` int32 `[tokens]`.
+
+    A cluster bigger than a tile spills into the next one, a small one shares its tile."""
+    import jax
+    import jax.numpy as jnp
+
+    clusters = -(-x.shape[0] // block)
+    c = initial_centroids(x, clusters) if centroids is None else centroids.astype(jnp.float32)
+
+    def iteration(_, c):
+        label = jnp.argmin(squared_distances(x, c), axis=1)
+        sums = jnp.zeros_like(c).at[label].add(x.astype(jnp.float32))
+        counts = jnp.zeros(clusters, jnp.float32).at[label].add(1.0)
+        return jnp.where(counts[:, None] > 0, sums / jnp.maximum(counts, 1.0)[:, None], c)  # empty: stays
+
+    c = jax.lax.fori_loop(0, iterations, iteration, c)
+    return jnp.argsort(jnp.argmin(squared_distances(x, c), axis=1), stable=True).astype(jnp.int32)
+
+
+def check_iterations(iterations, rounds=DEFAULT_ROUNDS) -> tuple[int, int]:
+    """Validate the k-means iteration count (>= 0) and the rounds of proposals per assignment (>= 1)."""
+    for name, value, least in (("iterations", iterations, 0), ("rounds", rounds, 1)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+            raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+    return int(iterations), int(rounds)

@@ -1,0 +1,133 @@
+"""Semantic tiles, the plan (svg_lib.layers.semantic_clusters, semantic): clusters of exactly one
+tile, the tiles chosen from their centroids, what a plan computes. Attention over a plan:
+tests/test_semantic.py.
+
+360 tokens: 128 does not divide it, so the last query and key clusters are short.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import svg_lib
+from svg_lib import VideoGeometry, structured_qkv
+from svg_lib.layers.semantic import SemanticPlan, computed_fraction, plan_keep, plan_recall, select_tiles
+from svg_lib.layers.semantic_clusters import (assign_with_capacity, capacities, cut_kmeans_order, tile_kmeans,
+                                              tile_objective)
+
+GEOMETRY = VideoGeometry(3, 8, 15)            # 360 tokens
+BLOCKS = dict(block_q=128, block_kv=128)      # 3 x 3 tiles, the last of each 104 tokens
+DENSITY = 0.67                                # 2 key tiles per query tile
+plan_jit = jax.jit(svg_lib.semantic_plan, static_argnames=("block_q", "block_kv", "density", "iterations", "geometry"))
+# traced once per shape (eager, op by op, the k-means loops are several times slower)
+kmeans_jit = jax.jit(tile_kmeans, static_argnames=("block", "iterations", "rounds"))
+cut_jit = jax.jit(cut_kmeans_order, static_argnames=("block", "iterations"))
+
+
+@pytest.fixture(scope="module")
+def problem():
+    q, k, v = structured_qkv(GEOMETRY, ["local3d", "temporal"], head_dim=64, seed=0)
+    plan = plan_jit(q, k, density=DENSITY, iterations=3, **BLOCKS)
+    return q, k, v, plan
+
+
+# -- the clusters -------------------------------------------------------------------------------
+
+def test_capacities_are_whole_tiles_and_a_short_last_one():
+    assert capacities(360, 128).tolist() == [128, 128, 104]
+    assert capacities(256, 128).tolist() == [128, 128]
+
+
+def test_every_cluster_gets_exactly_its_capacity_even_when_all_tokens_want_the_same_one():
+    sizes = capacities(360, 128)
+    x = jnp.zeros((360, 8)).at[:, 0].set(jnp.linspace(0, 1, 360))
+    centroids = jnp.zeros((3, 8)).at[:, 0].set(jnp.asarray([0.5, 10.0, 20.0]))  # every token nearest cluster 0
+    # one round: cluster 0 takes its 128 nearest askers, the rest fill the free places in token order
+    label = np.asarray(jax.jit(lambda x, c: assign_with_capacity(x, c, sizes, rounds=1))(x, centroids))
+    assert np.bincount(label, minlength=3).tolist() == sizes.tolist()
+    # cluster 0 took the 128 tokens nearest its centroid (0.5): a contiguous run around the middle
+    taken = np.flatnonzero(label == 0)
+    assert taken.max() - taken.min() == 127 and abs(np.median(x[taken, 0]) - 0.5) < 0.01
+
+
+def test_planted_tile_sized_clusters_are_recovered():
+    # three well separated blobs of exactly 128, 128 and 104 tokens, shuffled; a cold start
+    rng = np.random.default_rng(0)
+    sizes = capacities(360, 128)
+    truth = rng.permutation(np.repeat(np.arange(3), sizes))
+    centers = rng.standard_normal((3, 16)) * 10
+    x = jnp.asarray(centers[truth] + rng.standard_normal((360, 16)) * 0.1, jnp.float32)
+    order, centroids = kmeans_jit(x, block=128, iterations=5)
+    tiles = truth[np.asarray(order)]
+    for t, (start, size) in enumerate(zip((0, 128, 256), sizes)):
+        assert len(set(tiles[start:start + size])) == 1, f"tile {t} mixes planted clusters"
+    assert sorted(np.asarray(order).tolist()) == list(range(360))
+
+
+def test_tile_kmeans_tiles_are_tighter_than_token_order_and_no_looser_than_cut_kmeans(problem):
+    q, k, _, _ = problem
+    for x in (q[0], k[1]):
+        order, _ = kmeans_jit(x, block=128, iterations=5)
+        ours = float(tile_objective(x, order, 128))
+        assert ours < float(tile_objective(x, jnp.arange(360), 128))
+        assert ours <= 1.05 * float(tile_objective(x, cut_jit(x, block=128, iterations=5), 128))
+
+
+def test_plan_shapes_orders_and_budget(problem):
+    q, k, _, plan = problem
+    assert isinstance(plan, SemanticPlan)
+    assert plan.q_order.shape == plan.k_order.shape == (2, 360) and plan.tiles.shape == (2, 3, 3)
+    for order in (plan.q_order, plan.k_order):
+        assert (np.sort(np.asarray(order), axis=1) == np.arange(360)).all()  # permutations
+    assert (np.asarray(plan.tiles).sum(axis=2) == 2).all()                 # the budget, every row
+    assert plan.centroids.q.shape == (2, 3, 64) and plan.centroids.k.shape == (2, 3, 64)
+    assert float(jnp.min(computed_fraction(plan))) > 0.5
+
+
+def test_top_p_trims_each_row_within_the_budget():
+    scores = jnp.log(jnp.asarray([[[0.7, 0.2, 0.05, 0.05], [0.25, 0.25, 0.25, 0.25]]]))
+    tiles = np.asarray(select_tiles(scores, 3, top_p=0.8))
+    assert tiles[0, 0].tolist() == [True, True, False, False]  # 0.7 then 0.2 reach 0.8
+    assert tiles[0, 1].sum() == 3                                # uniform: the whole budget
+    assert np.asarray(select_tiles(scores, 3)).sum(axis=2).tolist() == [[3, 3]]
+
+
+def test_the_sink_is_computed_by_every_query_tile():
+    geometry = VideoGeometry(4, 8, 12)  # 384 tokens, 96 per frame: one sink tile of 128
+    q, k, _ = structured_qkv(geometry, ["local3d"], head_dim=32, seed=1)
+    plan = plan_jit(q, k, density=0.34, iterations=2, geometry=geometry, **BLOCKS)
+    assert np.asarray(plan.tiles)[0, :, 0].all()
+    first_frame = set(range(96))
+    assert first_frame <= set(np.asarray(plan.k_order)[0, :128].tolist())  # held in key tile 0
+    keep = np.asarray(plan_keep(plan))[0]
+    assert keep[:, :96].all()
+
+
+def test_plan_recall_is_the_mass_inside_the_tiles(problem):
+    q, k, _, plan = problem
+    rows = np.arange(0, 360, 9)
+    recall = np.asarray(plan_recall(q, k, plan, rows))
+    # independently: float64 softmax rows, summed over the plan's kept keys
+    keep = np.asarray(plan_keep(plan))[:, rows]
+    s = np.einsum("hrd,hkd->hrk", np.asarray(q, np.float64)[:, rows], np.asarray(k, np.float64)) / 8.0
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    np.testing.assert_allclose(recall, (p * keep).sum(-1).mean(-1), rtol=1e-5)
+    assert (recall > 0.5).all() and (recall < 1.0).all()
+
+
+
+# -- bad input ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(density=0.0), r"density must be a number in \(0, 1\]"),
+    (dict(density=1.5), r"density must be a number in \(0, 1\]"),
+    (dict(block_q=100), "block_q must be a positive multiple of 128"),
+    (dict(block_kv=200), "block_kv must be a positive multiple of 128"),
+    (dict(iterations=-1), "iterations must be an int >= 0"),
+])
+def test_bad_plan_arguments_are_refused(problem, kwargs, match):
+    q, k, _, _ = problem
+    args = dict(BLOCKS, density=0.5, iterations=1) | kwargs
+    with pytest.raises(ValueError, match=match):
+        svg_lib.semantic_plan(q, k, **args)
