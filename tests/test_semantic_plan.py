@@ -12,6 +12,7 @@ import pytest
 import svg_lib
 from svg_lib import VideoGeometry, structured_qkv
 from svg_lib.layers.semantic import SemanticPlan, computed_fraction, plan_keep, plan_recall, select_tiles
+from svg_lib.layers.semantic_quality import compare_orders
 from svg_lib.layers.semantic_clusters import (assign_with_capacity, capacities, cut_kmeans_order, tile_kmeans,
                                               tile_objective)
 
@@ -131,3 +132,16 @@ def test_bad_plan_arguments_are_refused(problem, kwargs, match):
     args = dict(BLOCKS, density=0.5, iterations=1) | kwargs
     with pytest.raises(ValueError, match=match):
         svg_lib.semantic_plan(q, k, **args)
+
+
+def test_orders_are_compared_at_equal_computed_pairs(problem):
+    q, k, _, _ = problem
+    figures = compare_orders(q, k, density=DENSITY, rows=np.arange(0, 360, 12), iterations=3, **BLOCKS)
+    assert set(figures) == {"tile_kmeans", "cut_kmeans", "token_order"}
+    tiles = [f["tiles"] for f in figures.values()]
+    assert all(np.array_equal(t, [6, 6]) for t in tiles)  # the same budget for every order: 3 rows x 2
+    for f in figures.values():
+        assert ((0 < f["recall"]) & (f["recall"] <= 1)).all()
+    # tile-sized clusters make tighter tiles than the sequence's own order, for q and for k
+    for key in ("objective_q", "objective_k"):
+        assert (figures["tile_kmeans"][key] < figures["token_order"][key]).all()

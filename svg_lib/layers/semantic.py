@@ -234,25 +234,50 @@ def semantic_plan(q, k, *, block_q: int, block_kv: int, density: float, iteratio
     sink, pinned = sink_tiles(geometry, block_kv, tokens)
 
     def cluster(x, c, block):
-        return tile_kmeans(x, block, iterations=iterations, centroids=c, rounds=rounds)
+        return tile_kmeans(x, block, iterations=iterations, centroids=c, rounds=rounds)[0]
 
-    cq = None if centroids is None else centroids.q
-    ck = None if centroids is None else centroids.k
-    q_order, q_cent = jax.vmap(functools.partial(cluster, block=block_q))(q, cq) if cq is not None else \
-        jax.vmap(lambda x: cluster(x, None, block_q))(q)
-    if sink is None:
-        k_order, k_cent = jax.vmap(functools.partial(cluster, block=block_kv))(k, ck) if ck is not None else \
-            jax.vmap(lambda x: cluster(x, None, block_kv))(k)
+    if centroids is None:
+        q_order = jax.vmap(lambda x: cluster(x, None, block_q))(q)
     else:
-        k_order, k_cent = _cluster_around_sink(k, ck, sink, block_kv, cluster)
-    scores = tile_scores(q_cent, k_cent, capacities(tokens, block_kv))
+        q_order = jax.vmap(lambda x, c: cluster(x, c, block_q))(q, centroids.q)
+    if sink is not None:
+        k_order = _cluster_around_sink(k, None if centroids is None else centroids.k, sink, block_kv, cluster)
+    elif centroids is None:
+        k_order = jax.vmap(lambda x: cluster(x, None, block_kv))(k)
+    else:
+        k_order = jax.vmap(lambda x, c: cluster(x, c, block_kv))(k, centroids.k)
+    return plan_from_orders(q, k, q_order, k_order, block_q=block_q, block_kv=block_kv, steps=steps, top_p=top_p,
+                            pinned=pinned)
+
+
+def tile_means(x, order, block: int):
+    """f32 `[heads, ceil(tokens / block), d]`: the mean of each tile of `x` `[heads, tokens, d]` in
+    the order of int `[heads, tokens]` (the last tile averages its real tokens only)."""
+    import jax.numpy as jnp
+
+    heads, tokens, d = x.shape
+    sizes = capacities(tokens, block)
+    xs = gather_rows(x, order).astype(jnp.float32)
+    xs = jnp.pad(xs, ((0, 0), (0, len(sizes) * block - tokens), (0, 0)))  # zeros: they add nothing
+    return xs.reshape(heads, len(sizes), block, d).sum(axis=2) / jnp.asarray(sizes, jnp.float32)[None, :, None]
+
+
+def plan_from_orders(q, k, q_order, k_order, *, block_q: int, block_kv: int, steps: int, top_p=None,
+                     pinned=None) -> SemanticPlan:
+    """The plan of given token orders: tiles cut from `q_order` and `k_order` (int `[heads, tokens]`),
+    scored by their means (`tile_scores`), `steps` key tiles kept per query tile (`select_tiles`).
+
+    `semantic_plan` passes its tile-sized clusters; any other order (token order, ordinary
+    k-means sorted and cut: `semantic_clusters.cut_kmeans_order`) gives the plan to compare with."""
+    q_cent, k_cent = tile_means(q, q_order, block_q), tile_means(k, k_order, block_kv)
+    scores = tile_scores(q_cent, k_cent, capacities(q.shape[1], block_kv))
     tiles = select_tiles(scores, steps, top_p=top_p, pinned=pinned)
     return SemanticPlan(q_order, k_order, tiles, SemanticCentroids(q_cent, k_cent), block_q, block_kv, steps)
 
 
 def _cluster_around_sink(k, ck, sink, block_kv, cluster):
-    """Key order and centroids with the sink keys first (whole tiles of them, in token order) and the
-    other keys clustered into the tiles after: the sink tiles' centroids are their means."""
+    """int32 `[heads, tokens]`: the key order with the sink keys first (whole tiles of them, in token
+    order) and the other keys clustered into the tiles after (`ck`: all key tiles' centroids or None)."""
     jax = _jax()
     import jax.numpy as jnp
 
@@ -264,10 +289,8 @@ def _cluster_around_sink(k, ck, sink, block_kv, cluster):
         raise ValueError("the first frame fills every key tile: nothing is left to cluster")
 
     def one(x, c):
-        order_rest, c_rest = cluster(x[rest], c, block_kv)
-        sink_means = x[head_of_line].astype(jnp.float32).reshape(sink_tiles_, block_kv, -1).mean(axis=1)
-        order = jnp.concatenate([jnp.asarray(head_of_line, jnp.int32), jnp.asarray(rest, jnp.int32)[order_rest]])
-        return order, jnp.concatenate([sink_means, c_rest])
+        order_rest = cluster(x[rest], c, block_kv)
+        return jnp.concatenate([jnp.asarray(head_of_line, jnp.int32), jnp.asarray(rest, jnp.int32)[order_rest]])
 
     if ck is None:
         return jax.vmap(lambda x: one(x, None))(k)
