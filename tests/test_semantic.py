@@ -89,3 +89,16 @@ def test_mismatched_shapes_are_refused(problem):
         svg_lib.semantic_plan(q, k, density=0.5, block_q=128, block_kv=256, centroids=plan.centroids)
     with pytest.raises(TypeError, match="plan must be a SemanticPlan"):
         svg_lib.semantic_attention(q, k, v, plan.tiles, interpret=True)
+
+
+def test_first_built_under_jit_then_differentiated_keeps_no_tracer(problem):
+    # the kernel is built (and cached) inside the first caller's trace; a later gradient under
+    # another trace must not meet an array of the first
+    from svg_lib.layers.semantic import _built
+
+    q, k, v, plan = problem
+    _built.cache_clear()
+    run = jax.jit(lambda q, k, v: svg_lib.semantic_attention(q, k, v, plan, interpret=True))
+    first = run(q, k, v)
+    grads = jax.jit(jax.grad(lambda q: jnp.sum(svg_lib.semantic_attention(q, k, v, plan, interpret=True))))(q)
+    assert np.isfinite(np.asarray(first)).all() and np.isfinite(np.asarray(grads)).all()

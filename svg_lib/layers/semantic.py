@@ -336,12 +336,12 @@ def _one_head_b3(*, tokens, head_dim, dtype, block_q, block_kv, block_kv_compute
                           block_kv_compute=block_kv_compute, generation=generation, tables=shapes,
                           q_len=nq * block_q, backward=backward)
     blocks = dict(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=interpret)
-    head_kind = jnp.zeros((1,), jnp.int32)
 
     def not_padding(q_ids, k_ids):  # a selected tile is whole: inside it only key padding is masked
         return k_ids < tokens
 
     def forward(q, k, v, schedule, residuals):
+        head_kind = jnp.zeros((1,), jnp.int32)  # one head, one kind; made per call, never kept from a trace
         return block_sparse_attention(q, k, v, head_kind, schedule, steps=steps, stage="b3", keep=not_padding,
                                       vmem_limit_bytes=budget.forward_limit, residuals=residuals, **blocks)
 
@@ -408,7 +408,10 @@ def semantic_attention(q, k, v, plan: SemanticPlan, *, block_kv_compute: int | N
 @functools.lru_cache(maxsize=16)
 def _built(heads, tokens, head_dim, dtype, block_q, block_kv, steps, block_kv_compute, interpret, backward,
            generation):
-    """The jitted `f(q, k, v, plan)` for one configuration (cached: repeated calls trace once)."""
+    """The jitted `f(q, k, v, plan)` for one configuration (cached: repeated calls trace once).
+
+    It may first be built under a caller's trace (`jax.jit`, `jax.grad`): it holds no array, so
+    no tracer of that trace is kept for later calls."""
     jax = _jax()
 
     nq = -(-tokens // block_q)
