@@ -16,11 +16,17 @@ Everything is jnp with static shapes: one compilation serves every step, however
 move. The plan (`SemanticPlan`) is a pytree, so it crosses `jax.jit` and the centroids in it are
 the state a denoising loop carries.
 
-The kernels run one head at a time (`jax.vmap` over the heads: a loop of one-head kernels, in one
-program). Each head has its own tables, and today's kernels read one table for all heads in the
-backward (`kernels.backward`) and take one predicate per kind of head in the forward (so kinds =
-heads would compile the masked tile body once per head); a per-head table in both would let one
-pallas_call run all heads (the change is described in the issue's notes).
+The kernels run one head at a time (`jax.vmap` over the heads, which jax turns into a loop of
+one-head kernel calls in one program, each slicing its head's q, k, v out first). Each head has
+its own tables, and today's kernels cannot take per-head tables in one call: the backward reads
+one table for all heads (`kernels.backward`), and the forward takes one predicate per kind of head
+(kinds = heads would compile the padding-masked tile body once per head). Per-head tables in both
+would let one pallas_call run all heads, with no slices and a megacore's two cores splitting them.
+
+The backward's transposed schedule gets `steps_t = nq` steps per key tile, the most any selection
+can ask for (a sink key tile is chosen by every query tile). At 20 % density most of them are idle
+steps (no DMA, no compute, only the grid step's overhead); a selection that also caps the query
+tiles per key tile would let a smaller static budget serve.
 
 The permutation is a row gather (`jnp.take_along_axis`), forward and back. Its cost against the
 alternatives (a one-hot matmul on the MXU, a sort carrying the rows) is to be measured with the
