@@ -12,7 +12,7 @@ import pytest
 import svg_lib
 from svg_lib import VideoGeometry, structured_qkv
 from svg_lib.layers.semantic import SemanticPlan, computed_fraction, plan_keep, plan_recall, select_tiles
-from svg_lib.layers.semantic_quality import compare_orders
+from svg_lib.layers.semantic_quality import compare_orders, variable_clusters_on_tiles
 from svg_lib.layers.semantic_clusters import (assign_with_capacity, capacities, cut_kmeans_order, tile_kmeans,
                                               tile_objective)
 
@@ -145,3 +145,13 @@ def test_orders_are_compared_at_equal_computed_pairs(problem):
     # tile-sized clusters make tighter tiles than the sequence's own order, for q and for k
     for key in ("objective_q", "objective_k"):
         assert (figures["tile_kmeans"][key] < figures["token_order"][key]).all()
+
+
+def test_variable_clusters_on_fixed_tiles_compute_a_superset_of_their_pairs(problem):
+    q, k, _, _ = problem
+    figures = variable_clusters_on_tiles(q, k, q_clusters=6, k_clusters=12, density=0.2,
+                                         rows=np.arange(0, 360, 12), iterations=3, **BLOCKS)
+    # every selected cluster pair lies inside the tiles it touches: more computed, more recall
+    assert (figures["selected"] > 0.1).all() and (figures["selected"] < 0.35).all()
+    assert (figures["computed"] >= figures["selected"]).all() and (figures["waste"] > 1).all()
+    assert (figures["recall_tiles"] >= figures["recall_clusters"] - 1e-6).all()

@@ -184,25 +184,33 @@ def tile_objective(x, order, block: int):
     return jnp.mean(jnp.sum((xs - means[label]) ** 2, axis=1))
 
 
-def cut_kmeans_order(x, block: int, *, iterations: int, centroids=None):
-    """The comparison: ordinary (unconstrained) Lloyd k-means with one cluster per tile, tokens
-    sorted by label, then cut into tiles of `block`. Returns `order` int32 `[tokens]`.
-
-    A cluster bigger than a tile spills into the next one, a small one shares its tile."""
+def lloyd_kmeans(x, clusters: int, *, iterations: int, centroids=None):
+    """Ordinary (unconstrained) Lloyd k-means of `x` `[tokens, d]`: `(label int32 [tokens],
+    centroids f32 [clusters, d])`. A cluster left empty keeps its centroid."""
     import jax
     import jax.numpy as jnp
 
-    clusters = -(-x.shape[0] // block)
     c = initial_centroids(x, clusters) if centroids is None else centroids.astype(jnp.float32)
 
     def iteration(_, c):
         label = jnp.argmin(squared_distances(x, c), axis=1)
         sums = jnp.zeros_like(c).at[label].add(x.astype(jnp.float32))
         counts = jnp.zeros(clusters, jnp.float32).at[label].add(1.0)
-        return jnp.where(counts[:, None] > 0, sums / jnp.maximum(counts, 1.0)[:, None], c)  # empty: stays
+        return jnp.where(counts[:, None] > 0, sums / jnp.maximum(counts, 1.0)[:, None], c)
 
     c = jax.lax.fori_loop(0, iterations, iteration, c)
-    return jnp.argsort(jnp.argmin(squared_distances(x, c), axis=1), stable=True).astype(jnp.int32)
+    return jnp.argmin(squared_distances(x, c), axis=1).astype(jnp.int32), c
+
+
+def cut_kmeans_order(x, block: int, *, iterations: int, centroids=None):
+    """The comparison: ordinary k-means (`lloyd_kmeans`) with one cluster per tile, tokens sorted
+    by label, then cut into tiles of `block`. Returns `order` int32 `[tokens]`.
+
+    A cluster bigger than a tile spills into the next one, a small one shares its tile."""
+    import jax.numpy as jnp
+
+    label, _ = lloyd_kmeans(x, -(-x.shape[0] // block), iterations=iterations, centroids=centroids)
+    return jnp.argsort(label, stable=True).astype(jnp.int32)
 
 
 def check_iterations(iterations, rounds=DEFAULT_ROUNDS) -> tuple[int, int]:

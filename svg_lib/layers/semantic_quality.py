@@ -11,13 +11,17 @@ up to the short last tiles) by recall, the share of the dense softmax mass insid
 pairs averaged over sampled queries (`semantic.plan_recall`), and by the k-means objective of
 its tiles (`semantic_clusters.tile_objective`). Arrays in, a dict of NumPy figures out: for a
 notebook's table.
+
+`variable_clusters_on_tiles` measures the other side: SVG2's clusters (ordinary k-means, sizes as
+they fall) on a kernel with fixed tiles, which computes every tile a chosen cluster pair touches.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from svg_lib.layers.semantic import check_qk, computed_fraction, plan_from_orders, plan_recall, tile_budget
-from svg_lib.layers.semantic_clusters import DEFAULT_ROUNDS, cut_kmeans_order, tile_kmeans, tile_objective
+from svg_lib.layers.semantic_clusters import (DEFAULT_ROUNDS, capacities, cut_kmeans_order, lloyd_kmeans, tile_kmeans,
+                                              tile_objective)
 
 ORDERS = ("tile_kmeans", "cut_kmeans", "token_order")
 
@@ -59,3 +63,61 @@ pairs computed (it differs only by which orders' short last tiles were chosen), 
                      "objective_k": objective(k, k_orders[name], block_kv)}
     return {name: {key: np.asarray(value, np.float64) for key, value in figures.items()}
             for name, figures in out.items()}
+
+
+# -- SVG2's variable clusters laid on fixed tiles ---------------------------------------------------
+
+def variable_clusters_on_tiles(q, k, *, q_clusters: int, k_clusters: int, block_q: int, block_kv: int,
+                               density: float, rows, iterations: int = 10) -> dict:
+    """What SVG2's clusters cost on a kernel with fixed tiles: float64 `[heads]` figures.
+
+    Per head: ordinary k-means of q (`q_clusters`) and k (`k_clusters`), tokens sorted by label,
+    and for each query cluster the key clusters of highest centroid score (`semantic.tile_scores`'
+    estimate, with the real cluster sizes) until they hold `density` of the keys. A variable-block
+    kernel computes exactly those cluster pairs ("selected", share of all pairs; "recall_clusters");
+    a fixed-tile kernel computes every `block_q` x `block_kv` tile that any of them touches
+    ("computed"; "recall_tiles"). "waste" = computed / selected.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    heads, tokens, head_dim = check_qk(q, k)
+    rows = jnp.asarray(rows)
+    nq, nk = -(-tokens // block_q), -(-tokens // block_kv)
+
+    def one(qh, kh):
+        lq, cq = lloyd_kmeans(qh, q_clusters, iterations=iterations)
+        lk, ck = lloyd_kmeans(kh, k_clusters, iterations=iterations)
+        size_q = jnp.zeros(q_clusters, jnp.float32).at[lq].add(1.0)
+        size_k = jnp.zeros(k_clusters, jnp.float32).at[lk].add(1.0)
+        score = (cq @ ck.T) / jnp.sqrt(float(head_dim)) + jnp.log(jnp.maximum(size_k, 1e-30))[None, :]
+        score = jnp.where(size_k[None, :] > 0, score, -jnp.inf)
+        # per query cluster: key clusters by score until they hold `density` of the keys
+        order = jnp.argsort(-score, axis=1)
+        held = jnp.cumsum(size_k[order], axis=1) - size_k[order]          # keys held before each
+        chosen = held < density * tokens
+        sel = jnp.zeros(score.shape, bool).at[jnp.arange(q_clusters)[:, None], order].set(chosen)
+        sel = sel & (size_q[:, None] > 0) & (size_k[None, :] > 0)
+        selected = jnp.sum(sel * size_q[:, None] * size_k[None, :]) / tokens ** 2
+        # which tiles each cluster touches in sorted order: tile t holds positions [t*block, (t+1)*block)
+        def touched(label, clusters, block, tiles):
+            pos_tile = jnp.arange(tokens) // block                          # tile of each sorted position
+            sorted_label = jnp.sort(label)
+            return jnp.zeros((tiles, clusters), jnp.float32).at[pos_tile, sorted_label].max(1.0)
+        tq, tk = touched(lq, q_clusters, block_q, nq), touched(lk, k_clusters, block_kv, nk)
+        computed_tiles = (tq @ sel.astype(jnp.float32) @ tk.T) > 0           # [nq, nk]
+        rows_q = jnp.asarray(capacities(tokens, block_q), jnp.float32)
+        cols_k = jnp.asarray(capacities(tokens, block_kv), jnp.float32)
+        computed = jnp.sum(computed_tiles * rows_q[:, None] * cols_k[None, :]) / tokens ** 2
+        # recall: the sampled rows' softmax mass inside the selected pairs and inside the computed tiles
+        p = jax.nn.softmax((qh[rows].astype(jnp.float32) @ kh.astype(jnp.float32).T) / jnp.sqrt(float(head_dim)))
+        in_pairs = sel[lq[rows][:, None], lk[None, :]]
+        pos_q = jnp.zeros(tokens, jnp.int32).at[jnp.argsort(lq, stable=True)].set(jnp.arange(tokens))
+        pos_k = jnp.zeros(tokens, jnp.int32).at[jnp.argsort(lk, stable=True)].set(jnp.arange(tokens))
+        in_tiles = computed_tiles[(pos_q[rows] // block_q)[:, None], (pos_k // block_kv)[None, :]]
+        return (selected, computed, jnp.mean(jnp.sum(p * in_pairs, axis=1)), jnp.mean(jnp.sum(p * in_tiles, axis=1)))
+
+    selected, computed, recall_c, recall_t = jax.jit(jax.vmap(one))(q, k)
+    out = {"selected": selected, "computed": computed, "waste": computed / selected,
+           "recall_clusters": recall_c, "recall_tiles": recall_t}
+    return {key: np.asarray(value, np.float64) for key, value in out.items()}
