@@ -105,3 +105,12 @@ def test_first_built_under_jit_then_differentiated_keeps_no_tracer(problem):
     first = run(q, k, v)
     grads = jax.jit(jax.grad(lambda q: jnp.sum(svg_lib.semantic_attention(q, k, v, plan, interpret=True))))(q)
     assert np.isfinite(np.asarray(first)).all() and np.isfinite(np.asarray(grads)).all()
+
+
+def test_every_tile_selected_is_dense_attention():
+    # density 1: every tile computed, in cluster order, and the output put back is dense attention
+    q, k, v = structured_qkv(GEOMETRY, ["spatial"], head_dim=64, seed=4)
+    plan = plan_jit(q, k, density=1.0, iterations=1, **BLOCKS)
+    assert np.asarray(plan.tiles).all()
+    out = svg_lib.semantic_attention(q, k, v, plan, interpret=True)
+    np.testing.assert_allclose(np.asarray(out), attention_float64(q, k, v), **tolerance("float32"))

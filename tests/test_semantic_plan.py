@@ -155,3 +155,18 @@ def test_variable_clusters_on_fixed_tiles_compute_a_superset_of_their_pairs(prob
     assert (figures["selected"] > 0.1).all() and (figures["selected"] < 0.35).all()
     assert (figures["computed"] >= figures["selected"]).all() and (figures["waste"] > 1).all()
     assert (figures["recall_tiles"] >= figures["recall_clusters"] - 1e-6).all()
+
+
+@pytest.mark.parametrize("tokens,block_q,block_kv,density", [(100, 128, 128, 1.0), (300, 256, 128, 0.34),
+                                                              (300, 128, 256, 1.0)])
+def test_plans_at_edge_sizes(tokens, block_q, block_kv, density):
+    # fewer tokens than one tile, unequal blocks, every tile: the shapes and the budget still hold
+    rng = np.random.default_rng(tokens)
+    q, k = (jnp.asarray(rng.standard_normal((1, tokens, 16)), jnp.float32) for _ in range(2))
+    plan = plan_jit(q, k, block_q=block_q, block_kv=block_kv, density=density, iterations=0)
+    nq, nk = -(-tokens // block_q), -(-tokens // block_kv)
+    assert plan.tiles.shape == (1, nq, nk)
+    assert (np.asarray(plan.tiles).sum(axis=2) == max(1, round(density * nk))).all()
+    assert (np.sort(np.asarray(plan.q_order)) == np.arange(tokens)).all()
+    if density == 1.0:
+        assert float(computed_fraction(plan)[0]) == 1.0
