@@ -33,8 +33,11 @@ STAMP       := $(VENV)/.svg-lib-installed
 LAB_ARGS    ?=
 PYTEST_ARGS ?=
 # pytest-xdist workers: one per core by default. --dist loadfile keeps each test file (its module
-# fixtures: built and compiled kernels) and each notebook (its kernel) on one worker.
+# fixtures: built and compiled kernels) and each notebook (its kernel) on one worker;
+# --no-loadscope-reorder hands files out in collection order, where tests/conftest.py puts the
+# slowest first. --durations prints the slowest items at the end of each stage.
 PYTEST_WORKERS ?= auto
+PYTEST_DIST    := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 .PHONY: lab test test-colab setup browser clean
 
@@ -48,7 +51,7 @@ lab: $(LAB_STAMP)
 # Exit status 5 means pytest collected nothing. tests/ always holds tests, so that points at
 # a broken checkout or a PYTEST_ARGS filter that matches nothing; it stays a failure.
 test: $(STAMP) browser
-	@status=0; SVG_LIB_REQUIRE_TPU_COMPILER=1 $(VENV_PYTHON) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || status=$$?; \
+	@status=0; SVG_LIB_REQUIRE_TPU_COMPILER=1 $(VENV_PYTHON) -m pytest $(PYTEST_DIST) $(PYTEST_ARGS) || status=$$?; \
 	if [ $$status -eq 5 ]; then \
 	  echo "make test: pytest collected no tests (exit 5). tests/ should always have some:" \
 	       "check the checkout and PYTEST_ARGS='$(PYTEST_ARGS)'." >&2; \

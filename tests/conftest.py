@@ -32,3 +32,59 @@ def tpu_compiler():
             pytest.fail(message)
         pytest.skip(message)
     return compiler
+
+
+# --- the order pytest-xdist hands out files ---------------------------------------------------
+# `make test` runs `-n auto --dist loadfile --no-loadscope-reorder`: each worker takes the next
+# whole file (or notebook) in collection order when it runs low. A file that takes minutes, started
+# last, leaves the other core idle until it ends, so the slowest ones are put first, longest first;
+# the rest keep their order and fill in behind. Seconds of worker time measured by
+# `--durations=0` on the 2-core machine under other load (fa3d977, 2026-12-04), the notebooks by
+# tools/execute-notebooks.py; only the order matters, so a stale figure costs time, never coverage.
+SLOWEST_FIRST = (
+    "tests/test_compiler.py",                        # 693 s: every method at the blog's size, 2 chips
+    "tests/test_bounded_max.py",                     # 573 s
+    "tests/test_backward.py",                        # 564 s
+    "notebooks/09_scaling_out.ipynb",                # 505 s: the blog's 8-chip layer compiled
+    "tests/test_vmem.py",                            # ~520 s: estimate against the compiler
+    "tests/test_in_model.py",                        # 366 s
+    "tests/test_lowering.py",                        # 294 s
+    "tests/test_cores.py",                           # 289 s
+    "tests/test_multichip.py",                       # 273 s
+    "tests/test_bench.py",                           # 224 s
+    "tests/test_kernels.py",                         # 180 s
+    "tests/test_routing.py",                         # 174 s
+    "tests/test_sliding.py",                         # 173 s
+    "notebooks/11_training_with_sparse_attention.ipynb",  # 146 s
+    "tests/test_masks.py",                           # 119 s
+    "notebooks/10_sliding_tiles.ipynb",              # 115 s
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Slowest files first (SLOWEST_FIRST), the rest after them in collection order. A stable sort
+    by file only: the tests of a file, and a notebook's cells, keep their own order."""
+    rank = {path: i for i, path in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
+# --- where the time went, per file ------------------------------------------------------------
+# `--durations` names the slowest single items (a notebook's cells are items); this sums each
+# file's setup, call and teardown, so the list above can be kept in order. Printed with
+# --durations only. Under xdist the reports reach the controller, which prints the summary.
+_FILE_SECONDS: dict = {}
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if not config.getoption("durations", None) or not _FILE_SECONDS:
+        return
+    slowest = sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:15]
+    terminalreporter.write_sep("=", f"slowest {len(slowest)} files (seconds of one worker)")
+    for path, seconds in slowest:
+        terminalreporter.write_line(f"{seconds:8.1f}s  {path}")
+    terminalreporter.write_line(f"{sum(_FILE_SECONDS.values()):8.1f}s  all {len(_FILE_SECONDS)} files")
