@@ -297,12 +297,22 @@ def test_choose_mesh_devices_on_this_process_uses_jax():
 
 
 def _notebook_script(path: Path) -> str:
-    """Notebook 09's code cells as one script (it uses no IPython magics)."""
+    """Notebook 09's code cells as one script (it uses no IPython magics), but for section 6's
+    compile of the case study's 8-chip layer (40 heads, 75,600 tokens: minutes of a core). That
+    cell reads nothing of the devices chosen, so it does here what it does in the notebook, which
+    nbval and the Colab replica run whole; here its result is None, and the cells reading it skip
+    as they do without libtpu."""
     import json
 
     cells = json.loads(path.read_text())["cells"]
     code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
     assert not any(line.lstrip().startswith(("%", "!")) for cell in code for line in cell.splitlines())
+    blog_compile = [i for i, cell in enumerate(code) if "compile_sharded_layer(blog.mask()" in cell]
+    assert len(blog_compile) == 1, "notebook 09 should compile the case study's layer in one cell"
+    cell = code[blog_compile[0]]
+    assert "choice" not in cell and "devices" not in cell and "\ntpu_layer = None\n" in cell, cell
+    kept = cell[:cell.index("\ntpu_layer = None\n")]  # its imports and the preset, not the compile
+    code[blog_compile[0]] = kept + "\ntpu_layer = None   # compiled in the notebook itself (see _notebook_script)"
     return "\n\n".join(code)
 
 
