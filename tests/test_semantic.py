@@ -90,6 +90,8 @@ def test_mismatched_shapes_are_refused(problem):
         svg_lib.semantic_attention(q, k, v[:, :300], plan, interpret=True)
     with pytest.raises(ValueError, match="centroids.k must be shaped"):
         svg_lib.semantic_plan(q, k, density=0.5, block_q=128, block_kv=256, centroids=plan.centroids)
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        svg_lib.semantic_attention(*(x.astype(jnp.float16) for x in (q, k, v)), plan, interpret=True)
     with pytest.raises(TypeError, match="plan must be a SemanticPlan"):
         svg_lib.semantic_attention(q, k, v, plan.tiles, interpret=True)
 

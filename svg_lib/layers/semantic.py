@@ -405,6 +405,8 @@ def semantic_attention(q, k, v, plan: SemanticPlan, *, block_kv_compute: int | N
     `interpret`: None runs compiled on a TPU and in interpret mode elsewhere.
     """
     heads, tokens, head_dim = check_qkv(q, k, v)
+    if str(q.dtype) not in ("float32", "bfloat16"):
+        raise ValueError(f"q, k, v must be float32 or bfloat16 (the kernels' dtypes), got {q.dtype}")
     plan = check_plan(plan, heads, tokens)
     fn = _built(heads, tokens, head_dim, str(q.dtype), plan.block_q, plan.block_kv, plan.steps, block_kv_compute,
                 interpret, backward, generation)
