@@ -169,3 +169,10 @@ def test_plans_at_edge_sizes(tokens, block_q, block_kv, density):
     assert (np.sort(np.asarray(plan.q_order)) == np.arange(tokens)).all()
     if density == 1.0:
         assert float(computed_fraction(plan)[0]) == 1.0
+
+
+def test_a_sink_wider_than_the_budget_is_refused():
+    geometry = VideoGeometry(4, 16, 16)  # 256 tokens per frame: two key tiles of sink; 8 key tiles in all
+    q, k, _ = structured_qkv(geometry, ["local3d"], head_dim=16, seed=2)
+    with pytest.raises(ValueError, match="first frame's keys fill 2 key tiles, more than the 1"):
+        svg_lib.semantic_plan(q, k, density=0.125, iterations=1, geometry=geometry, **BLOCKS)

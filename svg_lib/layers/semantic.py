@@ -226,7 +226,6 @@ def semantic_plan(q, k, *, block_q: int, block_kv: int, density: float, iteratio
     Traceable: call it inside `jax.jit` (q, k traced; the blocks, density, iterations static).
     """
     jax = _jax()
-    import jax.numpy as jnp
 
     heads, tokens, head_dim = check_qk(q, k)
     block_q = check_block_size("block_q", block_q)
@@ -238,6 +237,9 @@ def semantic_plan(q, k, *, block_q: int, block_kv: int, density: float, iteratio
     steps = tile_budget(density, nk)
     centroids = _check_centroids(centroids, heads, nq, nk, head_dim)
     sink, pinned = sink_tiles(geometry, block_kv, tokens)
+    if pinned is not None and pinned.sum() > steps:
+        raise ValueError(f"the first frame's keys fill {pinned.sum()} key tiles, more than the {steps} a query tile "
+                         f"may compute at density {density}; raise the density or the blocks")
 
     def cluster(x, c, block):
         return tile_kmeans(x, block, iterations=iterations, centroids=c, rounds=rounds)[0]
