@@ -50,8 +50,13 @@ lab: $(LAB_STAMP)
 # pytest reads testpaths and the nbval options (strict output comparison) from pyproject.toml.
 # Exit status 5 means pytest collected nothing. tests/ always holds tests, so that points at
 # a broken checkout or a PYTEST_ARGS filter that matches nothing; it stays a failure.
+# The replica's environment is installed beside the pinned stage (tools/test-colab.sh --setup: mostly
+# downloads), its log in .colab/setup.log; should that fail, make test-colab installs it again.
 test: $(STAMP) browser
-	@status=0; SVG_LIB_REQUIRE_TPU_COMPILER=1 $(VENV_PYTHON) -m pytest $(PYTEST_DIST) $(PYTEST_ARGS) || status=$$?; \
+	@mkdir -p .colab; PYTHON=$(PYTHON) bash tools/test-colab.sh --setup > .colab/setup.log 2>&1 & setup=$$!; \
+	status=0; SVG_LIB_REQUIRE_TPU_COMPILER=1 $(VENV_PYTHON) -m pytest $(PYTEST_DIST) $(PYTEST_ARGS) || status=$$?; \
+	wait $$setup || { cat .colab/setup.log; echo "make test: installing the Colab replica beside the tests" \
+	  "failed (above); make test-colab tries again" >&2; }; \
 	if [ $$status -eq 5 ]; then \
 	  echo "make test: pytest collected no tests (exit 5). tests/ should always have some:" \
 	       "check the checkout and PYTEST_ARGS='$(PYTEST_ARGS)'." >&2; \

@@ -37,6 +37,8 @@
 #    at smaller tiles (test_vmem's points, test_in_model, test_smem), which compile in seconds.
 # 6. pip freeze before and after: the run fails if anything the runtime had was changed.
 #
+# `tools/test-colab.sh --setup` does step 1 only (make test runs it beside the pinned stage).
+#
 # Colab runs Python 3.13; this replica uses $PYTHON (3.11 here), and says so.
 set -euo pipefail
 export PYDEVD_DISABLE_FILE_VALIDATION=1  # ipykernel 6.17 warns about frozen modules in every kernel otherwise
@@ -63,6 +65,9 @@ if [ ! -f "$stamp" ]; then
   "$VENV/bin/python" -m pip install -q --no-deps $TOOLS
   touch "$stamp"
 fi
+# `make test` runs step 1 alone (--setup) beside the pinned stage: installing is mostly waiting
+# on downloads and the disk, while the tests keep both cores busy.
+[ "${1:-}" = --setup ] && exit 0
 echo "make test-colab: Colab's TPU runtime replicated on $("$PY" -V) (Colab: Python 3.13):" \
      "$(cd /tmp && "$PY" -c 'import jax, jaxlib, numpy; from importlib.metadata import version as v; print("jax", jax.__version__ + ", jaxlib", jaxlib.__version__ + ", libtpu", v("libtpu") + ", numpy", numpy.__version__)')"
 "$PY" -m pip freeze --all > "$WORK/freeze-before.txt"
