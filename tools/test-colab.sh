@@ -31,10 +31,11 @@
 #      test_layers.py    import-linter on the source text.
 # 5. Colab's libtpu compiles B3 at the case study's size (the blog preset: 75,600 tokens,
 #    3328 x 1536 tiles) for a v5e (Colab's free tier) and a v6e (the blog's chip), one process
-#    per target, side by side: the series' headline kernel, its schedule tables in SMEM and its
-#    VMEM at the blog's tiles, with the compiler a Colab reader has. Every other method is
-#    compiled at this size by the pinned stage (test_compiler.py), and with Colab's libtpu here
-#    at smaller tiles (test_vmem's points, test_in_model, test_smem), which compile in seconds.
+#    per target, in the background from the start of step 3 (three to four minutes of a core
+#    each): the series' headline kernel, its schedule tables in SMEM and its VMEM at the blog's
+#    tiles, with the compiler a Colab reader has. Every other method is compiled at this size by
+#    the pinned stage (test_compiler.py), and with Colab's libtpu here at smaller tiles
+#    (test_vmem's points, test_in_model, test_smem), which compile in seconds.
 # 6. pip freeze before and after: the run fails if anything the runtime had was changed.
 #
 # `tools/test-colab.sh --setup` does step 1 only (make test runs it beside the pinned stage).
@@ -91,6 +92,17 @@ for path in "$CLONE"/notebooks/[0-9]*.ipynb "$CLONE"/notebooks/A_*.ipynb "$CLONE
   case " ${notebooks[*]} " in *" $path "*) ;; *) notebooks+=("$path") ;; esac
 done
 
+# Step 5 starts first, in the background and at a lower priority (nice): each compile is three to
+# four minutes of one core (jax 0.7.2, libtpu 0.0.21.1; the pinned libtpu takes well under one),
+# which fill the minutes where the notebooks or the unit tests leave a core idle; the run waits
+# for them at the end.
+logs="$(pwd)/$WORK"  # the compiles run in the copy: their logs need a path that does not depend on it
+rm -f "$logs"/compile-*.log "$logs"/compile-*.status
+for target in v5e v6e; do
+  (cd "$CLONE" && nice -n 10 env -u PYTHONPATH "$PY" -m svg_lib compile --preset blog --methods b3 \
+     --target "$target" > "$logs/compile-$target.log" 2>&1; echo $? > "$logs/compile-$target.status") &
+done
+
 status=0
 echo "make test-colab: every notebook (${#notebooks[@]}), working directory $CONTENT, through its own first cell"
 (cd "$CONTENT" && env -u PYTHONPATH "$PY" "svg-tpu/tools/execute-notebooks.py" --check --cwd . --jobs 0 \
@@ -104,13 +116,7 @@ echo "make test-colab: unit tests (left to the pinned stage: $PINNED_ONLY)"
    -n "$WORKERS" --dist loadfile --no-loadscope-reorder --durations=25 -p no:cacheprovider \
    "${ignore[@]}" ${PYTEST_ARGS:-} tests) || status=1
 
-echo "make test-colab: Colab's libtpu compiles b3 at the case study's size for v5e and v6e"
-# one process per target, side by side: each compile is one to four minutes of one core
-logs="$(pwd)/$WORK"  # the compiles run in the copy: their logs need a path that does not depend on it
-for target in v5e v6e; do
-  (cd "$CLONE" && env -u PYTHONPATH "$PY" -m svg_lib compile --preset blog --methods b3 \
-     --target "$target" > "$logs/compile-$target.log" 2>&1; echo $? > "$logs/compile-$target.status") &
-done
+echo "make test-colab: waiting for Colab's libtpu to compile b3 at the case study's size for v5e and v6e"
 wait
 for target in v5e v6e; do
   cat "$logs/compile-$target.log" || true
