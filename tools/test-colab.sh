@@ -104,19 +104,19 @@ for target in v5e v6e; do
 done
 
 status=0
-echo "make test-colab: every notebook (${#notebooks[@]}), working directory $CONTENT, through its own first cell"
+echo "make test-colab: every notebook (${#notebooks[@]}), working directory $CONTENT, through its own first cell ($(date -u +%T) UTC)"
 (cd "$CONTENT" && env -u PYTHONPATH "$PY" "svg-tpu/tools/execute-notebooks.py" --check --cwd . --jobs 0 \
    "${notebooks[@]}") || status=1
 
 PINNED_ONLY="test_browser test_compiler test_cost test_masks test_planner test_layers"  # see step 4 above
 ignore=()
 for name in $PINNED_ONLY; do ignore+=("--ignore=tests/$name.py"); done
-echo "make test-colab: unit tests (left to the pinned stage: $PINNED_ONLY)"
+echo "make test-colab: unit tests (left to the pinned stage: $PINNED_ONLY), $(date -u +%T) UTC"
 (cd "$CLONE" && env -u PYTHONPATH SVG_LIB_REQUIRE_TPU_COMPILER=1 "$PY" -m pytest -o addopts="" -ra -q \
    -n "$WORKERS" --dist loadfile --no-loadscope-reorder --durations=25 -p no:cacheprovider \
    "${ignore[@]}" ${PYTEST_ARGS:-} tests) || status=1
 
-echo "make test-colab: waiting for Colab's libtpu to compile b3 at the case study's size for v5e and v6e"
+echo "make test-colab: waiting for Colab's libtpu to compile b3 at the case study's size for v5e and v6e ($(date -u +%T) UTC)"
 wait
 for target in v5e v6e; do
   cat "$logs/compile-$target.log" || true
