@@ -326,7 +326,7 @@ COMPILER_POINTS = [
     # (its blocks alone need more than 16 MiB: "Scoped allocation ... limit") and the second
     # (blocks and mask block fit, but the program with Splash's intermediates does not: "Used
     # 22.39M of 16.00M vmem"), and accepts the third: there the estimate is conservative.
-    ("v4", "dense", 256, 8192, None, "float32", None, False, False),
+    ("v4", "dense", 128, 8192, None, "float32", None, False, False),
     ("v4", "splash_dense", 1024, 1536, None, "bfloat16", "blocks", False, False),
     ("v4", "b1", 768, 1024, 1024, "bfloat16", None, False, True),
     ("v4", "b1", 512, 1024, 1024, "bfloat16", None, True, True),
