@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from svg_lib import SVGMask, VideoGeometry, b3_mask, build_attention
+from svg_lib import SVGMask, VideoGeometry, attention, b3_mask, build_attention
 from svg_lib.kernels import forward
 from svg_lib.kernels.tolerances import tolerance
 from test_kernels import HOLEY, attention64
@@ -144,3 +144,131 @@ def test_rows_at_the_edge_of_the_slack(body_counts, gap, interp):
     np.testing.assert_allclose(got, attention64(*qkv), **tolerance("float32"))
     switched = body_counts["bounded"] > 0
     assert switched == (gap < forward.BOUND_SLACK), dict(body_counts)
+
+
+def _adversarial(kind, head_dim, score, tokens=256, seed=5):
+    """q, k, v (float64 NumPy) whose largest scores are about `score` (after the 1/sqrt(head_dim)
+    scale) and sit at their Cauchy-Schwarz bound, where float rounding can put a computed score
+    above a computed bound: "identical", every token the same vector (q = k: every score is its
+    bound, all equal, so the answer is the mean of v); "parallel", every query parallel to the one
+    key of largest norm (that key's score is the bound, every other score far below: the answer is
+    that key's value row)."""
+    rng = np.random.default_rng(seed)
+    v = rng.standard_normal((1, tokens, head_dim))
+    if kind == "identical":
+        x = rng.standard_normal(head_dim)
+        x *= math.sqrt(score * math.sqrt(head_dim)) / np.linalg.norm(x)
+        q = k = np.broadcast_to(x, (1, tokens, head_dim))
+    elif kind == "parallel":
+        k = rng.standard_normal((1, tokens, head_dim))
+        top = tokens // 3
+        k[0, top] *= 3.0 * np.linalg.norm(k, axis=-1).max() / np.linalg.norm(k[0, top])
+        q = np.broadcast_to(k[0, top] * (score * math.sqrt(head_dim) / np.sum(k[0, top] ** 2)), (1, tokens, head_dim))
+    else:
+        raise ValueError(kind)
+    return q, k, v
+
+
+# (kind, score, seed): whether rounding puts a score above its bound depends on the vector, so several
+# vectors at the scores where it happened (with no margin, 2 to 4 of these 6 identical-token heads
+# went NaN at each head_dim in float32, plain interpreter)
+ADVERSARIAL = [("identical", score, seed) for score in (1e9, 1e10) for seed in range(3)] + \
+              [("identical", 1e7, 0), ("parallel", 1e9, 0)]
+
+
+def _adversarial_heads(head_dim, dtype):
+    """Every case of ADVERSARIAL as one head of a `[8, 256, head_dim]` problem (the bound is per head)."""
+    cases = [_adversarial(kind, head_dim, score, seed=seed) for kind, score, seed in ADVERSARIAL]
+    return tuple(jnp.asarray(np.concatenate([c[n] for c in cases]), dtype) for n in range(3))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_scores_at_their_bound_stay_finite_and_exact(dtype, head_dim):
+    """Scores of 1e7 to 1e9 at their bound: float32 rounding of the score and of the bound once made
+    exp(s - bound) overflow (the whole query tile NaN, head_dim 64 and 256 at 1e9). With the bound's
+    margin these tiles keep the running max and match float64 exactly."""
+    q, k, v = _adversarial_heads(head_dim, dtype)
+    got = _run("dense", None, (q, k, v), True)
+    want = attention64(q, k, v)
+    for h, case in enumerate(ADVERSARIAL):
+        assert np.isfinite(got[h]).all(), case
+        np.testing.assert_allclose(got[h], want[h], **tolerance(dtype), err_msg=f"{case}, {dtype}, {head_dim}")
+
+
+@pytest.mark.parametrize("method", ["dense", "b3"])
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_scores_at_their_bound_in_the_tpu_interpreter(method, head_dim):
+    """The same inputs in the interpreter that runs the TPU's code path (float32, scores of 1e9)."""
+    q, k, v = (jnp.asarray(x, jnp.float32) for x in _adversarial("identical", head_dim, 1e9))
+    geometry = VideoGeometry(2, 8, 16)  # 256 tokens
+    mask = SVGMask.spatial(geometry, 0.35)
+    got = _run(method, mask, (q, k, v), _interpret("tpu"))
+    want = attention64(q, k, v, None if method == "dense" else b3_mask(mask, 128, 128).to_dense())
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, **tolerance("float32"))
+
+
+@pytest.mark.parametrize("kind", ["identical", "parallel"])
+def test_moderate_scores_at_their_bound_still_take_the_bound(body_counts, kind):
+    """The margin costs nothing where scores are ordinary: at their bound with scores near 10, every
+    query tile still switches after its first step."""
+    q, k, v = (jnp.asarray(x, jnp.float32) for x in _adversarial(kind, 128, 10.0))
+    _run("dense", None, (q, k, v), True)
+    assert body_counts == {"running": 2, "bounded": 2}  # 2 query tiles x (1 running + 1 bounded)
+
+
+def test_a_failing_tile_tests_the_bound_once(monkeypatch):
+    """A query tile whose rows fail the bound's test keeps the running max without testing again:
+    the test runs once per query tile, whatever the number of steps (4 query tiles x 4 key tiles)."""
+    tries = collections.Counter()
+    original = forward._try_bound
+
+    def counted(*args, **kwargs):
+        jax.debug.callback(lambda: tries.update(["try"]))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(forward, "_try_bound", counted)
+    _run("dense", None, _inputs("wide", MASK.tokens), True)
+    assert tries["try"] == 2 * 4  # heads x query tiles
+
+
+def test_gradients_at_the_bound_stay_finite():
+    """jax.grad through the dense kernels (forward with the bound, fused backward) on the same heads."""
+    q, k, v = _adversarial_heads(64, "float32")
+
+    def loss(q, k, v):
+        return jnp.sum(attention(q, k, v, None, method="dense", block_q=128, block_kv=128, interpret=True) * v)
+
+    for name, g in zip("qkv", jax.grad(loss, argnums=(0, 1, 2))(q, k, v)):
+        assert np.isfinite(np.asarray(g)).all(), f"d{name}"
+
+
+def _tiles_that_switched(monkeypatch):
+    """Records, at run time, each `_try_bound` call's verdict (the flag it leaves) in call order."""
+    verdicts = []
+    original = forward._try_bound
+
+    def recorded(q_ref, m_ref, l_ref, acc_ref, flag_ref, *args):
+        original(q_ref, m_ref, l_ref, acc_ref, flag_ref, *args)
+        jax.debug.callback(lambda f: verdicts.append(int(f) == forward.BOUNDED), flag_ref[0])
+
+    monkeypatch.setattr(forward, "_try_bound", recorded)
+    return verdicts
+
+
+@pytest.mark.parametrize("method", ["dense", "b2", "b3"])
+def test_the_pass_rate_is_what_the_kernels_decide(monkeypatch, method):
+    """`bound_pass_rate` (a float64 mirror of the kernels' test) against the verdicts the kernels
+    reach, on heads where some query tiles pass and some fail (a few rows scaled far out)."""
+    from svg_lib.layers.profiling import bound_pass_rate
+    q, k, v = (np.asarray(x, np.float64) for x in _inputs("ordinary", MASK.tokens, heads=2))
+    q[0, 130:140] *= 40.0   # query tile 1 of head 0: rows whose bound runs far above their max
+    q[1, 300:310] *= 40.0   # query tile 2 of head 1
+    verdicts = _tiles_that_switched(monkeypatch)
+    mask = None if method == "dense" else MASK
+    _run(method, MASK, tuple(jnp.asarray(x, jnp.float32) for x in (q, k, v)), True)
+    rate = bound_pass_rate(q, k, mask, method=method, block_q=128, block_kv=128)
+    tiles = len(verdicts) // 2
+    assert 0 < np.mean(verdicts) < 1
+    np.testing.assert_allclose(rate, [np.mean(verdicts[:tiles]), np.mean(verdicts[tiles:])])

@@ -26,16 +26,20 @@ output is made in HBM (at the case study's size, 75,600 tokens and 3328 x 1536 t
 copies were about 749 MiB of temporaries, compile-only v6e).
 
 The bounded max. The running max costs, at every slice of keys, a row max of the scores and a
-rescale of l and acc. A query tile's first step runs that body; then `_try_bound` tests whether
-each row's Cauchy-Schwarz bound |q_i| max|k| lies within BOUND_SLACK of the max it has seen, and
-if every row passes, the tile's later steps subtract the bound instead: exp, the row sum and the
-two matmuls, nothing else. Decided per query tile at run time (tests/test_bounded_max.py counts
-which body ran); a tile that fails keeps the running max, so every input gets the exact result.
-Simulated cycles per step (the compiler's static profile, libtpu 0.0.42.1, bf16, head_dim 128,
-`svg_lib.tpu.cost`; the floor is the tile's two matmuls alone): at the blog's 3328 x 1536 tiles
-on a v6e the bounded mask-free body costs 10,436 (1.01x its floor of 10,326; the running-max
-body 11,895, 1.15x; the body before the bound 13,284, 1.29x; Splash 14,411, 1.40x); on a v5e
-20,222 (1.00x of 20,214).
+rescale of l and acc. A query tile's first step runs that body; then `_try_bound` tests, once,
+whether each row's Cauchy-Schwarz bound |q_i| max|k| (with a relative margin that float rounding
+cannot cross, `BOUND_MARGIN`) lies within BOUND_SLACK of the max it has seen: if every row passes,
+the tile's later steps subtract the bound instead: exp, the row sum and the two matmuls, nothing
+else; if not, the tile keeps the running max to its end without testing again. Decided per query
+tile at run time (tests/test_bounded_max.py counts which body ran and how often the test did), so
+every input gets the exact result, scores of 1e9 at their bound included. How often tiles pass
+depends on the activations (`svg_lib.tpu.cost` models both). Simulated cycles per step (the
+compiler's static profile, libtpu 0.0.42.1, bf16, head_dim 128, `svg_lib.tpu.cost`; the floor is
+the tile's two matmuls alone): at the blog's 3328 x 1536 tiles on a v6e the bounded mask-free
+body costs 10,436 (1.01x its floor of 10,326; the running-max body 11,895, 1.15x; the body before
+the bound 13,284, 1.29x; Splash 14,411, 1.40x); on a v5e 20,222 (1.00x of 20,214). At head_dim 128
+a v6e's 256-wide MXU runs `p v` at half its width, so the floor itself is about half the chip's
+peak (a v5e's 128-wide MXUs: near all of it).
 
 Code size. Every `pl.when` branch is compiled, so a kernel carries one copy of the tile body
 per kind it can run, and now two of each (running and bounded). At the blog's tiles (v6e, the
@@ -181,15 +185,30 @@ def _online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_
 
 # -- the bounded max ---------------------------------------------------------------------------
 # The running max costs a row max of every score block and a rescale of l and acc at every slice.
-# A fixed m works as well as long as (a) no score exceeds it by much (exp would overflow) and (b)
-# it is not so far above the row's real max that the terms that matter underflow. Cauchy-Schwarz
-# gives (a) for free: q_i . k_j <= |q_i| max_j |k_j| =: b_i. For (b), a query tile switches from
-# the running max to b only once, at run time, every row's b_i is within BOUND_SLACK of the max
-# that row has already seen over kept keys: then every term within 27 of the row's final max is
-# at least exp(-87), a normal float32 (and bfloat16, same exponent range), and what is lost
-# weighs less than exp(-27) each. Tiles whose rows fail the test (rows that have seen no kept key,
-# scores spanning more than BOUND_SLACK, inf or nan in the bound) keep the running max.
+# A fixed m works as well as long as (a) no score exceeds it (exp would overflow) and (b) it is not
+# so far above the row's real max that the terms that matter underflow. Cauchy-Schwarz gives (a):
+# q_i . k_j <= |q_i| max_j |k_j| =: b_i, in exact arithmetic. In float32 a computed score can exceed
+# the computed b_i by its rounding error, at most about head_dim * 2^-24 of |q_i| max|k| (scores of
+# 1e9 overflow exp by ~100 units: identical tokens, tied projections); so the bound carries a
+# relative margin, BOUND_MARGIN = 2^-10, over 16 times that error at head_dim 1024, and no computed
+# score reaches it. For (b), a query tile switches from the running max to the bound once, at run
+# time, only when every row's bound is within BOUND_SLACK of the max that row has already seen over
+# kept keys: then every term within 27 of the row's final max is at least exp(-87), a normal
+# float32 (and bfloat16, same exponent range), and what is lost weighs less than exp(-27) each.
+# Tiles whose rows fail (rows that have seen no kept key, scores spanning more than BOUND_SLACK,
+# huge scores whose margin alone exceeds it, inf or nan in the bound) keep the running max.
+# One cost the shift has: p = exp(s - bound) can be as small as exp(-BOUND_SLACK) ~ 1e-26 for a
+# row's largest term, so a product p * v underflows float32's normal range (1.2e-38, below which a
+# TPU flushes to zero) where |v| is below ~1e-12; the running max keeps the largest p at 1.
 BOUND_SLACK = 60.0
+BOUND_MARGIN = 2.0 ** -10
+# The per-query-tile state of the bound (`flag_ref[0]`): the test is made once, after the tile's
+# first step; a tile that fails keeps the running max to its end with no further test (a test at
+# every step cost more than the running body it would save: 12,649-13,716 simulated cycles per step
+# at the blog's tiles on a v6e against 11,895). RUNNING is 0 because the compiler's static profile
+# reads SMEM as zeros: a simulated kernel then takes the failing tile's path, the running max with
+# no test, which is also the cost a probe of that path measures (svg_lib.tpu.probes).
+RUNNING, BOUNDED, UNDECIDED = 0, 1, 2
 
 
 def _key_norm_max(k):
@@ -204,15 +223,17 @@ def _key_norm_max(k):
 
 
 def _try_bound(q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_max, interpret=False):
-    """After a running-max tile: switch this query tile to the bounded max if every row's bound
-    b = |q_i| max|k| lies within BOUND_SLACK of its running max (one test for the whole tile,
-    so that the next tiles take one branch). The switch rescales l and acc to m = b."""
+    """After a query tile's first running-max step: switch the tile to the bounded max if every
+    row's bound b = |q_i| max|k| (1 + BOUND_MARGIN) lies within BOUND_SLACK of its running max (one
+    test for the whole tile, so that the next steps take one branch), else keep the running max
+    for good. The switch rescales l and acc to m = b."""
     q = q_ref[...].astype(jnp.float32)
-    bound = jnp.sqrt(jnp.sum(q * q, axis=1, keepdims=True)) * key_norm_max   # [block_q, 1]
+    bound = jnp.sqrt(jnp.sum(q * q, axis=1, keepdims=True)) * (key_norm_max * (1.0 + BOUND_MARGIN))  # [block_q, 1]
     m = m_ref[...]
     gap = bound - m                                                          # [block_q, 128]
     # nan (an inf or nan input) fails the test: max(nan) is nan and nan <= x is False
     ok = jnp.max(gap) <= BOUND_SLACK
+    flag_ref[0] = RUNNING
 
     @pl.when(ok)
     def _():
@@ -221,18 +242,18 @@ def _try_bound(q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_max, interpret=F
         l_ref[...] = alpha * l_ref[...]
         acc_ref[...] = _lanes(alpha, acc_ref.shape[1], interpret) * acc_ref[...]
         m_ref[...] = b
-        flag_ref[0] = 1
+        flag_ref[0] = BOUNDED
 
 
 def _visit(tile, keep, flag_ref, switch):
     """One tile: with the bounded max once this query tile has switched to it, else with the
-    running max, then `switch()` tries the bound (`_try_bound`)."""
-    pl.when(flag_ref[0] == 1)(functools.partial(tile, keep=keep, bounded=True))
+    running max, after which a tile still undecided tries the bound (`switch`, `_try_bound`)."""
+    pl.when(flag_ref[0] == BOUNDED)(functools.partial(tile, keep=keep, bounded=True))
 
-    @pl.when(flag_ref[0] == 0)
+    @pl.when(flag_ref[0] != BOUNDED)
     def _():
         tile(keep=keep, bounded=False)
-        switch()
+        pl.when(flag_ref[0] == UNDECIDED)(switch)
 
 
 def _plain_interpreter(interpret) -> bool:
@@ -274,7 +295,7 @@ def _init_state(m_ref, l_ref, acc_ref, flag_ref=None):
     l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
     acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
     if flag_ref is not None:
-        flag_ref[0] = 0  # every query tile starts with the running max
+        flag_ref[0] = UNDECIDED  # every query tile starts with the running max
 
 
 def _finish(m_ref, l_ref, acc_ref, o_ref, interpret=False, lse_ref=None):

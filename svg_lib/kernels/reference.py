@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from svg_lib.core.masks import Mask
-from svg_lib.kernels.forward import matmul_precision
+from svg_lib.kernels.forward import BOUND_MARGIN, BOUND_SLACK, MASK_VALUE, matmul_precision
 
 
 def check_qkv(q, k, v):
@@ -150,3 +150,39 @@ def attention_gradients_float64(q, k, v, dout, mask=None):
     dp = np.einsum("hqd,hkd->hqk", dout, v)
     ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
     return np.einsum("hqk,hkd->hqd", ds, k) * scale, np.einsum("hqk,hqd->hkd", ds, q) * scale, dv
+
+
+def bound_test(q, k, *, block_q: int, block_kv: int, first_kv=None, keep=None) -> np.ndarray:
+    """Which query tiles switch to the bounded max, decided as the kernels decide it
+    (`svg_lib.kernels.forward._try_bound`), in float64 on the host: bool `[heads, ceil(tokens / block_q)]`.
+
+    q, k `[heads, tokens, head_dim]` as given to `attention()` (not yet scaled). After its first
+    visited key tile, a query tile passes when every row's bound |q_i| max|k| (1 + BOUND_MARGIN) is
+    within BOUND_SLACK of the row's max over the kept keys of that tile. `first_kv`: int `[nq]`, the
+    key tile each query tile visits first (default: 0, as dense does); `keep`: None, or a predicate
+    `keep(q_ids, k_ids)` for the first tiles that mask (a bool `[nq]` may say which; see
+    `svg_lib.layers.profiling.bound_pass_rate`), given as `(predicate, masked)`. Rows and keys past
+    the last token count as the kernels' cleared blocks do: zero rows, and keys no row keeps.
+    Work: heads x tokens x block_kv, never tokens x tokens.
+    """
+    heads, n, d = check_qkv(q, k, k)
+    nq = -(-n // block_q)
+    first_kv = np.zeros(nq, np.int64) if first_kv is None else np.asarray(first_kv, np.int64)
+    predicate, masked = keep if keep is not None else (None, np.zeros(nq, bool))
+    qs = np.asarray(np.asarray(q, np.float32) * np.float32(1.0 / math.sqrt(d)), np.float64)  # as `prescaled` does
+    kf = np.asarray(k, np.float64)
+    bound_k = np.sqrt((kf * kf).sum(-1).max(-1)) * (1.0 + BOUND_MARGIN)                     # [heads]
+    out = np.zeros((heads, nq), bool)
+    for i in range(nq):
+        q_ids = np.arange(i * block_q, (i + 1) * block_q)
+        k_ids = np.arange(first_kv[i] * block_kv, (first_kv[i] + 1) * block_kv)
+        rows = np.zeros((heads, block_q, d))
+        rows[:, :min(block_q, n - i * block_q)] = qs[:, q_ids[q_ids < n]]
+        kept = np.broadcast_to(k_ids[None, :] < n, (block_q, block_kv))
+        if masked[i]:
+            kept = kept & np.asarray(predicate(q_ids[:, None], k_ids[None, :]), bool)
+        scores = np.einsum("hqd,hkd->hqk", rows, kf[:, k_ids[k_ids < n]])
+        scores = np.where(kept[None, :, :scores.shape[2]], scores, MASK_VALUE)
+        gap = np.sqrt((rows * rows).sum(-1)) * bound_k[:, None] - scores.max(-1)           # [heads, block_q]
+        out[:, i] = gap.max(-1) <= BOUND_SLACK
+    return out

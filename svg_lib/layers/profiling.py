@@ -14,8 +14,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from svg_lib.attention import b3_mask
+from svg_lib.core.planner import EMPTY, PARTIAL, plan_tiles
 from svg_lib.core.svg_masks import TemporalMask
-from svg_lib.kernels.reference import check_qkv, masked_softmax_times_v
+from svg_lib.kernels.reference import bound_test, check_qkv, masked_softmax_times_v
 from svg_lib.layers.routing import check_spatial_mask
 
 
@@ -74,3 +76,33 @@ def profile_heads(q, k, v, mask, num_samples: int = 64, seed: int = 0, *, return
     if return_errors:
         return HeadProfile(is_temporal, mse_s, mse_t, rows)
     return is_temporal
+
+
+def bound_pass_rate(q, k, mask=None, *, method: str = "dense", block_q: int, block_kv: int) -> np.ndarray:
+    """The fraction of each head's query tiles that switch to the bounded max (`kernels.forward`) in
+    `method`'s kernel on these activations: float64 `[heads]`, the `pass_rate` the cost model takes
+    (`svg_lib.tpu.cost.model_cycles`).
+
+    q, k `[heads, tokens, head_dim]` as given to `attention()`; `mask` an svg_lib Mask (None for
+    dense). Each query tile's test is made after its first visited key tile, as the kernels make it
+    (`kernels.reference.bound_test`, tested against the kernels' own decisions): dense starts at
+    key tile 0, B1-B3 at the first tile of their plan's schedule (B3's: the tile-aligned mask's),
+    masked there as that stage masks it. Query tiles that visit no key tile run no test and are
+    left out."""
+    heads, tokens, _ = check_qkv(q, k, k)
+    if method == "dense" or mask is None:
+        tested = np.ones(-(-tokens // block_q), bool)
+        passed = bound_test(q, k, block_q=block_q, block_kv=block_kv)
+    elif method in ("b1", "b2", "b3"):
+        kernel_mask = b3_mask(mask, block_q, block_kv) if method == "b3" else mask
+        plan = plan_tiles(kernel_mask, block_q, block_kv)
+        first = plan.step_class[:, 0]
+        masked = first != EMPTY if method == "b1" else first == PARTIAL
+        passed = bound_test(q, k, block_q=block_q, block_kv=block_kv, first_kv=plan.kv_index[:, 0],
+                            keep=(kernel_mask.kernel_predicate(block_q, block_kv), masked))
+        tested = first != EMPTY
+    else:
+        raise ValueError(f"method must be 'dense', 'b1', 'b2' or 'b3', got {method!r}")
+    if not tested.any():
+        raise ValueError("no query tile visits a key tile under this mask: there is no test to count")
+    return passed[:, tested].mean(axis=1)

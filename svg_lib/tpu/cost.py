@@ -42,8 +42,9 @@ from svg_lib.chips import check_target
 from svg_lib.core.masks import check_block_size
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles
 from svg_lib.problem import BenchConfig, check_block_kv_compute, resolve_problem
-from svg_lib.tpu.probes import (BACKWARD_KERNELS, BACKWARD_KINDS, BODY_KINDS, CACHE_FORMAT, COST_KERNELS, PROBE_ROWS,
-                                FLOOR_KIND, PROBE_STEPS, SPLASH_KINDS, Probe, probes_for, run_probes, versions)
+from svg_lib.tpu.probes import (BACKWARD_KERNELS, BACKWARD_KINDS, BODY_KINDS, CACHE_FORMAT, COST_KERNELS, FAILING_KIND,
+                                FLOOR_KIND, PROBE_ROWS, PROBE_STEPS, SPLASH_KINDS, Probe, probes_for, run_probes,
+                                versions)
 
 # who runs which backward kernels for one tile (BackwardCost.per_tile)
 BACKWARD_PAIRS = {"svg_lib": ("svg_lib_dq", "svg_lib_dkv"), "svg_lib_fused": ("svg_lib_fused",),
@@ -423,23 +424,48 @@ def step_kinds(method: str, plan=None, b3_plan=None, *, tokens: int | None = Non
     raise ValueError(f"unknown method {method!r}; the model knows {MODEL_METHODS}")
 
 
-def model_cycles(method: str, cost: TileCost, plan=None, b3_plan=None, heads: int = 1) -> float:
+def check_pass_rate(pass_rate: float) -> float:
+    if not 0.0 <= pass_rate <= 1.0:
+        raise ValueError(f"pass_rate is the fraction of query tiles whose rows pass the bound's test, in [0, 1]; "
+                         f"got {pass_rate}")
+    return float(pass_rate)
+
+
+def failing_delta(cost: TileCost) -> float:
+    """Cycles per step a query tile that fails the bound's test pays over one that passes: the
+    mask-free body's `FAILING_KIND` less its bounded cost (the same difference is added to masked
+    steps, whose running-max bodies are not probed)."""
+    ours = cost.per_step.get("svg_lib", {})
+    if FAILING_KIND not in ours or "free" not in ours:
+        raise ValueError(f"these costs ({cost.target}, {cost.block_q} x {cost.block_kv}) lack the "
+                         f"{FAILING_KIND!r} probe that a pass rate below 1 needs: tile_cost(..., kinds=BODY_KINDS)")
+    return ours[FAILING_KIND] - ours["free"]
+
+
+def model_cycles(method: str, cost: TileCost, plan=None, b3_plan=None, heads: int = 1, pass_rate: float = 1.0) -> float:
     """Simulated cycles of one call of `method`: sum over grid steps of that step's body cost,
     plus the per-row cost of each query tile; `heads` times that (heads run one after another
-    on one TensorCore)."""
+    on one TensorCore).
+
+    `pass_rate`: the fraction of query tiles whose rows pass the bound's test (kernels.forward:
+    they subtract the bound after their first step; the others keep the running max). It depends on
+    the activations, which a plan does not know: 1 prices every tile at the bounded body, 0 at the
+    failing one (`failing_delta` more per body step). Splash has no bound: its cost does not move."""
     kinds = step_kinds(method, plan, b3_plan)
     kernel = "splash" if method == "splash_dense" else "svg_lib"
     per_step = cost.per_step[kernel]
+    fails = 0.0 if kernel == "splash" or check_pass_rate(pass_rate) == 1.0 else (1.0 - pass_rate) * failing_delta(cost)
     total = kinds.pop("rows") * cost.per_row.get(kernel, 0.0)  # per-row cost unprobed: left out
     for kind, n in kinds.items():
-        total += n * per_step[kind]
+        total += n * (per_step[kind] + (fails if kind != "idle" else 0.0))
     return heads * total
 
 
 def cost_model(problem, costs, *, block_q: int | None = None, block_kv: int | None = None, heads: int | None = None,
-               methods=MODEL_METHODS) -> dict:
+               methods=MODEL_METHODS, pass_rate: float = 1.0) -> dict:
     """Model cycles of each method for `problem` at `block_q` x `block_kv`, from `costs` (a TileCost
     for that block size). Returns {method: cycles} and {method + "/b0": ratio to splash_dense}.
+    `pass_rate`: the fraction of query tiles that take the bounded max (`model_cycles`).
 
     `problem`: a `BenchConfig` (its mask, blocks and heads; any given here wins) or a Mask (give
     the blocks; heads default to 1)."""
@@ -448,7 +474,7 @@ def cost_model(problem, costs, *, block_q: int | None = None, block_kv: int | No
     block_q, block_kv, heads = fields["block_q"], fields["block_kv"], fields["heads"] or 1
     plan = plan_tiles(mask, block_q, block_kv)
     b3_plan = plan_tiles(b3_mask(mask, block_q, block_kv), block_q, block_kv)
-    out = {m: model_cycles(m, costs, plan, b3_plan, heads) for m in methods}
+    out = {m: model_cycles(m, costs, plan, b3_plan, heads, pass_rate) for m in methods}
     if "splash_dense" in out:
         out.update({f"{m}/b0": out[m] / out["splash_dense"] for m in methods})
     return out
@@ -480,7 +506,8 @@ def backward_step_kinds(method: str, plan=None, b3_plan=None) -> dict:
 
 
 def training_model(problem, forward: TileCost, backward: "BackwardCost", *, block_q: int | None = None,
-                   block_kv: int | None = None, heads: int | None = None, methods=MODEL_METHODS) -> dict:
+                   block_kv: int | None = None, heads: int | None = None, methods=MODEL_METHODS,
+                   pass_rate: float = 1.0) -> dict:
     """Model cycles of one training step's attention (forward, then `jax.grad`'s backward) per method,
     from the forward's and the backward's simulated costs at the problem's blocks.
 
@@ -500,7 +527,8 @@ def training_model(problem, forward: TileCost, backward: "BackwardCost", *, bloc
     heads = fields["heads"] or 1
     plan = plan_tiles(mask, fields["block_q"], fields["block_kv"])
     b3_plan = plan_tiles(b3_mask(mask, fields["block_q"], fields["block_kv"]), fields["block_q"], fields["block_kv"])
-    fwd = cost_model(mask, forward, block_q=blocks[0], block_kv=blocks[1], heads=heads, methods=methods)
+    fwd = cost_model(mask, forward, block_q=blocks[0], block_kv=blocks[1], heads=heads, methods=methods,
+                     pass_rate=pass_rate)
     idle = forward.per_step["svg_lib"]["idle"]
     out = {}
     for m in methods:

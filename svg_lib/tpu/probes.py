@@ -51,7 +51,7 @@ from svg_lib.kernels.forward import MASK_VALUE
 from svg_lib.tpu.compiler import compile_fn
 from svg_lib.tpu.errors import first_lines
 
-BODY_KINDS = ("free", "svg_masked", "padding_masked", "idle", "matmuls", "free_running")
+BODY_KINDS = ("free", "svg_masked", "padding_masked", "idle", "matmuls", "free_running", "free_failing")
 # "matmuls": the roofline's probe, svg_lib's only. The tile's two matmuls (`q k^T`, then `p v` with
 # the scores cast to the input dtype) and nothing else: no max, exp, sum or rescale. Not a valid
 # attention; its cycles are the floor a tile body of these blocks can approach on that chip.
@@ -62,6 +62,11 @@ FLOOR_KIND = "matmuls"
 # cost lands in the per-row cost. "free_running": the mask-free body with the running max on every
 # step, what a query tile whose rows fail the bound's test runs (and the body before the bound).
 RUNNING_KIND = "free_running"
+# "free_failing": a query tile whose rows fail the bound's test, through the kernels' own dispatch
+# (`kernels._visit`): the first step runs the running max and the test, every later step the running
+# max with the flag saying the test failed. Its cycles per step are what such a tile pays per step;
+# the test's one-time cost lands in the per-row cost, as for "free".
+FAILING_KIND = "free_failing"
 COST_KERNELS = ("svg_lib", "splash")
 # The backward's probes: our dq and dk/dv kernels and our fused kernel (svg_lib.kernels.backward),
 # Splash's two backward kernels (dq; dk and dv), and Splash's fused backward kernel, which computes
@@ -72,13 +77,13 @@ BACKWARD_KINDS = ("free", "svg_masked", "matmuls")
 # p^T do, ds^T q, ds k) with the scores cast to the input dtype in between, and nothing else.
 SPLASH_KINDS = ("free", "svg_masked")  # Splash's idle and padding steps are table-driven: not probeable
 # Part of every cache key (svg_lib.tpu.cost): raise it when a probe kernel here changes what it measures.
-CACHE_FORMAT = 5
+CACHE_FORMAT = 6
 PROBE_STEPS = (2, 4)      # kv steps of the two probes whose difference gives cycles per step
 PROBE_ROWS = (1, 2)       # query tiles of the two probes whose difference gives the per-row cost
 
 
 # The sources the probes compile: the kernels, and the mask whose predicate the masked probes evaluate.
-PROBED_SOURCES = ("kernels/forward.py", "kernels/backward.py", "core/svg_masks.py")
+PROBED_SOURCES = ("kernels/forward.py", "kernels/backward.py", "core/svg_masks.py", "tpu/probes.py")
 
 
 def versions() -> dict:
@@ -97,8 +102,8 @@ def versions() -> dict:
 
 
 def _code_only(path: Path) -> str:
-    """The module's code without comments and docstrings: what the probes compile (the probes
-    themselves are covered by CACHE_FORMAT), so that editing prose keeps the cache."""
+    """The module's code without comments and docstrings: what the probes compile (this module's
+    own code included), so that editing prose keeps the cache and the committed references."""
     import ast
 
     tree = ast.parse(path.read_text())
@@ -173,7 +178,7 @@ def _svg_lib_probe(p: Probe, name: str, target: str = "v6e"):
         return k_ids < tokens - 1  # a run-time comparison, like the real kernels' padding test
 
     keeps = {"free": None, "svg_masked": svg_keep, "padding_masked": padding_keep, FLOOR_KIND: None,
-             RUNNING_KIND: None}
+             RUNNING_KIND: None, FAILING_KIND: None}
     bodies = [b for b in (p.kind, *p.bodies) if b != "idle"]
     bodies = list(dict.fromkeys(bodies))
 
@@ -193,6 +198,15 @@ def _svg_lib_probe(p: Probe, name: str, target: str = "v6e"):
             pl.when(s == 0)(functools.partial(first_step, keep))
             pl.when(s > 0)(functools.partial(tile, keep, bounded=True))
 
+        def failing(keep):  # the kernels' dispatch after a failed test (the simulator cannot see the data)
+            pl.when(s == 0)(functools.partial(first_step, keep))
+
+            @pl.when(s > 0)
+            def _():
+                flag_ref[0] = kernels.RUNNING
+                kernels._visit(tile, keep, flag_ref,
+                               functools.partial(kernels._try_bound, q_ref, *state, flag_ref, jnp.float32(1.0)))
+
         # this step's kind: the probe's kind on every step, decided at run time from the
         # program id so that the compiler keeps every body and the simulator can follow it
         # (the simulator reads SMEM as 0, so the kernels' own flag would always say "running")
@@ -207,6 +221,8 @@ def _svg_lib_probe(p: Probe, name: str, target: str = "v6e"):
                 run = functools.partial(tile, None, _matmul_floor_tile)
             elif body == RUNNING_KIND:
                 run = functools.partial(tile, None, bounded=False)
+            elif body == FAILING_KIND:
+                run = functools.partial(failing, None)
             else:
                 run = functools.partial(as_the_kernels, keeps[body])
             pl.when(code == BODY_KINDS.index(body))(run)
