@@ -70,8 +70,8 @@ def installed_version(name: str) -> str | None:
 
 # -- libtpu, the TPU compiler (optional: Linux x86_64 wheels only) ---------------------------------
 
-INSTALL_HINT = ('pip install -e ".[tpu-compile]"  (from the repository root; `make lab` and '
-                "`make test` install it). It pins libtpu to the version the installed jax expects.")
+INSTALL_HINT = ('pip install -e ".[tpu-compile]"  (from the repository root; `make test` installs it, '
+                "`make lab` does not). It pins libtpu to the version the installed jax expects.")
 
 
 def has_libtpu() -> bool:
