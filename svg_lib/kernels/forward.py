@@ -206,8 +206,9 @@ BOUND_MARGIN = 2.0 ** -10
 # first step; a tile that fails keeps the running max to its end with no further test (a test at
 # every step cost more than the running body it would save: 12,649-13,716 simulated cycles per step
 # at the blog's tiles on a v6e against 11,895). RUNNING is 0 because the compiler's static profile
-# reads SMEM as zeros: a simulated kernel then takes the failing tile's path, the running max with
-# no test, which is also the cost a probe of that path measures (svg_lib.tpu.probes).
+# reads scalar-prefetched SMEM as zeros (svg_lib.tpu.probes) and may read this flag so too: a
+# simulated kernel would then take the failing tile's path, the running max with no test, never a
+# test at every step. (Whether it reads scratch SMEM as zeros was not checked.)
 RUNNING, BOUNDED, UNDECIDED = 0, 1, 2
 
 
