@@ -28,13 +28,14 @@ EXERCISES = ROOT / "notebooks" / "exercises"
 SOLUTIONS = EXERCISES / "solutions"
 STEMS = {"E1": "E1_online_softmax_tile", "E2": "E2_pairs_per_tile", "E3": "E3_b2_dispatch",
          "E4": "E4_balanced_rounding", "E5": "E5_block_sizes", "E6": "E6_temporal_permutation",
-         "E7": "E7_fit_tile_costs"}
+         "E7": "E7_fit_tile_costs", "E8": "E8_capacity_assignment"}
 NAMES = {"E1": "tile_body", "E2": "band_pair_count", "E3": "b2_dispatch", "E4": "balanced_rounding",
-         "E5": "pick_block_sizes", "E6": "temporal_major_permutation", "E7": "fit_tile_costs"}
+         "E5": "pick_block_sizes", "E6": "temporal_major_permutation", "E7": "fit_tile_costs",
+         "E8": "assign_with_capacity"}
 CHECKERS = {"E1": exercises.check_tile_body, "E2": exercises.check_band_pair_count,
             "E3": exercises.check_b2_dispatch, "E4": exercises.check_balanced_rounding,
             "E5": exercises.check_block_sizes, "E6": exercises.check_temporal_permutation,
-            "E7": exercises.check_tile_cost_fit}
+            "E7": exercises.check_tile_cost_fit, "E8": exercises.check_capacity_assignment}
 
 
 def run_code_cells(nb, stop_after_tag=None):
@@ -64,7 +65,8 @@ def solutions():
 # -- every checker accepts its solution ---------------------------------------------------------
 
 @pytest.mark.parametrize("eid,seeds", [("E1", (0, 1, 2)), ("E2", (0, 1, 2)), ("E3", (0,)), ("E4", (0, 1, 2, 3)),
-                                       ("E5", (0, 1)), ("E6", (0, 1, 2)), ("E7", (0, 1, 2))])
+                                       ("E5", (0, 1)), ("E6", (0, 1, 2)), ("E7", (0, 1, 2)),
+                                       ("E8", (0, 1, 2))])
 def test_checker_accepts_the_solution(solutions, eid, seeds, capsys):
     for seed in seeds:
         result = CHECKERS[eid](solutions[eid], seed=seed)
@@ -294,6 +296,52 @@ def e7_cramer_without_a_check(x, y):
     return (tx * my - ty * mx) / det, (fx * ty - fy * tx) / det
 
 
+# E8: the capacity-constrained assignment; the shortcuts the checker names, written as a learner would
+
+def e8_nearest_cluster(dist, sizes):
+    return np.argmin(dist, axis=1)
+
+
+def e8_token_order(dist, sizes):
+    return np.repeat(np.arange(len(sizes)), sizes)
+
+
+def e8_sorted_and_cut(dist, sizes):
+    label = np.empty(dist.shape[0], int)
+    label[np.argsort(np.argmin(dist, axis=1), kind="stable")] = np.repeat(np.arange(len(sizes)), sizes)
+    return label
+
+
+def e8_clusters_in_turn(dist, sizes):
+    label = np.full(dist.shape[0], -1)
+    for j, size in enumerate(sizes):
+        free = np.flatnonzero(label < 0)
+        label[free[np.argsort(dist[free, j])[:size]]] = j
+    return label
+
+
+def e8_nearest_pairs_first(dist, sizes):
+    label, room = np.full(dist.shape[0], -1), list(sizes)
+    for t, j in sorted(np.ndindex(*dist.shape), key=lambda tj: dist[tj]):
+        if label[t] < 0 and room[j] > 0:
+            label[t], room[j] = j, room[j] - 1
+    return label
+
+
+def e8_float_labels(dist, sizes):
+    return e8_nearest_pairs_first(dist, sizes).astype(float)
+
+
+def e8_an_order(dist, sizes):
+    return np.argsort(e8_nearest_pairs_first(dist, sizes), kind="stable")
+
+
+def e8_never_places_the_last(dist, sizes):
+    label = e8_nearest_pairs_first(dist, sizes)
+    label[-1] = -1
+    return label
+
+
 MISTAKES = [
     ("E1", e1_acc_not_rescaled, ["acc was not rescaled", "exp(m_prev - m_next)"]),
     ("E1", e1_l_not_rescaled, ["l was not rescaled"]),
@@ -334,6 +382,14 @@ MISTAKES = [
     ("E7", e7_first_stage_only, ["for the first stage (measured 54.12)", "both must match"]),
     ("E7", e7_numpy_solve_without_a_check, ["same mix of tiles", "expected a ValueError", "tiny pivot"]),
     ("E7", e7_cramer_without_a_check, ["ZeroDivisionError", "raise ValueError"]),
+    ("E8", e8_nearest_cluster, ["its capacity is", "ignoring the capacities"]),
+    ("E8", e8_token_order, ["the optimum is", "in token order"]),
+    ("E8", e8_sorted_and_cut, ["the optimum is", "sorted the tokens by their nearest cluster"]),
+    ("E8", e8_clusters_in_turn, ["cluster 0's nearest tokens", "the clusters chose in turn"]),
+    ("E8", e8_nearest_pairs_first, ["needs it most", "largest regret"]),
+    ("E8", e8_float_labels, ["integer"]),
+    ("E8", e8_an_order, ["an order of the tokens"]),
+    ("E8", e8_never_places_the_last, ["-1 left"]),
 ]
 
 
