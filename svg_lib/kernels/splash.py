@@ -59,13 +59,27 @@ class _EqualByKey:
         return hash(self._identity())
 
 
-def _computable_mask(shape, predicate, key):
-    """A Splash `_ComputableMask` from a predicate on (q_ids, k_ids), hashable by `key`."""
+def _computable_mask(shape, predicate, key, mask: Mask | None = None):
+    """A Splash `_ComputableMask` from a predicate on (q_ids, k_ids), hashable by `key`.
+
+    Splash classifies every block on the host by evaluating the predicate on all of its pairs
+    (two minutes for one head at the blog's size). Given the `mask` the predicate comes from, a
+    block inside its tokens is classified by `mask.pair_counts` instead (no pair evaluated) and
+    only the partial ones are evaluated; Splash sees the same booleans either way."""
     _, sm = _splash()
 
     class PredicateMask(_EqualByKey, sm._ComputableMask):
         def __init__(self):
             super().__init__(shape=shape, mask_function=predicate)
+
+        def __getitem__(self, idx):
+            if mask is not None and len(idx) == 2 and all(isinstance(s, slice) for s in idx):
+                (r0, r1, rs), (c0, c1, cs) = (s.indices(n) for s, n in zip(idx, shape))
+                if rs == cs == 1 and r0 < r1 <= mask.tokens and c0 < c1 <= mask.tokens:
+                    n = int(mask.pair_counts(np.array([r0, r1]), np.array([c0, c1]))[0, 0])
+                    if n in (0, (r1 - r0) * (c1 - c0)):  # empty or full: the same array, built at once
+                        return np.full((r1 - r0, c1 - c0), n > 0)
+            return super().__getitem__(idx)
 
     m = PredicateMask()
     m.key = key
@@ -125,7 +139,7 @@ def splash_mask(mask: Mask | None, tokens: int, q_len: int, kv_len: int):
         return _block_mask((q_len, kv_len), lambda q, k: k < tokens, ("dense", tokens, q_len, kv_len))
     if form == "computable":
         key = ("svg", mask.tokens, mask.band_width, mask.sink_tokens, mask.video_tokens, q_len, kv_len)
-        return _computable_mask((q_len, kv_len), mask.keep, key)
+        return _computable_mask((q_len, kv_len), mask.keep, key, mask)
     if mask.tokens > BLOCK_MASK_LIMIT_TOKENS:
         raise ValueError(f"Splash needs a computable form of this {type(mask).__name__} at {mask.tokens:,} tokens "
                          f"(above {BLOCK_MASK_LIMIT_TOKENS:,} its partial blocks are stored); use an SVGMask")
