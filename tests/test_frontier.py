@@ -1,0 +1,83 @@
+"""Tests of `python -m svg_lib frontier` (svg_lib/cli/frontier.py) on a small grid of knobs.
+
+The planted heads are at the case study's 75,600 tokens (the cost model prices that size); a few
+sampled rows and one or two knobs per mask keep this to seconds.
+"""
+import numpy as np
+import pytest
+
+from svg_lib.chips import TARGETS
+from svg_lib.cli import main
+from svg_lib.cli.frontier import TARGET_RECALLS, _every_tile, clock_hz, frontier
+from svg_lib.tpu.cost import model_cycles
+
+SMALL = {"svg_b3": (0.2, 0.9), "radial": (0.2, 16.0), "sliding": ((1, 3, 3),), "pooled": (0.2, 0.9)}
+
+
+@pytest.fixture(scope="module")
+def result():
+    return frontier(rows=8, knobs=SMALL)
+
+
+def test_clock_makes_the_mxus_reach_the_spec_peak():
+    for chip in ("v5e", "v6e"):
+        t = TARGETS[chip]
+        assert clock_hz(chip) * 2 * t.mxus_per_core * t.mxu ** 2 == pytest.approx(t.bf16_tflops * 1e12)
+    assert clock_hz("v5e") == pytest.approx(1.5e9, rel=0.01)
+
+
+def test_points_cover_every_mask_tile_and_knob(result):
+    got = {(pt["mask"], pt["block_q"]) for pt in result["points"]}
+    assert got == {(m, bq) for m in SMALL for bq in (512, 3328)} - {("sliding", 3328)}  # no 3,328-token cube
+    for pt in result["points"]:
+        assert 0.0 < pt["recall"] <= 1.0 + 1e-9 and pt["density"] > 0
+        assert set(pt["ms"]) == {"v5e", "v6e"} and all(ms > 0 for ms in pt["ms"].values())
+
+
+def test_more_pairs_recall_more_and_cost_more(result):
+    for mask in ("svg_b3", "radial", "pooled"):
+        for bq in (512, 3328):
+            lo, hi = sorted((pt for pt in result["points"] if pt["mask"] == mask and pt["block_q"] == bq),
+                            key=lambda pt: pt["density"])
+            assert hi["recall"] > lo["recall"] and hi["ms"]["v6e"] > lo["ms"]["v6e"]
+
+
+def test_a_mask_that_keeps_everything_costs_dense(result):
+    # radial with a huge decay keeps (almost) every tile: its time is within 5 % of the all-tiles plan
+    heads, n = result["heads"], 75_600
+    for pt in result["points"]:
+        if pt["mask"] == "radial" and pt["knob"] == 16.0:
+            assert pt["recall"] > 0.99
+            from svg_lib.tpu.cost import load_reference
+            cost = load_reference()["groups"]["after"]["v6e", pt["block_q"], pt["block_kv"]]
+            every = heads * model_cycles("b3", cost, b3_plan=_every_tile(n, pt["block_q"], pt["block_kv"]))
+            assert pt["ms"]["v6e"] == pytest.approx(every / clock_hz("v6e") * 1e3, rel=0.05)
+            assert pt["ms"]["v6e"] <= every / clock_hz("v6e") * 1e3 * (1 + 1e-9)
+
+
+def test_best_is_the_cheapest_point_at_or_above_each_recall(result):
+    for chip, per_mask in result["best"].items():
+        for mask, per_target in per_mask.items():
+            for target in TARGET_RECALLS:
+                ok = [pt for pt in result["points"] if pt["mask"] == mask and pt["recall"] >= target]
+                best = per_target[target]
+                if not ok:
+                    assert best is None
+                else:
+                    assert best["ms"][chip] == min(pt["ms"][chip] for pt in ok)
+
+
+def test_calibration_sets_the_model_beside_the_blog(result):
+    cal = result["calibration"]
+    assert set(cal) == {"splash_dense", "b2", "b3"}
+    assert cal["b3"]["blog_ms"] == 32.76 and cal["splash_dense"]["blog_ms"] == 78.70
+    assert cal["b3"]["model_ms"] < cal["b2"]["model_ms"] < cal["splash_dense"]["model_ms"]  # the blog's order
+
+
+def test_cli_prints_the_table_and_draws_the_plot(tmp_path, capsys):
+    path = tmp_path / "frontier.png"
+    assert main(["frontier", "--rows", "4", "--masks", "radial", "--plot", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "cheapest point reaching each mean recall" in out and "calibration" in out and "radial" in out
+    assert path.stat().st_size > 10_000
+    assert main(["frontier", "--masks", "nonsense"]) == 2
