@@ -9,7 +9,7 @@ import pytest
 from svg_lib.chips import TARGETS
 from svg_lib.cli import main
 from svg_lib.cli.frontier import TARGET_RECALLS, _every_tile, clock_hz, frontier
-from svg_lib.tpu.cost import model_cycles
+from svg_lib.tpu.cost import load_reference, model_cycles
 
 SMALL = {"svg_b3": (0.2, 0.9), "radial": (0.2, 16.0), "sliding": ((1, 3, 3),), "pooled": (0.2, 0.9)}
 
@@ -48,7 +48,6 @@ def test_a_mask_that_keeps_everything_costs_dense(result):
     for pt in result["points"]:
         if pt["mask"] == "radial" and pt["knob"] == 16.0:
             assert pt["recall"] > 0.99
-            from svg_lib.tpu.cost import load_reference
             cost = load_reference()["groups"]["after"]["v6e", pt["block_q"], pt["block_kv"]]
             every = heads * model_cycles("b3", cost, b3_plan=_every_tile(n, pt["block_q"], pt["block_kv"]))
             assert pt["ms"]["v6e"] == pytest.approx(every / clock_hz("v6e") * 1e3, rel=0.05)

@@ -41,6 +41,7 @@ from svg_lib.core.radial import RadialMask
 from svg_lib.core.sliding import SlidingTileMask
 from svg_lib.core.svg_masks import SVGMask
 from svg_lib.cli.common import Command
+from svg_lib.layers.pooled import pooled_plan
 from svg_lib.layers.profiling import sample_rows
 from svg_lib.layers.synthetic import KINDS, computed_mask, structured_qkv
 from svg_lib.problem import BLOG_V6E_MS, get_preset
@@ -117,8 +118,6 @@ def mask_points(name, knob, g, p, rows, q, k, block_q, block_kv):
         rec = _recall(p, mask.frame_major().keep(rows[:, None], keys))
         return rec, [plan] * p.shape[0], _computed_density(plan, g.tokens)
     if name == "pooled":
-        from svg_lib.layers.pooled import pooled_plan
-
         tiles = np.asarray(pooled_plan(q, k, block_q=block_q, block_kv=block_kv, density=knob).tiles)
         keep = tiles[:, rows // block_q][:, :, np.arange(g.tokens) // block_kv]
         plans = [plan_tiles(TileAlignedMask(g.tokens, block_q, block_kv, t), block_q, block_kv) for t in tiles]
