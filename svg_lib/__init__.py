@@ -46,6 +46,7 @@ from svg_lib.core.geometry import (TileLayout, VideoGeometry, from_tile_major,  
 from svg_lib.core.masks import Mask, RoundingReport, TileAlignedMask, check_block_size
 from svg_lib.core.svg_masks import PermutedMask, SVGMask, TemporalMask
 from svg_lib.core.sliding import SlidingTileMask
+from svg_lib.core.radial import RadialMask
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, TilePlan, plan_tiles  # noqa: E402
 # memory, kernels, attention()
 from svg_lib.memory.vmem import VmemEstimate, estimate_vmem  # noqa: E402
@@ -61,6 +62,8 @@ from svg_lib.layers.synthetic import (attention_recall, equal_budget_table, qual
 from svg_lib.layers.multichip import build_sharded_svg_attention, make_mesh, sharded_svg_attention  # noqa: E402
 # semantic tiles: masks computed from q and k on the device, run by the B3 kernels
 from svg_lib.layers.semantic import SemanticCentroids, SemanticPlan, semantic_attention, semantic_plan  # noqa: E402
+# pooled estimates: mean-pooled q and k per tile choose the tiles, on the device
+from svg_lib.layers.pooled import PooledPlan, pooled_attention, pooled_plan  # noqa: E402
 # compiled for TPU on this CPU by libtpu; per-tile cost simulated by the compiler
 from svg_lib.tpu.compiler import CompileReport, compile_for_tpu  # noqa: E402
 from svg_lib.tpu.sharded import (ShardedCompileReport, SplitCompileReport, compile_sharded_layer,  # noqa: E402
