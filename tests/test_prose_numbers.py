@@ -44,6 +44,7 @@ CHECKED = [
     "09_scaling_out.ipynb",
     "10_sliding_tiles.ipynb",
     "11_training_with_sparse_attention.ipynb",
+    "12_semantic_tiles.ipynb",
     "A_appendix.ipynb",
 ]
 
