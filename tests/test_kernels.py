@@ -416,10 +416,14 @@ def _tile_body_attention(q, k, v, keep, *, block_q, block_kv, block_kv_compute, 
 
 
 @pytest.mark.parametrize("body_interpret", [True, False], ids=["interpreter-path", "tpu-path"])
-@pytest.mark.parametrize("head_dim, block_kv, block_kv_compute", [(64, 384, 384), (128, 256, 128), (256, 384, 128)],
-                         ids=["d64-1chunk", "d128-2chunks", "d256-3chunks"])
+@pytest.mark.parametrize("head_dim, block_kv, block_kv_compute",
+                         [(64, 384, 384), (128, 256, 128), (256, 384, 128), (128, 768, 128)],
+                         ids=["d64-1chunk", "d128-2chunks", "d256-3chunks", "d128-6chunks-rolled"])
 @pytest.mark.parametrize("masked", [False, True], ids=["free", "masked"])
 def test_tile_body_paths_agree_with_float64(body_interpret, head_dim, block_kv, block_kv_compute, masked):
+    # above MAX_UNROLLED_CHUNKS the TPU path rolls the key-chunk loop: 6 chunks run it rolled
+    from svg_lib.kernels.forward import MAX_UNROLLED_CHUNKS
+    assert (block_kv // block_kv_compute > MAX_UNROLLED_CHUNKS) == (block_kv == 768)
     tokens = 768
     mask = SVGMask.spatial(VideoGeometry(6, 8, 16), 0.3)  # 768 tokens, sink and band: partial tiles
     q, k, v = (x[0] for x in random_qkv(3, 1, tokens, head_dim, "float32"))
