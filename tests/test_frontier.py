@@ -8,7 +8,7 @@ import pytest
 
 from svg_lib.chips import TARGETS
 from svg_lib.cli import main
-from svg_lib.cli.frontier import TARGET_RECALLS, _every_tile, clock_hz, frontier
+from svg_lib.cli.frontier import MXUS_FOR_CLOCK, TARGET_RECALLS, _every_tile, clock_hz, frontier
 from svg_lib.tpu.cost import load_reference, model_cycles
 
 SMALL = {"svg_b3": (0.2, 0.9), "radial": (0.2, 16.0), "sliding": ((1, 3, 3),), "pooled": (0.2, 0.9)}
@@ -19,11 +19,17 @@ def result():
     return frontier(rows=8, knobs=SMALL)
 
 
-def test_clock_makes_the_mxus_reach_the_spec_peak():
+def test_clock_makes_the_mxus_reach_the_spec_peak_and_no_probe_beats_it():
     for chip in ("v5e", "v6e"):
         t = TARGETS[chip]
-        assert clock_hz(chip) * 2 * t.mxus_per_core * t.mxu ** 2 == pytest.approx(t.bf16_tflops * 1e12)
+        assert clock_hz(chip) * 2 * MXUS_FOR_CLOCK[chip] * t.mxu ** 2 == pytest.approx(t.bf16_tflops * 1e12)
     assert clock_hz("v5e") == pytest.approx(1.5e9, rel=0.01)
+    # at that clock no committed matmul floor (the tile's two matmuls alone) runs above the peak
+    for (chip, bq, bk), cost in load_reference()["groups"]["after"].items():
+        floor = cost.per_step.get("svg_lib", {}).get("matmuls")
+        if floor and chip in MXUS_FOR_CLOCK:
+            flops = 4 * bq * bk * cost.head_dim
+            assert flops / (floor / clock_hz(chip)) <= TARGETS[chip].bf16_tflops * 1e12
 
 
 def test_points_cover_every_mask_tile_and_knob(result):

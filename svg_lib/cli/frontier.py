@@ -10,8 +10,8 @@ For each mask family and each tile size with committed probes (`svg_lib/data/cos
 * computed density: the pairs of the tiles the kernel visits, over tokens^2;
 * predicted time: the cost model (`tpu.cost.model_cycles`, method "b3": each grid step priced at
   the compiler's simulated cycles for its body kind, plus the per-row terms) for the case study's
-  10 heads of head_dim 128, turned into milliseconds at the clock that makes the chip's MXUs
-  (`chips.TARGETS`: count and size) reach its spec-sheet bf16 peak.
+  10 heads of head_dim 128, turned into milliseconds at the clock that makes the chip's MXUs reach
+  its spec-sheet bf16 peak (`clock_hz`: 1.50 GHz for a v5e, 1.75 GHz for a v6e; an assumption).
 
 The families: "svg_b3" (SVG's band with the first-frame sink, rounded to tiles by B3; each head
 takes the better of its spatial and temporal form, as SVG's online profiling would), "radial"
@@ -60,10 +60,21 @@ KNOBS = {
 MASKS = tuple(KNOBS)
 
 
+# MXUs per TensorCore used to turn simulated cycles into time. The v5e's agrees with chips.TARGETS
+# (4 of 128 x 128: 197 TFLOP/s at 1.50 GHz, and its 3328 x 1536 matmul probe runs at 99 % of
+# that per cycle). For the v6e chips.TARGETS says 2 of 256 x 256, but the static profile's q k^T
+# alone (2,834 cycles for a 3328 x 1536 x 128 tile, BRIEF section 6) does 462K FLOP a cycle, more
+# than 2 such MXUs can (262K): 4 are assumed, which puts 918 TFLOP/s at 1.75 GHz (that q k^T at
+# 88 % of peak). The clock is an assumption either way: it is printed with every table.
+MXUS_FOR_CLOCK = {"v5e": 4, "v6e": 4}
+
+
 def clock_hz(chip: str) -> float:
-    """The clock at which the chip's MXUs (count x side^2 multiply-adds a cycle) reach its bf16 peak."""
+    """The clock at which `MXUS_FOR_CLOCK[chip]` MXUs (side^2 multiply-adds a cycle each) reach the chip's bf16 peak."""
     t = check_target(chip)
-    return t.bf16_tflops * 1e12 / (2 * t.mxus_per_core * t.mxu ** 2 * t.tensor_cores)
+    if chip not in MXUS_FOR_CLOCK:
+        raise ValueError(f"no clock assumption for {chip}; the frontier knows {tuple(MXUS_FOR_CLOCK)}")
+    return t.bf16_tflops * 1e12 / (2 * MXUS_FOR_CLOCK[chip] * t.mxu ** 2 * t.tensor_cores)
 
 
 def probed_costs(chips=CHIPS, tiles=TILES) -> dict:
@@ -197,7 +208,7 @@ def table(result: dict) -> str:
     chips = list(result["dense_ms"])
     lines = [f"frontier: planted heads (spatial, temporal, local3d) at {result['geometry']}, {result['rows']} sampled "
              f"query rows; predicted attention ms for {result['heads']} heads x head_dim 128, bf16",
-             f"cycles {result['evidence']}; ms at the clock where the MXUs reach the bf16 peak "
+             f"cycles {result['evidence']}; ms at an assumed clock (MXUs at the bf16 peak) "
              + ", ".join(f"{c} {hz:.2f} GHz" for c, hz in result["clock_ghz"].items()), ""]
     head = f"  {'mask':8} {'target':>6}" + "".join(f" | {c + ' ms':>8} {'tiles':>10} {'knob':>10} {'density':>7} "
                                                       f"{'recall':>6}" for c in chips)
