@@ -3,12 +3,18 @@
 The planted heads are at the case study's 75,600 tokens (the cost model prices that size); a few
 sampled rows and one or two knobs per mask keep this to seconds.
 """
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from svg_lib import VideoGeometry, structured_qkv
+from svg_lib.layers.semantic import plan_from_orders, plan_recall
+from svg_lib.layers.synthetic import KINDS
+
 from svg_lib.chips import TARGETS
 from svg_lib.cli import main
-from svg_lib.cli.frontier import MXUS_FOR_CLOCK, TARGET_RECALLS, _every_tile, clock_hz, frontier
+from svg_lib.cli.frontier import MXUS_FOR_CLOCK, TARGET_RECALLS, _every_tile, clock_hz, frontier, mask_points
 from svg_lib.tpu.cost import load_reference, model_cycles
 
 SMALL = {"svg_b3": (0.2, 0.9), "radial": (0.2, 16.0), "sliding": ((1, 3, 3),), "pooled": (0.2, 0.9)}
@@ -86,3 +92,21 @@ def test_cli_prints_the_table_and_draws_the_plot(tmp_path, capsys):
     assert "cheapest point reaching each mean recall" in out and "calibration" in out and "radial" in out
     assert path.stat().st_size > 10_000
     assert main(["frontier", "--masks", "nonsense"]) == 2
+
+
+def test_semantic_point_clusters_once_and_recalls_what_its_plan_keeps():
+    # semantic tiles are not in the default run (minutes of k-means at 75,600 tokens): a small problem
+    g = VideoGeometry(4, 8, 32)
+    q, k, _ = structured_qkv(g, list(KINDS), head_dim=32, seed=1)
+    rows = np.arange(0, g.tokens, 8)
+    s = jnp.einsum("hrd,hkd->hrk", q[:, rows], k, precision=jax.lax.Precision.HIGHEST) / np.sqrt(32)
+    p = np.asarray(jax.nn.softmax(s, axis=-1), np.float64)
+    cache = {}
+    low = mask_points("semantic", 0.25, g, p, rows, q, k, 256, 128, cache)
+    orders = cache["semantic", 256, 128]
+    high = mask_points("semantic", 0.75, g, p, rows, q, k, 256, 128, cache)
+    assert cache["semantic", 256, 128] is orders                   # clustered once per tile size
+    assert (high[0] >= low[0] - 1e-12).all() and high[0].mean() > low[0].mean()
+    assert low[2] == pytest.approx(2 / 8) and high[2] == pytest.approx(6 / 8)  # whole tiles: 2 and 6 of 8
+    plan = plan_from_orders(q, k, *orders, block_q=256, block_kv=128, steps=2)
+    np.testing.assert_allclose(low[0], np.asarray(plan_recall(q, k, plan, rows)), rtol=1e-5)

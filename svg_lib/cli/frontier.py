@@ -18,7 +18,9 @@ takes the better of its spatial and temporal form, as SVG's online profiling wou
 (`core.radial.RadialMask`, Wan rules, knob: decay_factor; rounded to the tiles by B3), "sliding"
 (`core.sliding.SlidingTileMask` in 512-token cubes of 2 x 16 x 16, tile-aligned at 512 x 256 only:
 no 3-D cube is a multiple of 3,328 tokens; knob: the window) and "pooled" (`layers.pooled`,
-top-k of mean-pooled tile scores; knob: density). Semantic tiles are not in the table yet.
+top-k of mean-pooled tile scores; knob: density) and, with `--masks ...,semantic`, "semantic"
+(`layers.semantic`: tile-sized k-means clusters, 2 iterations from a cold start, then the same
+top-k by centroid score; knob: density; minutes of k-means on a CPU, so not in the default run).
 
 Evidence: recall is computed on synthetic heads on this CPU; cycles are *simulated* by the TPU
 compiler's static profile (compile-only, nothing ran); milliseconds follow from an assumed clock.
@@ -28,6 +30,7 @@ measured v6e latencies; the model is never fitted to them.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from pathlib import Path
@@ -43,6 +46,7 @@ from svg_lib.core.svg_masks import SVGMask
 from svg_lib.cli.common import Command
 from svg_lib.layers.pooled import pooled_plan
 from svg_lib.layers.profiling import sample_rows
+from svg_lib.layers.semantic import plan_from_orders, plan_keep, semantic_plan, tile_budget
 from svg_lib.layers.synthetic import KINDS, computed_mask, structured_qkv
 from svg_lib.problem import BLOG_V6E_MS, get_preset
 from svg_lib.tpu.cost import EVIDENCE, load_reference, model_cycles
@@ -56,8 +60,11 @@ KNOBS = {
     "radial": (0.1, 0.35, 1.0, 2.0, 4.0, 8.0, 16.0),
     "sliding": ((1, 3, 3), (3, 3, 3), (3, 3, 5), (5, 3, 5), (7, 3, 5), (9, 3, 5)),
     "pooled": (0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.85, 0.92),
+    "semantic": (0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.85, 0.92),
 }
 MASKS = tuple(KNOBS)
+DEFAULT_MASKS = ("svg_b3", "radial", "sliding", "pooled")  # semantic tiles' k-means adds minutes on a CPU
+SEMANTIC_ITERATIONS = 2  # k-means iterations from a cold start (SVG2 runs 50 at its first sparse step)
 
 
 # MXUs per TensorCore used to turn simulated cycles into time. The v5e's agrees with chips.TARGETS
@@ -108,8 +115,15 @@ def _computed_density(plan, real_tokens):
     return float(plan.visited.sum()) * plan.block_q * plan.block_kv / float(real_tokens) ** 2
 
 
-def mask_points(name, knob, g, p, rows, q, k, block_q, block_kv):
-    """One point of one family: (per-head recall `[3]`, per-head b3 plans, computed density)."""
+def _tile_plans(tiles, tokens, block_q, block_kv):
+    """One B3 plan per head of a bool `[heads, nq, nk]` tile selection (what the device planner runs)."""
+    return [plan_tiles(TileAlignedMask(tokens, block_q, block_kv, t), block_q, block_kv) for t in np.asarray(tiles)]
+
+
+def mask_points(name, knob, g, p, rows, q, k, block_q, block_kv, cache=None):
+    """One point of one family: (per-head recall `[3]`, per-head b3 plans, computed density), or None
+    where the family has no point at these tiles. `cache`: a dict kept across calls (semantic tiles'
+    clusters, which do not depend on the density)."""
     keys = np.arange(g.tokens)[None, :]
     if name == "svg_b3":
         mask = SVGMask.spatial(g, knob)
@@ -131,12 +145,28 @@ def mask_points(name, knob, g, p, rows, q, k, block_q, block_kv):
     if name == "pooled":
         tiles = np.asarray(pooled_plan(q, k, block_q=block_q, block_kv=block_kv, density=knob).tiles)
         keep = tiles[:, rows // block_q][:, :, np.arange(g.tokens) // block_kv]
-        plans = [plan_tiles(TileAlignedMask(g.tokens, block_q, block_kv, t), block_q, block_kv) for t in tiles]
+        plans = _tile_plans(tiles, g.tokens, block_q, block_kv)
         return _recall(p, keep), plans, float(np.mean([_computed_density(pl, g.tokens) for pl in plans]))
+    if name == "semantic":
+        import jax
+
+        # the tiles are cut in cluster order: the kernel computes them on gathered q, k, v (the
+        # gathers are not priced); recall maps them back to token order (`plan_keep`)
+        cache = {} if cache is None else cache
+        if ("semantic", block_q, block_kv) not in cache:
+            first = jax.jit(functools.partial(semantic_plan, block_q=block_q, block_kv=block_kv, density=knob,
+                                              iterations=SEMANTIC_ITERATIONS))(q, k)
+            cache["semantic", block_q, block_kv] = (first.q_order, first.k_order)
+        q_order, k_order = cache["semantic", block_q, block_kv]
+        steps = tile_budget(knob, -(-g.tokens // block_kv))
+        plan = plan_from_orders(q, k, q_order, k_order, block_q=block_q, block_kv=block_kv, steps=steps)
+        plans = _tile_plans(plan.tiles, g.tokens, block_q, block_kv)
+        rec = _recall(p, np.asarray(plan_keep(plan, rows)))
+        return rec, plans, float(np.mean([_computed_density(pl, g.tokens) for pl in plans]))
     raise ValueError(f"unknown mask family {name!r}; known: {MASKS}")
 
 
-def frontier(rows: int = 64, masks=MASKS, chips=CHIPS, tiles=TILES, knobs=None, heads: int | None = None) -> dict:
+def frontier(rows: int = 64, masks=DEFAULT_MASKS, chips=CHIPS, tiles=TILES, knobs=None, heads: int | None = None) -> dict:
     """Every (mask, tile size, knob) point with its recall, computed density and predicted ms per chip.
 
     Returns {"points": [...], "best": {chip: {mask: {target: point or None}}}, "calibration": {...},
@@ -145,11 +175,11 @@ def frontier(rows: int = 64, masks=MASKS, chips=CHIPS, tiles=TILES, knobs=None, 
     heads = heads or blog.heads
     costs = probed_costs(chips, tiles)
     g, p, r, q, k = planted_heads(rows)
-    points = []
+    points, cache = [], {}
     for name in masks:
         for block_q, block_kv in tiles:
             for knob in (knobs or {}).get(name, KNOBS[name]):
-                got = mask_points(name, knob, g, p, r, q, k, block_q, block_kv)
+                got = mask_points(name, knob, g, p, r, q, k, block_q, block_kv, cache)
                 if got is None:
                     continue
                 recall, plans, density = got
@@ -271,8 +301,9 @@ def plot(result: dict, path) -> Path:
 def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", type=int, default=64, help="query rows sampled for recall (default 64)")
     parser.add_argument("--plot", default="frontier.png", metavar="PATH", help="where to draw the Pareto plot")
-    parser.add_argument("--masks", default=",".join(MASKS), metavar="LIST",
-                        help=f"comma-separated mask families (default: all of {','.join(MASKS)})")
+    parser.add_argument("--masks", default=",".join(DEFAULT_MASKS), metavar="LIST",
+                        help=f"comma-separated mask families of {','.join(MASKS)} (default {','.join(DEFAULT_MASKS)}; "
+                             "semantic adds a few minutes of k-means on a CPU)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
 
 
