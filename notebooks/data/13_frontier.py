@@ -5,7 +5,7 @@
 
 Recall: planted heads (spatial, temporal, local3d; head_dim 64) at 21 x 45 x 80 = 75,600 tokens,
 computed on this CPU. Cycles: simulated by the TPU compiler's static profile (committed probes).
-About a minute.
+A few minutes (semantic tiles' k-means).
 """
 import datetime
 import json
@@ -15,12 +15,12 @@ import sys
 import jax
 
 from svg_lib import RadialMask, attention_recall
-from svg_lib.cli.frontier import frontier, planted_heads
+from svg_lib.cli.frontier import MASKS, frontier, planted_heads
 from svg_lib.environment import libtpu_version
 from svg_lib.layers.synthetic import KINDS
 
 ROWS = 64
-result = frontier(rows=ROWS)
+result = frontier(rows=ROWS, masks=MASKS)  # semantic tiles included: a few minutes
 g, _, rows, q, k = planted_heads(ROWS)  # the same heads and rows the frontier used
 radial = []
 for decay in (0.2, 1.0, 4.0):
