@@ -67,6 +67,9 @@ def test_tile_body_kinds_order(measured):
     # about what its mask-free path does at these small tiles (v6e 256 x 256: 839 against 859)
     assert theirs["svg_masked"] > 0.9 * theirs["free"] > 0
     assert cost.per_row["svg_lib"] > 0 and cost.per_row["splash"] > 0
+    # Splash's block-mask body (B0 with padded keys) loads, ORs and selects its mask block on every
+    # step, so costs more than its mask-free body (v6e 512 x 256: 1,342 against 990)
+    assert theirs["blocks"] > theirs["free"]
     body = cost.body_bundles["svg_lib"]
     assert body["idle"] == 0 and body["svg_masked"] > body["free"] > 0
 
@@ -150,6 +153,42 @@ def test_committed_reference_reads_back():
     blog = after[("v6e", 3328, 1536)]
     assert blog.cycles_per_step("svg_lib", "free") <= blog.cycles_per_step("splash", "free")
     assert blog.cycles_per_step("svg_lib", "svg_masked") > blog.cycles_per_step("svg_lib", "free")
+
+
+def test_committed_references_were_probed_from_this_tree():
+    """Every committed figure of today's bodies carries the digest of the sources its probes compiled;
+    a change to a kernel, the mask's predicate or a probe makes it stale, and this fails until the
+    references are re-probed (tools/forward-reference.py, tools/backward-reference.py)."""
+    import json
+
+    from svg_lib.tpu.cost import BACKWARD_REFERENCE_FILE, REFERENCE_FILE
+    from svg_lib.tpu.probes import versions
+
+    source = versions()["source"]
+    forward = json.loads(REFERENCE_FILE.read_text())
+    backward = json.loads(BACKWARD_REFERENCE_FILE.read_text())
+    entries = [("cost_reference.json", "tools/forward-reference.py", e) for e in forward["groups"]["after"]]
+    entries += [("backward_cost_reference.json", "tools/backward-reference.py", e) for e in backward["costs"]]
+    stale = [f"{name} {e['target']} {e['block_q']} x {e['block_kv']}: probed from source {e['versions']['source']} "
+             f"(re-probe: python {tool})" for name, tool, e in entries if e["versions"]["source"] != source]
+    assert not stale, f"this tree's probed sources digest to {source}; stale entries:\n" + "\n".join(stale)
+    assert forward["versions"]["source"] == backward["versions"]["source"] == source
+
+
+def test_b0_with_padded_keys_runs_splash_block_mask_body():
+    """B0 is Splash with a full mask only when no key is padded; otherwise its mask comes as blocks
+    and every step runs the block-mask body. A cost without that body says so, or is filled with
+    the mask-free one on request (a lower bound)."""
+    padded = SVGMask.spatial(VideoGeometry(4, 6, 10), 0.3)   # 240 tokens: 128-token key tiles pad 16
+    exact = MASK                                               # 768 tokens: no padding
+    assert step_kinds("splash_dense", plan_tiles(exact, 128, 128)).keys() == {"rows", "free"}
+    assert step_kinds("splash_dense", plan_tiles(padded, 128, 128)).keys() == {"rows", "blocks"}
+    cost = fake_cost()
+    with pytest.raises(ValueError, match="blocks_as_free"):
+        model_cycles("splash_dense", cost, plan_tiles(padded, 128, 128))
+    lower = model_cycles("splash_dense", filled_from(cost, blocks_as_free=True), plan_tiles(padded, 128, 128))
+    cost.per_step["splash"]["blocks"] = 12.0
+    assert model_cycles("splash_dense", cost, plan_tiles(padded, 128, 128)) > lower
 
 
 def test_cli_refuses_a_bad_block_size(capsys):

@@ -42,9 +42,9 @@ from svg_lib.chips import check_target
 from svg_lib.core.masks import check_block_size
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles
 from svg_lib.problem import BenchConfig, check_block_kv_compute, resolve_problem
-from svg_lib.tpu.probes import (BACKWARD_KERNELS, BACKWARD_KINDS, BODY_KINDS, CACHE_FORMAT, COST_KERNELS, FAILING_KIND,
-                                FLOOR_KIND, PROBE_ROWS, PROBE_STEPS, SPLASH_KINDS, Probe, probes_for, run_probes,
-                                versions)
+from svg_lib.tpu.probes import (BACKWARD_KERNELS, BACKWARD_KINDS, BLOCKS_KIND, BODY_KINDS, CACHE_FORMAT, COST_KERNELS,
+                                FAILING_KIND, FLOOR_KIND, PROBE_ROWS, PROBE_STEPS, SPLASH_KINDS, TILE_KINDS, Probe,
+                                probes_for, run_probes, versions)
 
 # who runs which backward kernels for one tile (BackwardCost.per_tile)
 BACKWARD_PAIRS = {"svg_lib": ("svg_lib_dq", "svg_lib_dkv"), "svg_lib_fused": ("svg_lib_fused",),
@@ -81,6 +81,8 @@ class TileCost:
     from_cache: bool = False
     cache_path: str | None = None
     evidence: str = EVIDENCE
+    # {kind: why}: kinds asked for that this chip's static profile could not simulate
+    unsimulated: dict = field(default_factory=dict)
 
     def cycles_per_step(self, kernel: str, kind: str) -> float | None:
         return self.per_step.get(kernel, {}).get(kind)
@@ -115,7 +117,7 @@ class TileCost:
         lines = [head, f"{'kernel':8} {'body':15} {'cycles/step':>12} {'vs splash':>10} {'vs matmuls':>11} "
                        f"{'bundles':>9} {'body bundles':>13}"]
         for kernel in COST_KERNELS:
-            for kind in BODY_KINDS:
+            for kind in TILE_KINDS:
                 c = self.cycles_per_step(kernel, kind)
                 if c is None:
                     continue
@@ -129,6 +131,8 @@ class TileCost:
                              f"{'' if bb is None else bb:>13}")
             if kernel in self.per_row:
                 lines.append(f"{kernel:8} {'per q-tile row':15} {self.per_row[kernel]:12,.0f}")
+        for kind, why in self.unsimulated.items():
+            lines.append(f"(not simulated: {kind}; {why})")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -163,7 +167,7 @@ def _summarise(probes: list[Probe], rows: list[dict]) -> tuple[dict, dict, dict,
 
 def tile_cost(target: str = "v6e", config: BenchConfig | None = None, *, block_q: int | None = None,
               block_kv: int | None = None, block_kv_compute: int | None = None, head_dim: int | None = None,
-              kernels=COST_KERNELS, kinds=BODY_KINDS, per_row: bool = True, refresh: bool = False) -> TileCost:
+              kernels=COST_KERNELS, kinds=TILE_KINDS, per_row: bool = True, refresh: bool = False) -> TileCost:
     """Simulated cycles per grid step of each tile-body kind, svg_lib's and Splash's (cached).
 
     The tiles: a `config`'s (`BenchConfig`: its blocks and head_dim; any given here wins), or
@@ -171,7 +175,7 @@ def tile_cost(target: str = "v6e", config: BenchConfig | None = None, *, block_q
 
     Compiles up to 14 small probe kernels in a subprocess the first time (a minute or two on
     a CPU at 512 x 256 tiles, much longer at the blog's 3328 x 1536), then reads the cache.
-    `kernels` and `kinds` limit what is probed (Splash has only "free" and "svg_masked");
+    `kernels` and `kinds` limit what is probed (Splash has only "free", "svg_masked" and "blocks");
     `per_row=False` leaves out the per-row probe (the model then counts no per-row cost)."""
     check_target(target)
     if config is not None:
@@ -189,35 +193,48 @@ def tile_cost(target: str = "v6e", config: BenchConfig | None = None, *, block_q
         if k not in COST_KERNELS:
             raise ValueError(f"unknown kernel {k!r}; tile_cost knows {COST_KERNELS}")
     for k in kinds:
-        if k not in BODY_KINDS:
-            raise ValueError(f"unknown tile-body kind {k!r}; tile_cost knows {BODY_KINDS}")
+        if k not in TILE_KINDS:
+            raise ValueError(f"unknown tile-body kind {k!r}; tile_cost knows {TILE_KINDS}")
     v = versions()
     path = _cache_path(_cache_key(target, block_q, block_kv, block_kv_compute, head_dim, kernels, kinds, v, per_row))
     if path.exists() and not refresh:
         return TileCost.from_json(json.loads(path.read_text()), from_cache=True, cache_path=str(path))
-    probes = probes_for(block_q, block_kv, block_kv_compute, head_dim, kernels, kinds, per_row)
+    probes = probes_for(block_q, block_kv, block_kv_compute, head_dim, kernels,
+                        [k for k in kinds if k != BLOCKS_KIND], per_row)
     rows = run_probes(probes, target)
-    return _store(path, target, probes, rows, v)
+    unsimulated = {}
+    if BLOCKS_KIND in kinds and "splash" in kernels:
+        # in a process of its own: where the static profile cannot model its mask block's DMA (a
+        # v5e), the compiler aborts, and only this kind is lost
+        extra = probes_for(block_q, block_kv, block_kv_compute, head_dim, ("splash",), (BLOCKS_KIND,), False)
+        try:
+            rows += run_probes(extra, target)
+            probes += extra
+        except RuntimeError as e:
+            if "Static LLO profiling" not in str(e):
+                raise
+            unsimulated[BLOCKS_KIND] = next(line for line in str(e).splitlines() if "Static LLO profiling" in line)
+    return _store(path, target, probes, rows, v, unsimulated)
 
 
 def _cache_key(target, block_q, block_kv, block_kv_compute, head_dim, kernels, kinds, v, per_row=True) -> dict:
     key = {"format": CACHE_FORMAT, "what": "tile_cost", "target": target, "block_q": block_q,
            "block_kv": block_kv, "block_kv_compute": block_kv_compute, "head_dim": head_dim,
            "kernels": list(kernels), **v}
-    if tuple(kinds) != BODY_KINDS:
+    if tuple(kinds) != TILE_KINDS:
         key["kinds"] = list(kinds)
     if not per_row:
         key["per_row"] = False
     return key
 
 
-def _store(path: Path, target: str, probes: list[Probe], rows: list[dict], v: dict) -> TileCost:
+def _store(path: Path, target: str, probes: list[Probe], rows: list[dict], v: dict, unsimulated=None) -> TileCost:
     p0 = probes[0]
     block_q, block_kv, block_kv_compute, head_dim = p0.block_q, p0.block_kv, p0.block_kv_compute, p0.head_dim
     per_step, per_row, bundles, body_bundles = _summarise(probes, rows)
     raw = [{**p.to_json(), **r} for p, r in zip(probes, rows)]
     result = TileCost(target, block_q, block_kv, block_kv_compute, head_dim, per_step, per_row, bundles,
-                      body_bundles, v, raw)
+                      body_bundles, v, raw, unsimulated=unsimulated or {})
     cache_files.write_json_atomic(path, result.to_json())
     result.cache_path = str(path)
     return result
@@ -363,27 +380,34 @@ def load_reference(path: Path = REFERENCE_FILE) -> dict:
     return data
 
 
-def filled_from(cost: TileCost, fallback: TileCost, *, padding_as_free: bool = False) -> TileCost:
+def filled_from(cost: TileCost, fallback: TileCost | None = None, *, padding_as_free: bool = False,
+                blocks_as_free: bool = False) -> TileCost:
     """`cost` with the kernels, kinds, per-row costs and bundles it did not probe taken from `fallback`
-    (the same block size). With `padding_as_free`, a missing padding_masked cost is taken as
-    `cost`'s own mask-free cost instead. Say so wherever the result is shown."""
+    (the same block size; None: nothing taken). With `padding_as_free`, a missing padding_masked cost
+    is taken as `cost`'s own mask-free cost instead; with `blocks_as_free`, a missing Splash "blocks"
+    cost as Splash's mask-free one (a lower bound for B0 with padded keys: a v5e's static profile
+    cannot simulate that body). Say so wherever the result is shown."""
     import copy
 
-    if (cost.block_q, cost.block_kv) != (fallback.block_q, fallback.block_kv):
+    if fallback is not None and (cost.block_q, cost.block_kv) != (fallback.block_q, fallback.block_kv):
         raise ValueError(f"block sizes differ: {cost.block_q} x {cost.block_kv} vs {fallback.block_q} x {fallback.block_kv}")
     out = copy.deepcopy(cost)
-    for kernel, kinds in fallback.per_step.items():
-        mine = out.per_step.setdefault(kernel, {})
-        if padding_as_free and "padding_masked" not in mine and "free" in mine and "padding_masked" in kinds:
-            mine["padding_masked"] = mine["free"]
-        for kind, cycles in kinds.items():
-            mine.setdefault(kind, cycles)
-    for kernel, cycles in fallback.per_row.items():
-        out.per_row.setdefault(kernel, cycles)
-    for mine, theirs in ((out.bundles, fallback.bundles), (out.body_bundles, fallback.body_bundles)):
-        for kernel, kinds in theirs.items():
-            for kind, n in kinds.items():
-                mine.setdefault(kernel, {}).setdefault(kind, n)
+    if fallback is not None:
+        for kernel, kinds in fallback.per_step.items():
+            mine = out.per_step.setdefault(kernel, {})
+            if padding_as_free and "padding_masked" not in mine and "free" in mine and "padding_masked" in kinds:
+                mine["padding_masked"] = mine["free"]
+            for kind, cycles in kinds.items():
+                mine.setdefault(kind, cycles)
+        for kernel, cycles in fallback.per_row.items():
+            out.per_row.setdefault(kernel, cycles)
+        for mine, theirs in ((out.bundles, fallback.bundles), (out.body_bundles, fallback.body_bundles)):
+            for kernel, kinds in theirs.items():
+                for kind, n in kinds.items():
+                    mine.setdefault(kernel, {}).setdefault(kind, n)
+    splash = out.per_step.get("splash", {})
+    if blocks_as_free and BLOCKS_KIND not in splash and "free" in splash:
+        splash[BLOCKS_KIND] = splash["free"]
     return out
 
 
@@ -397,8 +421,9 @@ BLOG_RATIOS = {"splash_dense": 1.0, "b1": 96.37 / 78.70, "b2": 54.12 / 78.70, "b
 def step_kinds(method: str, plan=None, b3_plan=None, *, tokens: int | None = None) -> dict:
     """How many grid steps (per head) of each body kind `method` runs, and its query-tile rows.
 
-    splash_dense / dense: every tile (dense masks the key tiles that reach into padding,
-    Splash's full mask needs no masking); b1: every visited tile masked with the SVG
+    splash_dense / dense: every tile (dense masks the key tiles that reach into padding;
+    Splash needs no masking without padding, and with it runs its block-mask body on every
+    tile, "blocks", as the series' B0 does at the blog's 75,600 tokens); b1: every visited tile masked with the SVG
     predicate; b2: full tiles free, partial tiles masked; b3: the tile-aligned plan, whose
     masked tiles mask only key padding. Idle steps pad each row to the plan's `steps`.
     """
@@ -406,8 +431,8 @@ def step_kinds(method: str, plan=None, b3_plan=None, *, tokens: int | None = Non
         p = plan if plan is not None else b3_plan
         nq, nk = p.classes.shape
         padded = nk * p.block_kv != p.mask.tokens
-        if method == "splash_dense":
-            return {"rows": nq, "free": nq * nk}
+        if method == "splash_dense":  # padded keys make Splash's mask blocks (kernels.splash.splash_mask)
+            return {"rows": nq, BLOCKS_KIND if padded else "free": nq * nk}
         return {"rows": nq, "free": nq * (nk - padded), "padding_masked": nq * padded}
     p = b3_plan if method == "b3" else plan
     if p is None:
@@ -454,6 +479,13 @@ def model_cycles(method: str, cost: TileCost, plan=None, b3_plan=None, heads: in
     kinds = step_kinds(method, plan, b3_plan)
     kernel = "splash" if method == "splash_dense" else "svg_lib"
     per_step = cost.per_step[kernel]
+    missing = [k for k in kinds if k not in ("rows", *per_step)]
+    if missing:
+        why = "; ".join(f"{k}: {cost.unsimulated[k]}" for k in missing if k in cost.unsimulated)
+        raise ValueError(f"{method} runs {missing} steps, which these costs ({cost.target}, {cost.block_q} x "
+                         f"{cost.block_kv}) lack for {kernel}{' (' + why + ')' if why else ''}: probe them "
+                         f"(tile_cost(...) probes every kind) or fill them (filled_from(cost, other) or, for "
+                         f"Splash's blocks, filled_from(cost, blocks_as_free=True), a lower bound)")
     fails = 0.0 if kernel == "splash" or check_pass_rate(pass_rate) == 1.0 else (1.0 - pass_rate) * failing_delta(cost)
     total = kinds.pop("rows") * cost.per_row.get(kernel, 0.0)  # per-row cost unprobed: left out
     for kind, n in kinds.items():

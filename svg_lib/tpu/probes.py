@@ -75,9 +75,15 @@ BACKWARD_KERNELS = ("svg_lib_dq", "svg_lib_dkv", "svg_lib_fused", "splash_dq", "
 BACKWARD_KINDS = ("free", "svg_masked", "matmuls")
 # "matmuls", the backward's roofline (svg_lib_fused only): the fused tile's five matmuls (k q^T, v do^T,
 # p^T do, ds^T q, ds k) with the scores cast to the input dtype in between, and nothing else.
-SPLASH_KINDS = ("free", "svg_masked")  # Splash's idle and padding steps are table-driven: not probeable
+# Splash's idle and padding steps are table-driven: not probeable. "blocks": Splash's body when its
+# mask comes as blocks of booleans (`kernels.splash.splash_mask_form` "blocks": B0 as this series
+# runs it whenever the keys are padded, as at the blog's 75,600 tokens): every step on a full block
+# reads the block's flag, ORs it into the resident mask block and selects, though every pair passes.
+BLOCKS_KIND = "blocks"
+SPLASH_KINDS = ("free", "svg_masked", BLOCKS_KIND)
+TILE_KINDS = BODY_KINDS + (BLOCKS_KIND,)  # every kind `cost.tile_cost` probes by default
 # Part of every cache key (svg_lib.tpu.cost): raise it when a probe kernel here changes what it measures.
-CACHE_FORMAT = 6
+CACHE_FORMAT = 7
 PROBE_STEPS = (2, 4)      # kv steps of the two probes whose difference gives cycles per step
 PROBE_ROWS = (1, 2)       # query tiles of the two probes whose difference gives the per-row cost
 
@@ -259,7 +265,9 @@ def _probe_vmem_limit(target: str) -> int | None:
 
 def _splash_probe(p: Probe, name: str, target: str = "v6e"):
     """Splash's forward kernel with no mask tables: every step runs (free), or every step runs
-    its mask-function path with the SVG predicate (svg_masked)."""
+    its mask-function path with the SVG predicate (svg_masked); or with the tables of a block mask
+    whose every block is full (blocks: one resident mask block, loaded once, OR-ed and selected on
+    every step)."""
     import numpy as np
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mi
@@ -269,29 +277,47 @@ def _splash_probe(p: Probe, name: str, target: str = "v6e"):
                          f"probeable: {SPLASH_KINDS}")
     tokens = p.steps * p.block_kv
     masked = p.kind == "svg_masked"
-    info = mi.MaskInfo(data_next=None, mask_next=None, block_mask=None, partial_mask_blocks=None,
-                       q_sequence=np.arange(p.rows * p.block_q, dtype=np.int32) if masked else None)
+    if p.kind == BLOCKS_KIND:
+        grid = (1, p.rows, p.steps)  # one head's tables, shared by every head as Splash stores them
+        info = mi.MaskInfo(data_next=np.broadcast_to(np.arange(p.steps, dtype=np.int32), grid).copy(),
+                           mask_next=np.zeros(grid, np.int32), block_mask=np.full(grid, 2, np.int32),
+                           partial_mask_blocks=np.ones((1, p.block_q, p.block_kv), bool), q_sequence=None)
+    else:
+        info = mi.MaskInfo(data_next=None, mask_next=None, block_mask=None, partial_mask_blocks=None,
+                           q_sequence=np.arange(p.rows * p.block_q, dtype=np.int32) if masked else None)
     sizes = sk.BlockSizes(block_q=p.block_q, block_kv=p.block_kv, block_kv_compute=p.block_kv_compute)
     predicate = _svg_predicate(p.block_q, tokens) if masked else None
 
     limit = _probe_vmem_limit(target)
-
-    def call(q, k, v):
-        if limit is None:
-            return sk._splash_attention_forward(info, q, k, v, None, None, MASK_VALUE, False, sizes,
-                                                None, False, predicate)
+    patches = {}
+    if limit is not None:
         # Splash sets no VMEM limit of its own, so on a chip with a small default (a v5e's 16 MiB)
         # it does not compile at large tiles; the probe gives it the same limit as svg_lib's probes.
-        original = sk.pltpu.CompilerParams
+        original_params = sk.pltpu.CompilerParams
+        patches[sk.pltpu, "CompilerParams"] = lambda **kw: original_params(**{"vmem_limit_bytes": limit, **kw})
+    if p.kind == BLOCKS_KIND:
+        # The static profile reads scalar-prefetched tables as zeros, and a zero block flag means
+        # "skip": Splash's table lookup is given what a full block reads instead (run, keys j,
+        # resident mask block 0), keeping the flag's run-time test that ORs the mask block.
+        original_next = sk._next_nonzero
 
-        def with_limit(**kwargs):
-            return original(**{"vmem_limit_bytes": limit, **kwargs})
-        sk.pltpu.CompilerParams = with_limit
+        def full_block(h, i, j, data_next_ref, block_mask_ref, m_next_ref, next_i=False):
+            if block_mask_ref is None:
+                return original_next(h, i, j, data_next_ref, block_mask_ref, m_next_ref, next_i)
+            flag = block_mask_ref[0, i, j].astype(np.int32)
+            return (i if next_i else j), 0, True, flag != 1
+        patches[sk, "_next_nonzero"] = full_block
+
+    def call(q, k, v):
+        saved = {(owner, name): getattr(owner, name) for owner, name in patches}
         try:
+            for (owner, name), value in patches.items():
+                setattr(owner, name, value)
             return sk._splash_attention_forward(info, q, k, v, None, None, MASK_VALUE, False, sizes,
                                                 None, False, predicate)
         finally:
-            sk.pltpu.CompilerParams = original
+            for (owner, name), value in saved.items():
+                setattr(owner, name, value)
     return call
 
 
@@ -577,7 +603,7 @@ def run_probes(probes: list[Probe], target: str, *, bundles: bool = True, timeou
 
 
 def probes_for(block_q: int, block_kv: int, block_kv_compute: int, head_dim: int = 128,
-               kernels=COST_KERNELS, kinds=BODY_KINDS, per_row: bool = True) -> list[Probe]:
+               kernels=COST_KERNELS, kinds=TILE_KINDS, per_row: bool = True) -> list[Probe]:
     """Every probe `tile_cost` compiles for one block size (the per-row probe needs "free")."""
     out = []
     for kernel in kernels:
