@@ -20,6 +20,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from svg_lib import SVGMask, VideoGeometry, attention, b3_mask, build_attention
 from svg_lib.kernels import forward
+from svg_lib.kernels.adversarial import CASES, adversarial_heads, adversarial_qkv
 from svg_lib.kernels.tolerances import tolerance
 from test_kernels import HOLEY, attention64
 
@@ -146,40 +147,9 @@ def test_rows_at_the_edge_of_the_slack(body_counts, gap, interp):
     assert switched == (gap < forward.BOUND_SLACK), dict(body_counts)
 
 
-def _adversarial(kind, head_dim, score, tokens=256, seed=5):
-    """q, k, v (float64 NumPy) whose largest scores are about `score` (after the 1/sqrt(head_dim)
-    scale) and sit at their Cauchy-Schwarz bound, where float rounding can put a computed score
-    above a computed bound: "identical", every token the same vector (q = k: every score is its
-    bound, all equal, so the answer is the mean of v); "parallel", every query parallel to the one
-    key of largest norm (that key's score is the bound, every other score far below: the answer is
-    that key's value row)."""
-    rng = np.random.default_rng(seed)
-    v = rng.standard_normal((1, tokens, head_dim))
-    if kind == "identical":
-        x = rng.standard_normal(head_dim)
-        x *= math.sqrt(score * math.sqrt(head_dim)) / np.linalg.norm(x)
-        q = k = np.broadcast_to(x, (1, tokens, head_dim))
-    elif kind == "parallel":
-        k = rng.standard_normal((1, tokens, head_dim))
-        top = tokens // 3
-        k[0, top] *= 3.0 * np.linalg.norm(k, axis=-1).max() / np.linalg.norm(k[0, top])
-        q = np.broadcast_to(k[0, top] * (score * math.sqrt(head_dim) / np.sum(k[0, top] ** 2)), (1, tokens, head_dim))
-    else:
-        raise ValueError(kind)
-    return q, k, v
-
-
-# (kind, score, seed): whether rounding puts a score above its bound depends on the vector, so several
-# vectors at the scores where it happened (with no margin, 2 to 4 of these 6 identical-token heads
-# went NaN at each head_dim in float32, plain interpreter)
-ADVERSARIAL = [("identical", score, seed) for score in (1e9, 1e10) for seed in range(3)] + \
-              [("identical", 1e7, 0), ("parallel", 1e9, 0)]
-
-
 def _adversarial_heads(head_dim, dtype):
-    """Every case of ADVERSARIAL as one head of a `[8, 256, head_dim]` problem (the bound is per head)."""
-    cases = [_adversarial(kind, head_dim, score, seed=seed) for kind, score, seed in ADVERSARIAL]
-    return tuple(jnp.asarray(np.concatenate([c[n] for c in cases]), dtype) for n in range(3))
+    """Every adversarial case as one head of a `[8, 256, head_dim]` problem (the bound is per head)."""
+    return tuple(jnp.asarray(x, dtype) for x in adversarial_heads(head_dim))
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
@@ -191,7 +161,7 @@ def test_scores_at_their_bound_stay_finite_and_exact(dtype, head_dim):
     q, k, v = _adversarial_heads(head_dim, dtype)
     got = _run("dense", None, (q, k, v), True)
     want = attention64(q, k, v)
-    for h, case in enumerate(ADVERSARIAL):
+    for h, case in enumerate(CASES):
         assert np.isfinite(got[h]).all(), case
         np.testing.assert_allclose(got[h], want[h], **tolerance(dtype), err_msg=f"{case}, {dtype}, {head_dim}")
 
@@ -200,7 +170,7 @@ def test_scores_at_their_bound_stay_finite_and_exact(dtype, head_dim):
 @pytest.mark.parametrize("head_dim", [64, 256])
 def test_scores_at_their_bound_in_the_tpu_interpreter(method, head_dim):
     """The same inputs in the interpreter that runs the TPU's code path (float32, scores of 1e9)."""
-    q, k, v = (jnp.asarray(x, jnp.float32) for x in _adversarial("identical", head_dim, 1e9))
+    q, k, v = (jnp.asarray(x, jnp.float32) for x in adversarial_qkv("identical", head_dim, 1e9))
     geometry = VideoGeometry(2, 8, 16)  # 256 tokens
     mask = SVGMask.spatial(geometry, 0.35)
     got = _run(method, mask, (q, k, v), _interpret("tpu"))
@@ -213,7 +183,7 @@ def test_scores_at_their_bound_in_the_tpu_interpreter(method, head_dim):
 def test_moderate_scores_at_their_bound_still_take_the_bound(body_counts, kind):
     """The margin costs nothing where scores are ordinary: at their bound with scores near 10, every
     query tile still switches after its first step."""
-    q, k, v = (jnp.asarray(x, jnp.float32) for x in _adversarial(kind, 128, 10.0))
+    q, k, v = (jnp.asarray(x, jnp.float32) for x in adversarial_qkv(kind, 128, 10.0))
     _run("dense", None, (q, k, v), True)
     assert body_counts == {"running": 2, "bounded": 2}  # 2 query tiles x (1 running + 1 bounded)
 

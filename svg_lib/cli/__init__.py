@@ -18,12 +18,12 @@ import argparse
 import sys
 
 from svg_lib import __version__
-from svg_lib.cli import bench, cost, frontier, lower, plan, sharded, tune, vmem
+from svg_lib.cli import bench, cost, frontier, lower, plan, report, sharded, tune, vmem
 from svg_lib.cli import compile as compile_command  # the module, not the builtin
 from svg_lib.cli.common import PROG, Command, _Parser
 
 COMMANDS: tuple[Command, ...] = tuple(m.COMMAND for m in (plan, bench, lower, compile_command, tune, cost, vmem,
-                                                          sharded, frontier))
+                                                          sharded, report, frontier))
 
 
 def commands() -> list[Command]:

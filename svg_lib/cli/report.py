@@ -1,0 +1,32 @@
+"""`python -m svg_lib report`: the page a reader with a TPU runs and shares (svg_lib.tools.report)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from svg_lib.cli.common import Command, UsageError
+from svg_lib.problem import PRESETS
+from svg_lib.tools.report import default_config, run_report
+
+
+def _report_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="svg_lib_report", metavar="DIR",
+                        help="folder for report.json, report.md and report.png (default svg_lib_report)")
+    parser.add_argument("--preset", choices=tuple(PRESETS),
+                        help="problem size (default: blog on a TPU, walkthrough elsewhere, where the kernels "
+                             "interpret)")
+    parser.add_argument("--repeats", type=int, default=5, metavar="N", help="timed calls per stage (default 5)")
+
+
+def _report_run(args: argparse.Namespace) -> int:
+    if args.repeats < 1:
+        raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
+    config = PRESETS[args.preset] if args.preset else default_config()
+    data = run_report(args.out, config=config, repeats=args.repeats,
+                      progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(f"{data['evidence']}: wrote {args.out}/report.md (share it, with report.json and report.png)")
+    return 0
+
+
+COMMAND = Command("report", "time B0-B3, run the adversarial inputs and the bound's pass rate, beside the "
+                  "static profile's cycles: one page to share", _report_arguments, _report_run)
