@@ -28,7 +28,7 @@ from svg_lib.teaching.exercises.e3_b2_dispatch import (MASK_FREE_PATH, MASKED_PA
                                                       check_b2_dispatch)
 from svg_lib.teaching.exercises.e4_balanced_rounding import check_balanced_rounding
 from svg_lib.teaching.exercises.e5_block_sizes import (BlockSizeProblem, block_size_cost, block_size_problem,
-                                                      check_block_sizes)
+                                                      check_block_sizes, compare_block_sizes)
 from svg_lib.teaching.exercises.e6_temporal_permutation import check_temporal_permutation
 from svg_lib.teaching.exercises.e7_fit_tile_costs import _solve_costs, case_study_stages, check_tile_cost_fit
 from svg_lib.teaching.exercises.e8_capacity_assignment import check_capacity_assignment
@@ -36,4 +36,5 @@ from svg_lib.teaching.exercises.e8_capacity_assignment import check_capacity_ass
 __all__ = ["CheckResult", "check_tile_body", "check_band_pair_count", "check_b2_dispatch",
            "check_balanced_rounding", "check_block_sizes", "check_temporal_permutation", "check_tile_cost_fit",
            "check_capacity_assignment",
-           "BlockSizeProblem", "block_size_problem", "block_size_cost", "b2_exercise_attention", "case_study_stages"]
+           "BlockSizeProblem", "block_size_problem", "block_size_cost", "compare_block_sizes", "b2_exercise_attention",
+           "case_study_stages"]

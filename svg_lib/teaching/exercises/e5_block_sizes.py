@@ -99,6 +99,27 @@ def block_size_cost(problem: BlockSizeProblem, block_q: int, block_kv: int) -> d
                 vmem_bytes=int(vmem), fits=vmem <= problem.vmem_budget_bytes)
 
 
+def compare_block_sizes(problem: BlockSizeProblem, choice) -> dict[str, tuple[int, int]]:
+    """The choices E5's last cell sets side by side, by name: `choice` ("your choice"), the fitting
+    candidates with the least masking and with the fewest grid steps, the cheapest one if the budget
+    is ignored, and the case study's blocks. Prints their cost terms as a table and returns them."""
+    terms = {c: block_size_cost(problem, *c) for c in problem.candidates}
+    fitting = [c for c in problem.candidates if terms[c]["fits"]]
+    blog = get_preset("blog")
+    rows = {"your choice": tuple(choice),
+            "least masking": min(fitting, key=lambda c: (terms[c]["masked_pairs"], terms[c]["grid_steps"])),
+            "fewest steps": min(fitting, key=lambda c: (terms[c]["grid_steps"], terms[c]["masked_pairs"])),
+            "budget ignored": min(problem.candidates, key=lambda c: terms[c]["cost_us"]),
+            "case study": (blog.block_q, blog.block_kv)}
+    print(f"{'':>14} {'blocks':>12} {'grid steps':>11} {'masked Mpairs':>14} {'cost us':>9} {'VMEM MiB':>9}  fits "
+          f"{problem.vmem_budget_bytes / 2**20:g} MiB")
+    for name, c in rows.items():
+        t = terms[c]
+        print(f"{name:>14} {c[0]:>5} x {c[1]:<4} {t['grid_steps']:>11,} {t['masked_pairs'] / 1e6:>14,.1f} "
+              f"{t['cost_us']:>9,.1f} {t['vmem_bytes'] / 2**20:>9.1f}  {'yes' if t['fits'] else 'no'}")
+    return rows
+
+
 def _block_size_problems(seed: int) -> list[BlockSizeProblem]:
     from dataclasses import replace
 
