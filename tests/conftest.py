@@ -61,11 +61,25 @@ SLOWEST_FIRST = (
 )
 
 
+# --- what the replica of Colab's runtime leaves to the pinned stage -----------------------------
+# Runs under the interpreter that simulates a TPU's memory (`pltpu.InterpretParams`) are marked
+# `tpu_interpreter`. They check the kernels against TPU semantics with the pinned jax; a Colab
+# reader never runs that interpreter (on a TPU the kernels compile), so the replica of Colab's
+# runtime (tools/test-colab.sh sets SVG_LIB_REPLICA=1) skips them and runs the plain interpreter's.
+def pytest_configure(config):
+    config.addinivalue_line("markers", "tpu_interpreter: runs under pltpu.InterpretParams; pinned stage only")
+
+
 def pytest_collection_modifyitems(config, items):
     """Slowest files first (SLOWEST_FIRST), the rest after them in collection order. A stable sort
     by file only: the tests of a file, and a notebook's cells, keep their own order."""
     rank = {path: i for i, path in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+    if os.environ.get("SVG_LIB_REPLICA") == "1":
+        skip = pytest.mark.skip(reason="TPU-interpreter runs are the pinned stage's (tests/conftest.py)")
+        for item in items:
+            if item.get_closest_marker("tpu_interpreter") is not None:
+                item.add_marker(skip)
 
 
 # --- where the time went, per file ------------------------------------------------------------

@@ -223,6 +223,7 @@ def test_dense_classes_mask_only_the_key_padding():
 
 
 @needs_race_state
+@pytest.mark.tpu_interpreter
 @pytest.mark.parametrize("method, backward", [("dense", "fused"), ("b2", "fused"), ("b3", "fused"),
                                               ("dense", "split"), ("b3", "split")])
 def test_backward_kernels_have_no_races(method, backward):

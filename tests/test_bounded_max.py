@@ -28,6 +28,8 @@ GEOMETRY = VideoGeometry(4, 8, 12, text_tokens=20)  # 404 tokens: q and kv paddi
 MASK = SVGMask.spatial(GEOMETRY, 0.35)
 METHODS = ("dense", "b1", "b2", "b3")
 INTERPRETERS = {"plain": True, "tpu": "params"}  # "params": a fresh pltpu.InterpretParams() per run
+# the parametrisation over both, the TPU interpreter's runs marked for the pinned stage (tests/conftest.py)
+BOTH = [pytest.param(name, marks=pytest.mark.tpu_interpreter) if name == "tpu" else name for name in INTERPRETERS]
 
 
 def _interpret(name):
@@ -77,7 +79,7 @@ def body_counts(monkeypatch):
     return counts
 
 
-@pytest.mark.parametrize("interp", list(INTERPRETERS))
+@pytest.mark.parametrize("interp", BOTH)
 @pytest.mark.parametrize("kind", ["ordinary", "wide", "late_large", "bf16_huge"])
 @pytest.mark.parametrize("method", METHODS)
 def test_matches_float64_on_inputs_that_break_a_fixed_max(method, kind, interp):
@@ -104,7 +106,7 @@ def _tolerance(qkv):
     return dict(rtol=tol["rtol"], atol=tol["atol"] + rounding)
 
 
-@pytest.mark.parametrize("interp", list(INTERPRETERS))
+@pytest.mark.parametrize("interp", BOTH)
 def test_ordinary_tiles_switch_after_their_first_step_and_wide_ones_never(body_counts, interp):
     heads, query_tiles, kv_tiles = 2, 4, 4  # 404 tokens in tiles of 128
     _run("dense", None, _inputs("ordinary", MASK.tokens), _interpret(interp))
@@ -125,7 +127,7 @@ def test_rows_with_no_kept_key_keep_the_running_max(body_counts):
 
 
 @pytest.mark.parametrize("gap", [forward.BOUND_SLACK - 1.0, forward.BOUND_SLACK + 1.0])
-@pytest.mark.parametrize("interp", list(INTERPRETERS))
+@pytest.mark.parametrize("interp", BOTH)
 def test_rows_at_the_edge_of_the_slack(body_counts, gap, interp):
     """Every row's scores are all equal to a, one extra key of norm R is orthogonal to every query,
     and |q| R / sqrt(D) - a = gap: at BOUND_SLACK - 1 the tiles switch and exp(s - bound) is about
@@ -168,6 +170,7 @@ def test_scores_at_their_bound_stay_finite_and_exact(dtype, head_dim):
 
 @pytest.mark.parametrize("method", ["dense", "b3"])
 @pytest.mark.parametrize("head_dim", [64, 256])
+@pytest.mark.tpu_interpreter
 def test_scores_at_their_bound_in_the_tpu_interpreter(method, head_dim):
     """The same inputs in the interpreter that runs the TPU's code path (float32, scores of 1e9)."""
     q, k, v = (jnp.asarray(x, jnp.float32) for x in adversarial_qkv("identical", head_dim, 1e9))

@@ -240,7 +240,7 @@ def test_small_problem_has_empty_tiles_and_idle_steps():
 
 
 @pytest.mark.parametrize("method", ["dense", "b2", "b3"])
-@pytest.mark.parametrize("tpu_interpreter", [False, True])
+@pytest.mark.parametrize("tpu_interpreter", [False, pytest.param(True, marks=pytest.mark.tpu_interpreter)])
 def test_partial_last_tiles_do_not_leak(method, tpu_interpreter):
     """Call the kernel itself on unpadded arrays whose last query and key tiles are partial: both
     interpreters fill a block's part past the array's end with NaN (a TPU leaves whatever the buffer
@@ -366,6 +366,7 @@ def test_race_detector_can_fail():
 
 
 @needs_race_state
+@pytest.mark.tpu_interpreter
 @pytest.mark.parametrize("method", ["dense", "b1", "b2", "b3", "splash_dense", "splash"])
 def test_no_races_under_the_tpu_interpreter(method):
     params = pltpu.InterpretParams(detect_races=True)

@@ -18,8 +18,10 @@
 #    test_vmem and test_smem (each libtpu release held to its own verdicts), cores, multichip,
 #    precision, in-model jit and grad, environment, notebook setup, plots (Colab's matplotlib),
 #    the explorer (Colab's ipywidgets), and every new test file unless it is listed below.
-#    Left to the pinned stage (PINNED_ONLY), where the jax version cannot change the answer or the
-#    replica proves it another way:
+#    Runs under the TPU interpreter (`pltpu.InterpretParams`, marked `tpu_interpreter`) are skipped
+#    here (SVG_LIB_REPLICA=1): a Colab reader never runs that interpreter (on a TPU the kernels compile);
+#    the plain interpreter's runs of the same tests stay. Left to the pinned stage (PINNED_ONLY),
+#    where the jax version cannot change the answer or the replica proves it another way:
 #      test_browser.py   JupyterLab and Chromium: not part of Colab's runtime;
 #      test_compiler.py  every method at the case study's size, twice: step 5 compiles what only
 #                        Colab's libtpu can prove; each such compile takes one to four minutes of a
@@ -112,7 +114,7 @@ PINNED_ONLY="test_browser test_compiler test_cost test_masks test_planner test_l
 ignore=()
 for name in $PINNED_ONLY; do ignore+=("--ignore=tests/$name.py"); done
 echo "make test-colab: unit tests (left to the pinned stage: $PINNED_ONLY), $(date -u +%T) UTC"
-(cd "$CLONE" && env -u PYTHONPATH SVG_LIB_REQUIRE_TPU_COMPILER=1 "$PY" -m pytest -o addopts="" -ra -q \
+(cd "$CLONE" && env -u PYTHONPATH SVG_LIB_REQUIRE_TPU_COMPILER=1 SVG_LIB_REPLICA=1 "$PY" -m pytest -o addopts="" -ra -q \
    -n "$WORKERS" --dist loadfile --no-loadscope-reorder --durations=25 -p no:cacheprovider \
    "${ignore[@]}" ${PYTEST_ARGS:-} tests) || status=1
 
