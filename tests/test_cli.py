@@ -102,7 +102,7 @@ def test_missing_command_and_help(capsys):
 
 def test_registry_builds_the_subcommands():
     names = [c.name for c in commands()]
-    assert names == ["plan", "bench", "lower", "compile", "tune", "cost", "vmem", "sharded", "frontier"]
+    assert names == ["plan", "bench", "lower", "compile", "tune", "cost", "vmem", "sharded", "report", "frontier"]
     for name in names:  # every command parses its own --help without running anything
         code = main([name, "--help"])
         assert code == 0
