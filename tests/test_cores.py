@@ -136,15 +136,21 @@ SPLIT_SCRIPT = textwrap.dedent("""
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         print(method, "ok")
 
-    # the routed layers split the same way, the per-head flags split with the heads
-    flags = jnp.array([True, False, False, True])
+    # the routed layers split the same way, the per-head flags split with the heads; the temporal
+    # heads clustered in one half, so the layer gathers them into balanced halves and back
+    flags = jnp.array([True, True, False, False])
     for layer in (svg_attention, svg_attention_in_kernel):
         one = layer(q, k, v, flags, mask, method="b2", **blocks, split_heads=False)
-        two = layer(q, k, v, flags, mask, method="b2", **blocks, split_heads=cores)
-        np.testing.assert_array_equal(np.asarray(two), np.asarray(one))
-        assert all(s.data.shape[0] == 2 for s in two.addressable_shards)
+        options = [{}, {"balance_cores": False}] if layer is svg_attention_in_kernel else [{}]
+        for balance in options:  # balanced halves (the default), and contiguous ones
+            two = layer(q, k, v, flags, mask, method="b2", **blocks, split_heads=cores, **balance)
+            np.testing.assert_array_equal(np.asarray(two), np.asarray(one))
         placed = [jax.device_put(x, cores[0]) for x in (q, k, v, flags)]
         assert layer(*placed, mask, method="b2", **blocks, split_heads=cores).sharding.device_set == {cores[0]}
+    # what each device is handed: one temporal head each, by the flags at run time
+    from svg_lib.layers.routing import balanced_order
+    halves = np.asarray(flags)[np.asarray(balanced_order(flags))].reshape(2, 2)
+    assert halves.sum(axis=1).tolist() == [1, 1], halves
     print("routed ok")
 
     # spread over devices by the caller already: the default leaves the placement alone

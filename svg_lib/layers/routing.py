@@ -370,13 +370,27 @@ def svg_attention(q, k, v, is_temporal, mask: SVGMask, *, method: str = "b2", bl
 
 def _routed_layer(builder, q, k, v, is_temporal, mask, split_heads, **config):
     """Check the inputs, build (cached) and run a routed layer, split over a v7x's two devices where
-    `runtime.head_split_devices` says so."""
+    `runtime.head_split_devices` says so.
+
+    Split, each device takes a contiguous half of the heads, so temporal heads (more tiles each)
+    clustered in one half would leave the other device idle for the difference. The heads go in
+    `balanced_order` instead (one head of every pair on each device, mixed pairs alternating: the
+    halves differ by at most one head of each kind), a gather on the head axis computed from the
+    flags at run time, so a new routing compiles nothing; the output is gathered back.
+    `balance_cores=False` keeps contiguous halves."""
     heads, tokens, _ = check_qkv(q, k, v)
     mask = check_spatial_mask(mask, tokens)
     is_temporal = check_flags(is_temporal, heads)
     devices = head_split_devices(q, heads, split_heads)
     f = cached_build(builder, mask, q, devices=devices, **config)
-    return f(q, k, v, is_temporal) if devices is None else run_split(f, devices, q, k, v, is_temporal)
+    if devices is None:
+        return f(q, k, v, is_temporal)
+    if config.get("balance_cores") is False or heads % 2:
+        return run_split(f, devices, q, k, v, is_temporal)
+    jnp = _jnp()
+    order = balanced_order(jnp.asarray(is_temporal))
+    out = run_split(f, devices, *(jnp.take(x, order, axis=0) for x in (q, k, v, is_temporal)))
+    return jnp.take(out, jnp.argsort(order), axis=0)
 
 
 def svg_attention_in_kernel(q, k, v, is_temporal, mask: SVGMask, *, method: str = "b2", block_q: int = 512,
