@@ -214,8 +214,8 @@ def _every_tile(tokens, block_q, block_kv):
 def _dense_and_calibration(costs, chips, tiles, heads):
     """Dense attention's predicted ms per chip (our kernel on every tile, the cheapest probed tiles),
     and the model on the case study's problem beside the blog's measured v6e latencies: B0 priced as
-    Splash's mask-free body on every tile (with the blog's padded keys the series' B0 runs Splash's
-    block-mask body, dearer where probed: a lower bound), B2 and B3 from their plans."""
+    Splash's body on every tile (its block-mask body, which padded keys make it run, where probed;
+    else its mask-free body, a lower bound), B2 and B3 from their plans."""
     blog = get_preset("blog")
     n = blog.geometry.tokens
     dense = {chip: min(heads * model_cycles("b3", costs[chip, bq, bk], b3_plan=_every_tile(n, bq, bk))
@@ -225,12 +225,15 @@ def _dense_and_calibration(costs, chips, tiles, heads):
     if ("v6e", bq, bk) in costs:
         cost, hz = costs["v6e", bq, bk], clock_hz("v6e")
         every = _every_tile(n, bq, bk)
-        splash = every.classes.size * cost.per_step["splash"]["free"] + every.grid[0] * cost.per_row.get("splash", 0.0)
+        padded = every.grid[1] * bk != n  # padded keys: B0 runs Splash's block-mask body where it was probed
+        body = "blocks" if padded and "blocks" in cost.per_step["splash"] else "free"
+        splash = every.classes.size * cost.per_step["splash"][body] + every.grid[0] * cost.per_row.get("splash", 0.0)
         mask = blog.mask()
         cycles = {"splash_dense": splash,
                   "b2": model_cycles("b2", cost, plan=plan_tiles(mask, bq, bk)),
                   "b3": model_cycles("b3", cost, b3_plan=plan_tiles(mask.tile_aligned(bq, bk), bq, bk))}
         calibration = {m: dict(model_ms=blog.heads * c / hz * 1e3, blog_ms=BLOG_V6E_MS[m]) for m, c in cycles.items()}
+        calibration["splash_dense"]["body"] = body
     return dense, calibration
 
 
@@ -261,9 +264,10 @@ def table(result: dict) -> str:
         lines.append("calibration (v6e, the case study's problem at 3328 x 1536; never fitted): "
                      + ", ".join(f"{m} model {v['model_ms']:.2f} ms vs blog {v['blog_ms']:.2f} ms "
                                  f"({v['model_ms'] / v['blog_ms']:.2f}x)" for m, v in cal.items()))
-        lines.append("  the model counts the simulated cycles of the kernels' grid steps (Splash's B0 at its mask-free "
-                     "body, a lower bound)\n  at the peak clock: nothing for HBM stalls beyond the profile's, launch or "
-                     "host overhead")
+        b0 = cal["splash_dense"].get("body", "free")
+        lines.append(f"  the model counts the simulated cycles of the kernels' grid steps (B0: Splash's {b0!r} body"
+                     f"{', a lower bound' if b0 == 'free' else ''})\n  at the assumed clock: nothing for HBM stalls "
+                     "beyond the profile's, launch or host overhead")
     return "\n".join(lines)
 
 
