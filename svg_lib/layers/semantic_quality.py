@@ -19,9 +19,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from svg_lib.core.geometry import VideoGeometry
+from svg_lib.core.svg_masks import SVGMask
 from svg_lib.layers.semantic import check_qk, computed_fraction, plan_from_orders, plan_recall, tile_budget
 from svg_lib.layers.semantic_clusters import (DEFAULT_ROUNDS, capacities, cut_kmeans_order, lloyd_kmeans, tile_kmeans,
                                               tile_objective)
+from svg_lib.layers.semantic_router import CANDIDATES, band_density, candidate_recalls
+from svg_lib.layers.synthetic import matching_density
 
 ORDERS = ("tile_kmeans", "cut_kmeans", "token_order")
 
@@ -121,3 +125,73 @@ def variable_clusters_on_tiles(q, k, *, q_clusters: int, k_clusters: int, block_
     out = {"selected": selected, "computed": computed, "waste": computed / selected,
            "recall_clusters": recall_c, "recall_tiles": recall_t}
     return {key: np.asarray(value, np.float64) for key, value in out.items()}
+
+
+# -- the recall table: every way of choosing tiles, at equal computed pairs, per head -----------
+
+def svg2_clusters(tokens: int) -> tuple[int, int]:
+    """SVG2's cluster counts scaled to `tokens`: its Wan scripts' 300 query and 1,000 key clusters at
+    75,600 tokens (about 252 and 76 tokens per cluster), at least 2 each."""
+    return max(2, round(tokens * 300 / 75_600)), max(2, round(tokens * 1000 / 75_600))
+
+
+def recall_table(q, k, *, geometry: VideoGeometry, block_q: int, block_kv: int, density: float, rows,
+                 route_rows=None, iterations: int = 10, rounds: int = DEFAULT_ROUNDS, svg2_clusters_=None,
+                 names=None) -> list[dict]:
+    """One row per head: recall (dense softmax mass inside the computed pairs, averaged over the
+    query `rows`) of every way of choosing tiles, at the same share of computed pairs.
+
+    q, k `[heads, tokens, head_dim]` frame-major over `geometry` (no text tokens). The budget:
+    SVG's band (no first-frame sink) whose exact mask keeps `density` of the pairs
+    (`synthetic.matching_density`), rounded to whole tiles as B3 does; its computed share
+    ("computed") is then the density every other method gets, as key tiles per query tile.
+
+    Columns: "band_spatial", "band_temporal" (B3's band in frame-major / temporal-major order),
+    "best_band" (the better of the two), "tile_kmeans" (semantic tiles: clusters of exactly one
+    tile, `iterations` from a cold start), "cut_kmeans" (ordinary k-means sorted and cut into tiles),
+    "token_order" (tiles as the sequence lies), "svg2_ideal" and "svg2_tiles" (SVG2's variable
+    clusters, `svg2_clusters(tokens)` or `svg2_clusters_` = (query, key) counts, keeping `density`
+    of the keys per query cluster: on an ideal variable-block kernel, and laid on fixed tiles),
+    "svg2_selected" / "svg2_computed" (their shares of pairs) and "svg2_waste" (computed / selected),
+    "choice" and "routed" (the router's pick among spatial / temporal / semantic, decided on
+    `route_rows`, other sampled queries, and that pick's recall on `rows`), "better" (the higher of
+    best_band and tile_kmeans). `names`: a label per head ("head" column).
+    """
+    import jax.numpy as jnp
+
+    heads, tokens, _ = check_qk(q, k)
+    if not isinstance(geometry, VideoGeometry) or geometry.tokens != tokens or geometry.text_tokens:
+        raise ValueError(f"geometry must be the VideoGeometry of the {tokens} video tokens (no text), got {geometry!r}")
+    names = list(names) if names is not None else [str(h) for h in range(heads)]
+    if len(names) != heads:
+        raise ValueError(f"names must give one label per head ({heads}), got {len(names)}")
+    rows = np.asarray(rows)
+    route_rows = rows if route_rows is None else np.asarray(route_rows)
+    mask = SVGMask.spatial(geometry, matching_density(geometry, density, first_frame_sink=False),
+                           first_frame_sink=False)
+    computed = band_density(mask, block_q, block_kv)
+    steps = tile_budget(computed, -(-tokens // block_kv))
+    q_orders, k_orders = _orders(q, block_q, iterations, rounds), _orders(k, block_kv, iterations, rounds)
+    plans = {name: plan_from_orders(q, k, q_orders[name], k_orders[name], block_q=block_q, block_kv=block_kv,
+                                    steps=steps) for name in ORDERS}
+    recall = {name: np.asarray(plan_recall(q, k, plan, rows)) for name, plan in plans.items()}
+    bands = np.asarray(candidate_recalls(q, k, plans["tile_kmeans"], mask, rows))           # [heads, 3]
+    choice = np.asarray(jnp.argmax(candidate_recalls(q, k, plans["tile_kmeans"], mask, route_rows), axis=1))
+    qc, kc = svg2_clusters(tokens) if svg2_clusters_ is None else svg2_clusters_
+    svg2 = variable_clusters_on_tiles(q, k, q_clusters=qc, k_clusters=kc, block_q=block_q, block_kv=block_kv,
+                                      density=computed, rows=rows, iterations=iterations)
+    semantic_share = np.asarray(computed_fraction(plans["tile_kmeans"]))
+    table = []
+    for h in range(heads):
+        best_band = float(max(bands[h, 0], bands[h, 1]))
+        table.append({
+            "head": names[h], "computed": float(computed), "semantic_computed": float(semantic_share[h]),
+            "band_spatial": float(bands[h, 0]), "band_temporal": float(bands[h, 1]), "best_band": best_band,
+            "tile_kmeans": float(recall["tile_kmeans"][h]), "cut_kmeans": float(recall["cut_kmeans"][h]),
+            "token_order": float(recall["token_order"][h]),
+            "svg2_ideal": float(svg2["recall_clusters"][h]), "svg2_tiles": float(svg2["recall_tiles"][h]),
+            "svg2_selected": float(svg2["selected"][h]), "svg2_computed": float(svg2["computed"][h]),
+            "svg2_waste": float(svg2["waste"][h]),
+            "choice": CANDIDATES[int(choice[h])], "routed": float(bands[h, int(choice[h])]),
+            "better": max(best_band, float(recall["tile_kmeans"][h]))})
+    return table
