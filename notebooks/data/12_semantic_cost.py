@@ -1,0 +1,296 @@
+"""What semantic tiles cost beside the attention, at the case study's size on a TPU v6e: compile-only,
+priced by the TPU compiler's static profile (simulated cycles; nothing ran). Notebook 12 reads the JSON.
+
+    python notebooks/data/12_semantic_cost.py notebooks/data/12_semantic_cost.json [--tiles 512x256 ...]
+
+Programs compiled (10 heads x 75,600 tokens x head_dim 128, bf16, one v6e chip, topology v6e:1x1):
+
+* "plan": `semantic_plan` with 2 iterations of tile-sized k-means from a warm start (the previous
+  step's centroids), for q and k, and the tile selection, at each tile size asked;
+* the permutation of q, k and v into cluster order and of the output back, in three forms:
+  "gather" (`take_along_axis`, the inverse order by a scatter), "onehot" (a one-hot matrix times
+  x on the MXU) and "sort" (a sort keyed by each token's place). The one-hot form needs a
+  tokens x tokens matrix per head (11 GiB in bf16 at 75,600): it is compiled for one head and one
+  tensor and scaled by 40 (3 tensors in + 1 out, 10 heads), and said so.
+
+Each compile runs in a child process with libtpu's static-profile dump on: libtpu writes one
+`estimated_cycles` per HLO op it emits (every fusion, copy, sort, Mosaic kernel). A program's
+cycles are their sum, each op weighted by how often it runs: the trip counts of the while loops
+around it, read from the compiled HLO (`known_trip_count`). Ops run one after another on the
+TensorCore here (no overlap is assumed), so the sum is what the static profile says the program
+takes. B3's attention is priced the way the series prices it (`tpu.cost.model_cycles` on the
+committed probes, `svg_lib/data`): the blog's mask at 3328 x 1536, and semantic tiles' own
+attention at the tile size asked, every query tile visiting the same number of key tiles.
+
+Status (2026-12-04): at 2 heads x 7,680 tokens every program compiles and is priced (the plan at
+512 x 256 in 334 s); at the blog's size the compiles of the gather and of the plan were killed by
+the kernel's out-of-memory killer on the 24 GiB machine this was written on (one compile reached
+18.7 GB resident): run it on a machine with more memory, one compile at a time.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+HEADS, TOKENS, HEAD_DIM = 10, 75_600, 128
+ITERATIONS = 2
+DENSITY = 0.2            # semantic tiles' share of key tiles per query tile (the recall tables' 20 %)
+TARGET = "v6e"
+FORMS = ("gather", "onehot", "sort")
+
+
+# -- the programs ------------------------------------------------------------------------------
+
+def program(name: str, block_q: int, block_kv: int):
+    """(function, [(shape, dtype), ...]) of one program to compile."""
+    import jax
+    import jax.numpy as jnp
+
+    from svg_lib.layers.semantic import SemanticCentroids, gather_rows, inverse_order, semantic_plan
+
+    nq, nk = (-(-TOKENS // block_q), -(-TOKENS // block_kv)) if block_q else (0, 0)
+    x = ((HEADS, TOKENS, HEAD_DIM), "bfloat16")
+    order = ((HEADS, TOKENS), "int32")
+    if name == "plan":
+        def plan(q, k, cq, ck):
+            p = semantic_plan(q, k, block_q=block_q, block_kv=block_kv, density=DENSITY, iterations=ITERATIONS,
+                              centroids=SemanticCentroids(cq, ck))
+            return p.q_order, p.k_order, p.tiles, p.centroids.q, p.centroids.k
+        return plan, [x, x, ((HEADS, nq, HEAD_DIM), "float32"), ((HEADS, nk, HEAD_DIM), "float32")]
+    if name == "gather":  # q, k, v into cluster order; the output back by the inverse order
+        def gather(q, k, v, o, qo, ko):
+            back = inverse_order(qo)
+            return gather_rows(q, qo), gather_rows(k, ko), gather_rows(v, ko), gather_rows(o, back)
+        return gather, [x, x, x, x, order, order]
+    if name == "sort":  # each row sorted to its place: key = the place a token goes to
+        def sort(q, k, v, o, qo, ko):
+            outs = []
+            for t, od in ((q, qo), (k, ko), (v, ko)):
+                place = jnp.broadcast_to(inverse_order(od)[..., None], t.shape)
+                outs.append(jax.lax.sort((place, t), dimension=1, num_keys=1)[1])
+            back = jnp.broadcast_to(qo[..., None], o.shape)  # the output: sorted back by original index
+            outs.append(jax.lax.sort((back, o), dimension=1, num_keys=1)[1])
+            return tuple(outs)
+        return sort, [x, x, x, x, order, order]
+    if name == "onehot":  # one head, one tensor: P @ x with P[i, j] = (order[i] == j)
+        def onehot(t, od):
+            p = (od[:, None] == jnp.arange(TOKENS, dtype=jnp.int32)[None, :]).astype(jnp.bfloat16)
+            return jnp.dot(p, t, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+        return onehot, [((TOKENS, HEAD_DIM), "bfloat16"), ((TOKENS,), "int32")]
+    raise ValueError(name)
+
+
+# -- the child: compile with the profile dump on, sum the ops by how often they run -----------
+
+_COMP = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=")
+_WHILE = re.compile(r"while\(.*condition=%?([\w.\-]+),\s*body=%?([\w.\-]+)")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_CALLS = re.compile(r"(?:to_apply|calls|branch_computations)=\{?%?([\w.\-]+)")
+
+
+_OPNAME = re.compile(r'op_name="([^"]+)"')
+
+
+def inferred_trips(line: str) -> int:
+    """A while loop's trip count when the compiler recorded none, from the jax code it came from
+    (its op_name): the k-means iterations, the assignment's rounds of proposals, or a binary search
+    (`jnp.searchsorted`'s scan, ceil(log2(n + 1)) steps; n = tokens, an upper bound for the searches
+    over clusters)."""
+    import math
+
+    from svg_lib.layers.semantic_clusters import DEFAULT_ROUNDS
+
+    name = _OPNAME.search(line)
+    name = name.group(1) if name else ""
+    if "searchsorted" in name:
+        return math.ceil(math.log2(TOKENS + 1))
+    if name.endswith("closed_call/while"):
+        return DEFAULT_ROUNDS
+    if name.endswith("vmap()/while"):
+        return ITERATIONS
+    raise ValueError(f"a while loop of unknown trip count: {name or line[:200]}")
+
+
+def op_multiplicity(hlo: str) -> tuple[dict, list]:
+    """{instruction name: how many times it runs} from the compiled HLO's while loops, and the
+    loops whose trip count the compiler did not record."""
+    where, parent_of, unknown = {}, {}, []
+    comp = None
+    for line in hlo.splitlines():
+        m = _COMP.match(line)
+        if m and not line.startswith((" ", "\t")):  # a computation's header (instructions are indented)
+            comp = m.group(1)
+            continue
+        m = _INSTR.match(line)
+        if m and comp:
+            where[m.group(1)] = comp
+            w = _WHILE.search(line)
+            if w:
+                trip = _TRIP.search(line)
+                n = int(trip.group(1)) if trip else inferred_trips(line)
+                if not trip:
+                    unknown.append(f"{m.group(1)}: {n} ({_OPNAME.search(line).group(1) if _OPNAME.search(line) else '?'})")
+                parent_of[w.group(2)] = (comp, n)
+                parent_of[w.group(1)] = (comp, n + 1)
+            elif " call(" in line or "conditional(" in line:
+                for c in _CALLS.findall(line):
+                    parent_of.setdefault(c, (comp, 1))
+
+    def times(c, seen=()):
+        if c not in parent_of or c in seen:
+            return 1
+        up, n = parent_of[c]
+        return n * times(up, seen + (c,))
+    return {name: times(c) for name, c in where.items()}, unknown
+
+
+def child(name: str, block_q: int, block_kv: int, profile_dir: str) -> dict:
+    import jax
+
+    import svg_lib  # noqa: F401  (sets up libtpu sharing)
+    from svg_lib.tpu.compiler import compile_fn
+
+    fn, shapes = program(name, block_q, block_kv)
+    compiled, seconds = compile_fn(jax.jit(fn), shapes, TARGET)
+    times, unknown = op_multiplicity(compiled.as_text())
+    ops = []
+    for path in glob.glob(os.path.join(profile_dir, "*_static_llo_profile.textproto")):
+        text = pathlib.Path(path).read_text()
+        for block in text.split("hlo_op_estimate")[1:]:
+            op = re.search(r'hlo_op_name:\s*"([^"]+)"', block).group(1)
+            cycles = int(re.search(r"estimated_cycles:\s*(\d+)", block).group(1))
+            same = re.search(r"num_equivalent_hlos:\s*(\d+)", block)
+            ops.append(dict(op=op, cycles=cycles, equivalent=int(same.group(1)) if same else 1,
+                            runs=times.get(op, 1), found=op in times))
+    memory = compiled.memory_analysis()
+    total = sum(o["cycles"] * o["equivalent"] * o["runs"] for o in ops)
+    ops.sort(key=lambda o: -o["cycles"] * o["equivalent"] * o["runs"])
+    return dict(program=name, block_q=block_q, block_kv=block_kv, cycles=total, compile_s=round(seconds, 1),
+                temp_bytes=int(memory.temp_size_in_bytes), loops_without_trip_count=unknown,
+                ops_not_in_hlo=[o["op"] for o in ops if not o["found"]], top_ops=ops[:8], op_count=len(ops))
+
+
+def run_child(name: str, block_q: int, block_kv: int, timeout: float) -> dict:
+    """Compile one program in a subprocess with the static-profile dump on."""
+    with tempfile.TemporaryDirectory(prefix="svg12_") as tmp:
+        env = dict(os.environ)
+        env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") + f" --xla_jf_dump_static_llo_profile_to={tmp}").strip()
+        out = os.path.join(tmp, "result.json")
+        proc = subprocess.run([sys.executable, __file__, "--child", name, str(block_q), str(block_kv), tmp, out],
+                              env=env, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0 or not os.path.exists(out):
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
+            why = "killed (out of memory?)" if proc.returncode in (-9, 137) else f"exit {proc.returncode}"
+            return dict(program=name, block_q=block_q, block_kv=block_kv, error=f"{why}: {tail}")
+        return json.loads(pathlib.Path(out).read_text())
+
+
+# -- the attention it sits beside ----------------------------------------------------------------
+
+def attention_cycles(block_q: int, block_kv: int) -> dict:
+    """Simulated cycles (cost model on the committed probes) for 10 heads: B3 on the blog's mask at
+    the blog's tiles, and semantic tiles' attention at `block_q` x `block_kv` (every query tile
+    visiting round(DENSITY * nk) key tiles, the plan's budget), if that tile size was probed."""
+    import numpy as np
+
+    from svg_lib.core.masks import TileAlignedMask
+    from svg_lib.core.planner import plan_tiles
+    from svg_lib.layers.semantic import tile_budget
+    from svg_lib.problem import get_preset
+    from svg_lib.tpu.cost import cost_model, load_reference, model_cycles
+
+    blog = get_preset("blog")
+    after = load_reference()["groups"]["after"]
+    out = {"b3_blog": cost_model(blog, after[TARGET, blog.block_q, blog.block_kv], methods=("b3",))["b3"],
+           "b3_blog_tiles": [blog.block_q, blog.block_kv], "b3_blog_density": blog.density}
+    if (TARGET, block_q, block_kv) in after:
+        nq, nk = -(-TOKENS // block_q), -(-TOKENS // block_kv)
+        kept = np.zeros((nq, nk), bool)
+        kept[:, :tile_budget(DENSITY, nk)] = True  # which key tiles does not change the count
+        plan = plan_tiles(TileAlignedMask(TOKENS, block_q, block_kv, kept), block_q, block_kv)
+        out["semantic_attention"] = HEADS * model_cycles("b3", after[TARGET, block_q, block_kv], b3_plan=plan)
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=pathlib.Path)
+    parser.add_argument("--tiles", nargs="+", default=["512x256"], help="block_q x block_kv of the plans")
+    parser.add_argument("--forms", nargs="+", default=list(FORMS), choices=FORMS)
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per compile")
+    args = parser.parse_args(argv)
+
+    old = json.loads(args.out.read_text()) if args.out.exists() else {}
+    records = {(r["program"], r["block_q"], r["block_kv"]): r for r in old.get("compiles", [])}
+    todo = [(form, 0, 0) for form in args.forms]
+    todo += [("plan",) + tuple(int(s) for s in t.split("x")) for t in args.tiles]
+    for name, bq, bk in todo:
+        start = time.perf_counter()
+        records[name, bq, bk] = run_child(name, bq, bk, args.timeout)
+        print(json.dumps({key: records[name, bq, bk].get(key) for key in
+                          ("program", "block_q", "block_kv", "cycles", "compile_s", "error")}),
+              f"({time.perf_counter() - start:.0f} s)", flush=True)
+        write(args.out, records)  # after every compile: a long run that is stopped keeps what it got
+    return 0
+
+
+def write(out: pathlib.Path, records: dict):
+    import jax
+
+    from svg_lib.environment import libtpu_version
+
+    perm = {form: records[form, 0, 0]["cycles"] * (4 * HEADS if form == "onehot" else 1)
+            for form in FORMS if records.get((form, 0, 0), {}).get("cycles") is not None}
+    best = min(perm, key=perm.get) if perm else None
+    summary = []
+    for (name, bq, bk), rec in sorted(records.items()):
+        if name != "plan" or rec.get("cycles") is None:
+            continue
+        att = attention_cycles(bq, bk)
+        overhead = rec["cycles"] + (perm[best] if best else 0)
+        row = dict(block_q=bq, block_kv=bk, plan_cycles=rec["cycles"], permutation=best,
+                   permutation_cycles=perm.get(best), overhead_cycles=overhead,
+                   b3_blog_cycles=att["b3_blog"], overhead_vs_b3=overhead / att["b3_blog"],
+                   semantic_attention_cycles=att.get("semantic_attention"))
+        if att.get("semantic_attention"):
+            row["overhead_vs_semantic_attention"] = overhead / att["semantic_attention"]
+        summary.append(row)
+    out.write_text(json.dumps({
+        "what": "semantic tiles' overhead at the case study's size: semantic_plan (tile-sized k-means of q and k, "
+                f"{ITERATIONS} iterations from a warm start, tile selection at {DENSITY:.0%} of key tiles) and the "
+                "permutation of q, k, v into cluster order and of the output back, against B3's attention",
+        "mode": "compile-only static profile (simulated)", "chip": TARGET, "topology": "v6e:1x1",
+        "problem": dict(heads=HEADS, tokens=TOKENS, head_dim=HEAD_DIM, dtype="bfloat16", density=DENSITY,
+                        iterations=ITERATIONS),
+        "date": datetime.date.today().isoformat(), "jax": jax.__version__, "libtpu": libtpu_version(),
+        "machine": "2-core CPU shared with other jobs",
+        "cycles_rule": "sum of estimated_cycles over every op libtpu emits, times its while loops' trip counts "
+                       "(the compiler's known_trip_count, else inferred from the jax source: k-means iterations, "
+                       "rounds of proposals, binary searches of ceil(log2(tokens + 1)) steps, an upper bound); "
+                       "ops in sequence, no overlap",
+        "permutation_cycles": perm, "permutation_note": "onehot compiled for 1 head x 1 tensor, scaled by 40",
+        "cheapest_permutation": best, "summary": summary,
+        "attention_note": "B3 and semantic attention: tpu.cost.model_cycles on the committed probes (svg_lib/data), "
+                          "10 heads; semantic attention at the plan's budget, all steps mask-free",
+        "compiles": list(records.values()),
+        "command": "python notebooks/data/12_semantic_cost.py notebooks/data/12_semantic_cost.json",
+    }, indent=1) + "\n")
+    print(json.dumps(summary, indent=1), flush=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        _, _, name, bq, bk, profile_dir, out = sys.argv
+        pathlib.Path(out).write_text(json.dumps(child(name, int(bq), int(bk), profile_dir)))
+        sys.exit(0)
+    sys.exit(main())
