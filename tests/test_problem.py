@@ -62,7 +62,7 @@ def test_the_tuner_takes_a_config_as_it_takes_its_mask_and_fields(tmp_path, monk
 def test_the_cost_model_takes_a_config_as_it_takes_its_mask_and_blocks():
     small = get_preset("small")
     per_step = {"svg_lib": {"free": 100.0, "svg_masked": 250.0, "padding_masked": 180.0, "idle": 5.0},
-                "splash": {"free": 110.0, "svg_masked": 300.0}}
+                "splash": {"free": 110.0, "svg_masked": 300.0, "blocks": 130.0}}  # B0: keys padded here
     cost = TileCost("v6e", small.block_q, small.block_kv, 256, small.head_dim, per_step,
                     {"svg_lib": 1000.0, "splash": 900.0}, {}, {}, {})
     methods = ("splash_dense", "b2", "b3")
