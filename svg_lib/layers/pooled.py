@@ -27,14 +27,10 @@ import math
 
 import numpy as np
 
-from svg_lib.attention import prescaled
 from svg_lib.core.masks import TileAlignedMask, check_block_size
-from svg_lib.kernels.device_plan import device_tables
 from svg_lib.kernels.reference import check_qkv
-from svg_lib.layers.semantic import _one_head_b3, check_qk, head_by_head, tile_budget, tile_scores
+from svg_lib.layers.semantic import b3_on_tiles, check_qk, tile_budget, tile_scores
 from svg_lib.layers.semantic_clusters import capacities
-from svg_lib.problem import check_block_kv_compute
-from svg_lib.runtime import default_interpret
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,18 +157,7 @@ def _built(heads, tokens, head_dim, dtype, block_q, block_kv, steps, block_kv_co
     """The jitted `f(q, k, v, tiles)` of one configuration (forward only; cached)."""
     import jax
 
-    nq = -(-tokens // block_q)
-    block_kv_compute = check_block_kv_compute(block_kv, block_kv_compute, block_q)
-    interpret = default_interpret() if interpret is None else interpret
-    run = _one_head_b3(tokens=tokens, head_dim=head_dim, dtype=dtype, block_q=block_q, block_kv=block_kv,
-                       block_kv_compute=block_kv_compute, steps=steps, steps_t=nq, interpret=interpret,
-                       generation=generation, backward=None)
-    kernel = prescaled(functools.partial(head_by_head, run), head_dim=head_dim)
-
-    def f(q, k, v, tiles):
-        tables = device_tables(tiles, tokens=tokens, block_kv=block_kv, steps=steps, steps_t=nq)
-        return kernel(q, k, v, tables.schedule, tables.schedule_t)
-
+    f = b3_on_tiles(tokens, head_dim, dtype, block_q, block_kv, steps, block_kv_compute, interpret, None, generation)
     return jax.jit(f)
 
 

@@ -448,7 +448,21 @@ def _built(heads, tokens, head_dim, dtype, block_q, block_kv, steps, block_kv_co
     It may first be built under a caller's trace (`jax.jit`, `jax.grad`): it holds no array, so
     no tracer of that trace is kept for later calls."""
     jax = _jax()
+    on_tiles = b3_on_tiles(tokens, head_dim, dtype, block_q, block_kv, steps, block_kv_compute, interpret, backward,
+                           generation)
 
+    def f(q, k, v, plan):
+        out = on_tiles(gather_rows(q, plan.q_order), gather_rows(k, plan.k_order), gather_rows(v, plan.k_order),
+                       plan.tiles)
+        return gather_rows(out, inverse_order(plan.q_order))
+
+    return jax.jit(f)
+
+
+def b3_on_tiles(tokens, head_dim, dtype, block_q, block_kv, steps, block_kv_compute, interpret, backward, generation):
+    """`f(q, k, v, tiles)`: the B3 kernels head by head on a bool tile selection `[heads, q tiles, k tiles]`,
+    its tables made on the device (`device_tables`); q, k, v `[heads, tokens, head_dim]` in the order the
+    tiles are in. Not jitted: the callers jit what they wrap around it."""
     nq = -(-tokens // block_q)
     block_kv_compute = check_block_kv_compute(block_kv, block_kv_compute, block_q)
     interpret = default_interpret() if interpret is None else interpret
@@ -457,13 +471,11 @@ def _built(heads, tokens, head_dim, dtype, block_q, block_kv, steps, block_kv_co
                        generation=generation, backward=backward)
     kernel = prescaled(functools.partial(head_by_head, run), head_dim=head_dim)
 
-    def f(q, k, v, plan):
-        tables = device_tables(plan.tiles, tokens=tokens, block_kv=block_kv, steps=steps, steps_t=nq)
-        out = kernel(gather_rows(q, plan.q_order), gather_rows(k, plan.k_order), gather_rows(v, plan.k_order),
-                     tables.schedule, tables.schedule_t)
-        return gather_rows(out, inverse_order(plan.q_order))
+    def f(q, k, v, tiles):
+        tables = device_tables(tiles, tokens=tokens, block_kv=block_kv, steps=steps, steps_t=nq)
+        return kernel(q, k, v, tables.schedule, tables.schedule_t)
 
-    return jax.jit(f)
+    return f
 
 
 # -- what a plan computes, for checking and measuring ---------------------------------------------
