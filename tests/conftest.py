@@ -66,8 +66,11 @@ SLOWEST_FIRST = (
 # `tpu_interpreter`. They check the kernels against TPU semantics with the pinned jax; a Colab
 # reader never runs that interpreter (on a TPU the kernels compile), so the replica of Colab's
 # runtime (tools/test-colab.sh sets SVG_LIB_REPLICA=1) skips them and runs the plain interpreter's.
+# Compiles for chips a Colab runtime never has (a v5p: Colab offers a v5e and a v6e) are marked
+# `not_on_colab`: the replica skips them too, the pinned stage holds its libtpu to them.
 def pytest_configure(config):
     config.addinivalue_line("markers", "tpu_interpreter: runs under pltpu.InterpretParams; pinned stage only")
+    config.addinivalue_line("markers", "not_on_colab: compiles for a chip Colab does not offer; pinned stage only")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -76,10 +79,12 @@ def pytest_collection_modifyitems(config, items):
     rank = {path: i for i, path in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
     if os.environ.get("SVG_LIB_REPLICA") == "1":
-        skip = pytest.mark.skip(reason="TPU-interpreter runs are the pinned stage's (tests/conftest.py)")
+        reasons = {"tpu_interpreter": "TPU-interpreter runs are the pinned stage's (tests/conftest.py)",
+                   "not_on_colab": "a chip Colab does not offer: the pinned stage's (tests/conftest.py)"}
         for item in items:
-            if item.get_closest_marker("tpu_interpreter") is not None:
-                item.add_marker(skip)
+            for marker, reason in reasons.items():
+                if item.get_closest_marker(marker) is not None:
+                    item.add_marker(pytest.mark.skip(reason=reason))
 
 
 # --- where the time went, per file ------------------------------------------------------------

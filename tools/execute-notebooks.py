@@ -9,7 +9,9 @@ in place, without the per-cell execution timestamps that nbclient records, so a 
 only what the cells print. With --check nothing is written: the script runs every notebook, says
 which cell of which failed, and exits 1 if any did. --cwd runs the kernels in another working
 directory, as on Colab, where a notebook opened from GitHub starts in /content, not beside its
-repository. --jobs N runs N notebooks at a time (each in its own process and kernel).
+repository. --jobs N runs N notebooks at a time (each in its own process and kernel). --expect
+NAME=TEXT fails the run unless notebook NAME (its file name) printed TEXT: where a cell catches an
+error to let a reader go on, a checker can still insist that the step worked.
 """
 import argparse
 import concurrent.futures
@@ -23,17 +25,20 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 
-def execute(path: Path, cwd: Path | None = None, write: bool = True) -> float:
+def execute(path: Path, cwd: Path | None = None, write: bool = True) -> tuple[float, str]:
+    """Run one notebook; its seconds and the text its cells printed."""
     nb = nbformat.read(path, as_version=4)
     start = time.perf_counter()
     NotebookClient(nb, timeout=600, kernel_name="python3",
                    resources={"metadata": {"path": str(cwd or path.parent)}}).execute()
     seconds = time.perf_counter() - start
+    printed = "".join(output.get("text", "") for cell in nb.cells if cell.cell_type == "code"
+                      for output in cell.get("outputs", ()) if output.get("output_type") == "stream")
     if write:
         for cell in nb.cells:
             cell.metadata.pop("execution", None)
         nbformat.write(nb, path)
-    return seconds
+    return seconds, printed
 
 
 def main(argv=None) -> int:
@@ -43,7 +48,15 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true", help="run only: write nothing, exit 1 if any notebook fails")
     parser.add_argument("--jobs", type=int, default=1,
                         help="notebooks run at a time (0: one per core of this process's CPUs)")
+    parser.add_argument("--expect", action="append", default=[], metavar="NAME=TEXT",
+                        help="fail unless the notebook whose file name is NAME printed TEXT (repeatable)")
     args = parser.parse_args(argv)
+    expected = {}
+    for item in args.expect:
+        name, sep, text = item.partition("=")
+        if not sep or not text or name not in {path.name for path in args.notebooks}:
+            parser.error(f"--expect {item!r}: give NAME=TEXT with NAME the file name of a notebook to run")
+        expected.setdefault(name, []).append(text)
     jobs = args.jobs or len(os.sched_getaffinity(0))
     failed = []
     with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -51,7 +64,12 @@ def main(argv=None) -> int:
         for run in concurrent.futures.as_completed(runs):
             path = runs[run]
             try:
-                print(f"{path}: {run.result():.1f} s", flush=True)
+                seconds, printed = run.result()
+                print(f"{path}: {seconds:.1f} s", flush=True)
+                missing = [text for text in expected.get(path.name, ()) if text not in printed]
+                if missing:
+                    failed.append(path)
+                    print(f"{path}: FAILED: it ran, but never printed {' or '.join(map(repr, missing))}", flush=True)
             except CellExecutionError as err:
                 if not args.check:
                     raise

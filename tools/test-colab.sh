@@ -30,14 +30,19 @@
 #      test_masks.py, test_planner.py  masks, pair counts and schedule tables in numpy; the jax
 #                        side of a mask (its kernel predicate) runs inside the kernel tests, which
 #                        compare every masked kernel with float64 here;
-#      test_layers.py    import-linter on the source text.
+#      test_layers.py    import-linter on the source text;
+#      test_execute_notebooks.py  the notebook runner's --expect: step 3 runs it here with Colab's
+#                        nbclient.
 # 5. Colab's libtpu compiles B3 at the case study's size (the blog preset: 75,600 tokens,
-#    3328 x 1536 tiles) for a v5e (Colab's free tier) and a v6e (the blog's chip), one process
-#    per target, in the background from the start of step 3 (three to four minutes of a core
-#    each): the series' headline kernel, its schedule tables in SMEM and its VMEM at the blog's
-#    tiles, with the compiler a Colab reader has. Every other method is compiled at this size by
-#    the pinned stage (test_compiler.py), and with Colab's libtpu here at smaller tiles
-#    (test_vmem's points, test_in_model, test_smem), which compile in seconds.
+#    3328 x 1536 tiles) for a v5e (Colab's free tier), in the background from the start of
+#    step 3 (173 s of a core, 2026-12-04): the series' headline kernel, its schedule tables in
+#    SMEM and its VMEM at the blog's tiles, with the compiler a Colab reader has. For a v6e (the
+#    blog's chip) notebook 09 compiles the same kernel at the same tiles, five heads of 75,600
+#    tokens per chip of a v6e:2x4 layer (--expect below fails the run unless it printed its
+#    compile time; the cell itself goes on if the compile fails, for a reader whose libtpu and jax
+#    disagree). Every other method is compiled at this size by the pinned stage (test_compiler.py),
+#    and with Colab's libtpu here at smaller tiles (test_vmem's points, test_in_model, test_smem),
+#    which compile in seconds.
 # 6. pip freeze before and after: the run fails if anything the runtime had was changed.
 #
 # `tools/test-colab.sh --setup` does step 1 only (make test runs it beside the pinned stage).
@@ -94,13 +99,14 @@ for path in "$CLONE"/notebooks/[0-9]*.ipynb "$CLONE"/notebooks/A_*.ipynb "$CLONE
   case " ${notebooks[*]} " in *" $path "*) ;; *) notebooks+=("$path") ;; esac
 done
 
-# Step 5 starts first, in the background and at a lower priority (nice): each compile is three to
-# four minutes of one core (jax 0.7.2, libtpu 0.0.21.1; the pinned libtpu takes well under one),
-# which fill the minutes where the notebooks or the unit tests leave a core idle; the run waits
-# for them at the end.
+# Step 5 starts first, in the background and at a lower priority (nice): the compile is about three
+# minutes of one core (jax 0.7.2, libtpu 0.0.21.1; the pinned libtpu takes well under one), which
+# fill the minutes where the notebooks or the unit tests leave a core idle; the run waits for it
+# at the end.
 logs="$(pwd)/$WORK"  # the compiles run in the copy: their logs need a path that does not depend on it
 rm -f "$logs"/compile-*.log "$logs"/compile-*.status
-for target in v5e v6e; do
+COMPILE_TARGETS="v5e"  # v6e: notebook 09 (step 5 above)
+for target in $COMPILE_TARGETS; do
   (cd "$CLONE" && nice -n 10 env -u PYTHONPATH "$PY" -m svg_lib compile --preset blog --methods b3 \
      --target "$target" > "$logs/compile-$target.log" 2>&1; echo $? > "$logs/compile-$target.status") &
 done
@@ -108,9 +114,9 @@ done
 status=0
 echo "make test-colab: every notebook (${#notebooks[@]}), working directory $CONTENT, through its own first cell ($(date -u +%T) UTC)"
 (cd "$CONTENT" && env -u PYTHONPATH "$PY" "svg-tpu/tools/execute-notebooks.py" --check --cwd . --jobs 0 \
-   "${notebooks[@]}") || status=1
+   --expect "09_scaling_out.ipynb= s to compile" "${notebooks[@]}") || status=1
 
-PINNED_ONLY="test_browser test_compiler test_cost test_masks test_planner test_layers"  # see step 4 above
+PINNED_ONLY="test_browser test_compiler test_cost test_masks test_planner test_layers test_execute_notebooks"  # see step 4 above
 ignore=()
 for name in $PINNED_ONLY; do ignore+=("--ignore=tests/$name.py"); done
 echo "make test-colab: unit tests (left to the pinned stage: $PINNED_ONLY), $(date -u +%T) UTC"
@@ -118,9 +124,9 @@ echo "make test-colab: unit tests (left to the pinned stage: $PINNED_ONLY), $(da
    -n "$WORKERS" --dist loadfile --no-loadscope-reorder --durations=25 -p no:cacheprovider \
    "${ignore[@]}" ${PYTEST_ARGS:-} tests) || status=1
 
-echo "make test-colab: waiting for Colab's libtpu to compile b3 at the case study's size for v5e and v6e ($(date -u +%T) UTC)"
+echo "make test-colab: waiting for Colab's libtpu to compile b3 at the case study's size for $COMPILE_TARGETS ($(date -u +%T) UTC)"
 wait
-for target in v5e v6e; do
+for target in $COMPILE_TARGETS; do
   cat "$logs/compile-$target.log" || true
   [ "$(cat "$logs/compile-$target.status" 2>/dev/null)" = 0 ] || {
     echo "make test-colab: compiling for $target failed" >&2; status=1; }
