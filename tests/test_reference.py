@@ -199,7 +199,8 @@ def test_additive_float_mask_is_refused():
 
 # -- the float64 references on the host ------------------------------------------------------
 
-from svg_lib.kernels.reference import attention_float64, attention_gradients_float64  # noqa: E402
+from svg_lib.kernels.reference import (attention_float64, attention_gradients_float64,  # noqa: E402
+                                       attention_rows_float64)
 
 
 @pytest.mark.parametrize("name", list(MASKS))
@@ -215,6 +216,22 @@ def test_float64_reference_reads_bf16_inputs_exactly():
     q, k, v = random_qkv(13, 1, 64, 8, dtype=jnp.bfloat16)
     exact = [np.asarray(x, np.float32) for x in (q, k, v)]  # bf16 -> float32 is exact
     np.testing.assert_allclose(attention_float64(q, k, v), naive_attention(*exact), rtol=1e-12, atol=1e-12)
+
+
+def test_float64_rows_are_the_whole_references_rows():
+    # sampled rows under a per-row key mask, a row that keeps nothing included (it gives 0)
+    name = "spatial"
+    dense = dense_of(MASKS[name])
+    q, k, v = random_qkv(14, 2, GEOMETRY.tokens, 16)
+    rows = np.array([0, 5, GEOMETRY.tokens - 1])
+    keep = np.broadcast_to(dense[rows], (2, 3, GEOMETRY.tokens)).copy()
+    keep[1, 2] = False
+    got = attention_rows_float64(q, k, v, rows, keep)
+    want = attention_float64(q, k, v, MASKS[name])[:, rows]
+    want[1, 2] = 0.0
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="should be"):
+        attention_rows_float64(q, k, v, rows, keep[:, :2])
 
 
 def _finite_difference(q, k, v, dout, mask, which, index, h=1e-6):

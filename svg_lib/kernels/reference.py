@@ -115,10 +115,15 @@ def _weights_float64(q, k, mask):
     s = np.einsum("hqd,hkd->hqk", q, k) * scale
     if keep is not None:
         s = np.where(keep[None], s, -np.inf)
+    return _softmax_float64(s), scale
+
+
+def _softmax_float64(s):
+    """Softmax over the last axis of float64 scores with -inf for dropped keys; all-dropped rows 0."""
     m = s.max(axis=-1, keepdims=True)
     e = np.exp(s - np.where(np.isfinite(m), m, 0.0))
     total = e.sum(axis=-1, keepdims=True)
-    return np.where(total > 0, e / np.where(total > 0, total, 1.0), 0.0), scale
+    return np.where(total > 0, e / np.where(total > 0, total, 1.0), 0.0)
 
 
 def attention_float64(q, k, v, mask=None):
@@ -132,6 +137,25 @@ def attention_float64(q, k, v, mask=None):
     q, k, v = _host_float64(q, k, v)
     p, _ = _weights_float64(q, k, mask)
     return np.einsum("hqk,hkd->hqd", p, v)
+
+
+def attention_rows_float64(q, k, v, rows, keep):
+    """float64 attention of some query rows: `[heads, len(rows), head_dim]` NumPy.
+
+    q, k, v `[heads, tokens, head_dim]` (jax or NumPy, read exactly); `rows` int `[r]`, the query
+    rows to check; `keep` bool `[heads, r, tokens]`, the keys each of them attends. Holds only
+    `[heads, r, tokens]` weights, so sampled rows can be checked at a size whose full
+    `[heads, tokens, tokens]` would not fit. Rows keeping nothing give 0.
+    """
+    check_qkv(q, k, v)
+    rows = np.asarray(rows)
+    keep = np.asarray(keep, bool)
+    if keep.shape != (q.shape[0], rows.size, k.shape[1]):
+        raise ValueError(f"keep has shape {keep.shape}; for {rows.size} rows of {q.shape[0]} heads over "
+                         f"{k.shape[1]} keys it should be {(q.shape[0], rows.size, k.shape[1])}")
+    qr, k, v = _host_float64(np.asarray(q)[:, rows], k, v)
+    s = np.where(keep, np.einsum("hqd,hkd->hqk", qr, k) / math.sqrt(q.shape[2]), -np.inf)
+    return np.einsum("hqk,hkd->hqd", _softmax_float64(s), v)
 
 
 def attention_gradients_float64(q, k, v, dout, mask=None):
