@@ -13,8 +13,9 @@ import svg_lib
 from svg_lib import VideoGeometry, structured_qkv
 from svg_lib.layers.semantic import SemanticPlan, computed_fraction, plan_keep, plan_recall, select_tiles
 from svg_lib.layers.semantic_quality import compare_orders, variable_clusters_on_tiles
-from svg_lib.layers.semantic_clusters import (assign_with_capacity, capacities, cut_kmeans_order, tile_kmeans,
-                                              tile_objective)
+from svg_lib.layers import semantic_clusters
+from svg_lib.layers.semantic_clusters import (assign_with_capacity, capacities, cut_kmeans_order, inverse_order,
+                                              member_means, tile_kmeans, tile_objective)
 
 GEOMETRY = VideoGeometry(3, 8, 15)            # 360 tokens
 BLOCKS = dict(block_q=128, block_kv=128)      # 3 x 3 tiles, the last of each 104 tokens
@@ -37,6 +38,29 @@ def problem():
 def test_capacities_are_whole_tiles_and_a_short_last_one():
     assert capacities(360, 128).tolist() == [128, 128, 104]
     assert capacities(256, 128).tolist() == [128, 128]
+
+
+def test_the_vector_forms_equal_their_gathers_and_scatters():
+    # what the clustering does with sorts, one-hot compares and a matmul (a TPU runs those on
+    # vectors), against the indexing NumPy would do
+    rng = np.random.default_rng(3)
+    orders = np.stack([rng.permutation(300) for _ in range(2)])
+    want = np.zeros_like(orders)
+    np.put_along_axis(want, orders, np.arange(300)[None, :], axis=1)
+    assert np.array_equal(np.asarray(inverse_order(jnp.asarray(orders))), want)
+
+    group = rng.integers(0, 5, 300).astype(np.int32)
+    key = rng.integers(0, 4, 300).astype(np.float32)   # ties: broken by position
+    rank = np.asarray(jax.jit(semantic_clusters._rank_within_groups)(group, key))
+    for g in range(5):
+        members = np.flatnonzero(group == g)
+        by_key = members[np.lexsort((members, key[members]))]
+        assert rank[by_key].tolist() == list(range(members.size))
+
+    x = rng.standard_normal((300, 8)).astype(np.float32)
+    label = rng.permutation(np.repeat(np.arange(3), [128, 128, 44])).astype(np.int32)
+    means = np.asarray(member_means(jnp.asarray(x), jnp.asarray(label), np.array([128, 128, 44])))
+    np.testing.assert_allclose(means, np.stack([x[label == j].mean(0) for j in range(3)]), rtol=1e-5, atol=1e-6)
 
 
 def test_every_cluster_gets_exactly_its_capacity_even_when_all_tokens_want_the_same_one():

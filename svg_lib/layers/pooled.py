@@ -29,7 +29,7 @@ import numpy as np
 
 from svg_lib.core.masks import TileAlignedMask, check_block_size
 from svg_lib.kernels.reference import check_qkv
-from svg_lib.layers.semantic import b3_on_tiles, check_qk, tile_budget, tile_scores
+from svg_lib.layers.semantic import b3_on_tiles, check_qk, tile_budget, tile_scores, top_tiles
 from svg_lib.layers.semantic_clusters import capacities
 
 
@@ -94,15 +94,7 @@ def choose_tiles(scores, steps: int, *, threshold: float | None = None, pinned=N
     import jax.numpy as jnp
 
     priority = scores if pinned is None else jnp.where(jnp.asarray(pinned)[None], jnp.inf, scores)
-    best, index = jax.lax.top_k(priority, steps)                        # [heads, nq, steps], best first
-    keep = jnp.ones(best.shape, bool)
-    if threshold is not None:
-        mass = jnp.take_along_axis(jax.nn.softmax(scores, axis=-1), index, axis=-1)
-        before = jnp.cumsum(mass, axis=-1) - mass                          # mass of the tiles ranked above
-        keep = (before < threshold) | (jnp.arange(steps) == 0) | jnp.isinf(best)
-    heads, nq, _ = scores.shape
-    h, i = jnp.meshgrid(jnp.arange(heads), jnp.arange(nq), indexing="ij")
-    return jnp.zeros(scores.shape, bool).at[h[..., None], i[..., None], index].set(keep)
+    return top_tiles(priority, jax.nn.softmax(scores, axis=-1), steps, threshold=threshold)
 
 
 def pooled_plan(q, k, *, block_q: int, block_kv: int, density: float, threshold: float | None = None,

@@ -52,7 +52,8 @@ from svg_lib.kernels.backward import attention_dq, attention_dkv, attention_fuse
 from svg_lib.kernels.device_plan import device_tables
 from svg_lib.kernels.forward import block_sparse_attention
 from svg_lib.kernels.reference import check_qkv
-from svg_lib.layers.semantic_clusters import DEFAULT_ROUNDS, capacities, check_iterations, tile_kmeans
+from svg_lib.layers.semantic_clusters import (DEFAULT_ROUNDS, capacities, check_iterations, inverse_order,
+                                              member_means, tile_kmeans)
 from svg_lib.memory.budget import check_memory
 from svg_lib.memory.smem import SmemOverflowError, schedule_smem
 from svg_lib.problem import check_block_kv_compute
@@ -180,16 +181,30 @@ def select_tiles(scores, steps: int, *, top_p: float | None = None, pinned=None)
 
     if pinned is not None:
         scores = jnp.where(jnp.asarray(pinned)[None, None, :], jnp.inf, scores)
-    best, index = jax.lax.top_k(scores, steps)                          # [heads, nq, steps], descending
+    mass = jax.nn.softmax(jnp.where(jnp.isinf(scores), 0.0, scores), axis=-1)
+    return top_tiles(scores, mass, steps, threshold=top_p)
+
+
+def top_tiles(priority, mass, steps: int, *, threshold: float | None = None):
+    """bool `[heads, nq, nk]`: per row of `priority` f32 `[heads, nq, nk]`, its `steps` highest
+    entries (ties to the lower index, as `jax.lax.top_k`); with `threshold`, only the first of them
+    until the `mass` (f32, same shape) of those ranked above reaches it, always the first and every
+    +inf (pinned) one. Those kept are a prefix of the ranking, so a tile is kept when its rank is
+    below their count: two sorts and compares, no scatter of the chosen indices (a TPU scatters
+    element by element) and no [.., steps, nk] one-hot."""
+    jax = _jax()
+    import jax.numpy as jnp
+
+    position = jax.lax.broadcasted_iota(jnp.int32, priority.shape, priority.ndim - 1)
+    neg, ranked_mass, order = jax.lax.sort((-priority, mass, position), num_keys=1, is_stable=True)
+    best = -neg[..., :steps]                                           # descending, as top_k gives them
     keep = jnp.ones(best.shape, bool)
-    if top_p is not None:
-        mass = jnp.take_along_axis(jax.nn.softmax(jnp.where(jnp.isinf(scores), 0.0, scores), axis=-1), index, axis=-1)
-        before = jnp.cumsum(mass, axis=-1) - mass                        # mass of the better tiles
-        keep = (before < top_p) | (jnp.arange(steps) == 0) | jnp.isinf(best)
-    tiles = jnp.zeros(scores.shape, bool)
-    heads, nq, _ = scores.shape
-    h, i = jnp.meshgrid(jnp.arange(heads), jnp.arange(nq), indexing="ij")
-    return tiles.at[h[..., None], i[..., None], index].set(keep)
+    if threshold is not None:
+        ranked_mass = ranked_mass[..., :steps]
+        before = jnp.cumsum(ranked_mass, axis=-1) - ranked_mass      # mass of the better tiles
+        keep = (before < threshold) | (jnp.arange(steps) == 0) | jnp.isinf(best)
+    count = jnp.sum(keep, axis=-1, dtype=jnp.int32)
+    return inverse_order(order) < count[..., None]
 
 
 def sink_tiles(geometry: VideoGeometry | None, block_kv: int, tokens: int):
@@ -264,14 +279,13 @@ def semantic_plan(q, k, *, block_q: int, block_kv: int, density: float, iteratio
 
 def tile_means(x, order, block: int):
     """f32 `[heads, ceil(tokens / block), d]`: the mean of each tile of `x` `[heads, tokens, d]` in
-    the order of int `[heads, tokens]` (the last tile averages its real tokens only)."""
-    import jax.numpy as jnp
+    the order of int `[heads, tokens]` (the last tile averages its real tokens only). Each token's
+    tile from the inverse order, then `member_means`: a sort and a matmul, no gather of x."""
+    jax = _jax()
 
-    heads, tokens, d = x.shape
-    sizes = capacities(tokens, block)
-    xs = gather_rows(x, order).astype(jnp.float32)
-    xs = jnp.pad(xs, ((0, 0), (0, len(sizes) * block - tokens), (0, 0)))  # zeros: they add nothing
-    return xs.reshape(heads, len(sizes), block, d).sum(axis=2) / jnp.asarray(sizes, jnp.float32)[None, :, None]
+    sizes = capacities(x.shape[1], block)
+    tile_of_token = inverse_order(order) // block
+    return jax.vmap(lambda xh, th: member_means(xh, th, sizes))(x, tile_of_token)
 
 
 def plan_from_orders(q, k, q_order, k_order, *, block_q: int, block_kv: int, steps: int, top_p=None,
@@ -316,15 +330,6 @@ def gather_rows(x, order):
     import jax.numpy as jnp
 
     return jnp.take_along_axis(x, order[:, :, None], axis=1)
-
-
-def inverse_order(order):
-    """int32 `[heads, tokens]`: the order that undoes `order` (`inverse[h, order[h, i]] = i`)."""
-    import jax.numpy as jnp
-
-    heads, tokens = order.shape
-    rows = jnp.arange(heads)[:, None]
-    return jnp.zeros(order.shape, jnp.int32).at[rows, order].set(jnp.arange(tokens, dtype=jnp.int32)[None, :])
 
 
 def _one_head_b3(*, tokens, head_dim, dtype, block_q, block_kv, block_kv_compute, steps, steps_t, interpret,
