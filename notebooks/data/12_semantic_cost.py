@@ -1,14 +1,16 @@
 """What semantic tiles cost beside the attention, at the case study's size on a TPU v6e: compile-only,
 priced by the TPU compiler's static profile (simulated cycles; nothing ran). Notebook 12 reads the JSON.
 
-    python notebooks/data/12_semantic_cost.py notebooks/data/12_semantic_cost.json [--tiles 512x256 ...]
+    SVG12_HEADS=8 SVG12_TOKENS=16384 python notebooks/data/12_semantic_cost.py \
+        notebooks/data/12_semantic_cost.json [--forms gather ...] [--tiles 512x256 ...]
 
-Programs compiled (10 heads x 75,600 tokens x head_dim 128, bf16, one v6e chip, topology v6e:1x1):
+Programs compiled (SVG12_HEADS heads, default 10, x SVG12_TOKENS tokens, default the case study's
+75,600, x head_dim 128, bf16, one v6e chip, topology v6e:1x1):
 
 * "plan": `semantic_plan` with 2 iterations of tile-sized k-means from a warm start (the previous
   step's centroids), for q and k, and the tile selection, at each tile size asked;
 * the permutation of q, k and v into cluster order and of the output back, in three forms:
-  "gather" (`take_along_axis`, the inverse order by a scatter), "onehot" (a one-hot matrix times
+  "gather" (`semantic.gather_rows`, the output back by the inverse order, a sort), "onehot" (a one-hot matrix times
   x on the MXU) and "sort" (a sort keyed by each token's place). The one-hot form needs a
   tokens x tokens matrix per head (11 GiB in bf16 at 75,600): it is compiled for one head and one
   tensor and scaled by 40 (3 tensors in + 1 out, 10 heads), and said so.
@@ -22,12 +24,13 @@ takes. B3's attention is priced the way the series prices it (`tpu.cost.model_cy
 committed probes, `svg_lib/data`): the blog's mask at 3328 x 1536, and semantic tiles' own
 attention at the tile size asked, every query tile visiting the same number of key tiles.
 
-Status (2026-12-04): at 2 heads x 7,680 tokens every program compiles and is priced (the plan at
-512 x 256 in 334 s). At the blog's size with 10 heads the compiles of the gather and of the plan were
-killed by the out-of-memory killer on the 24 GiB machine this was written on (18.7 GB resident);
-with SVG12_HEADS=1 the gather form compiles (27 s) and is what the committed JSON holds; the plan at
-512 x 256 filled the machine's memory after 7 minutes and was stopped. Run the rest on a machine with
-more memory, one compile at a time.
+Status (2026-12-04, libtpu 0.0.42.1, this 2-core 24 GiB machine): at 16,384 tokens, 512 x 256 tiles,
+the plan and the gather form compile for 1 and 8 heads and are what the committed JSON holds
+(SVG12_HEADS=8 SVG12_TOKENS=16384: the plan in 278 s, 13 GB resident at its peak). Two limits keep
+the case study's size out: the static profile aborts on a sort whose length is not a power of two
+(49,152 and 75,600; 32,768 and 65,536 are priced), and compiling the plan for 65,536 tokens passed
+14 GB of memory, where it was stopped. The gather and sort forms of the permutation share the sort
+that makes the inverse order; the one-hot form was not compiled again.
 """
 from __future__ import annotations
 
@@ -45,7 +48,9 @@ import time
 
 # SVG12_HEADS=1: one head (heads run one after another: cycles scale by the heads), for a machine
 # whose memory the 10-head compiles exceed
-HEADS, TOKENS, HEAD_DIM = int(os.environ.get("SVG12_HEADS", 10)), 75_600, 128
+# SVG12_TOKENS: another token count (the static profile aborts on a sort whose length is not a power
+# of two, 49,152 and 75,600 included, libtpu 0.0.42.1; 32,768 and 65,536 are priced)
+HEADS, TOKENS, HEAD_DIM = int(os.environ.get("SVG12_HEADS", 10)), int(os.environ.get("SVG12_TOKENS", 75_600)), 128
 ITERATIONS = 2
 DENSITY = 0.2            # semantic tiles' share of key tiles per query tile (the recall tables' 20 %)
 TARGET = "v6e"
@@ -201,10 +206,10 @@ def run_child(name: str, block_q: int, block_kv: int, timeout: float) -> dict:
 
 # -- the attention it sits beside ----------------------------------------------------------------
 
-def attention_cycles(block_q: int, block_kv: int) -> dict:
-    """Simulated cycles (cost model on the committed probes) for HEADS heads: B3 on the blog's mask at
-    the blog's tiles, and semantic tiles' attention at `block_q` x `block_kv` (every query tile
-    visiting round(DENSITY * nk) key tiles, the plan's budget), if that tile size was probed."""
+def attention_cycles(block_q: int, block_kv: int, tokens: int) -> dict:
+    """Simulated cycles per head (cost model on the committed probes): B3 on the blog's mask at the
+    blog's tiles, and semantic tiles' attention over `tokens` at `block_q` x `block_kv` (every query
+    tile visiting round(DENSITY * nk) key tiles, the plan's budget), if that tile size was probed."""
     import numpy as np
 
     from svg_lib.core.masks import TileAlignedMask
@@ -216,79 +221,86 @@ def attention_cycles(block_q: int, block_kv: int) -> dict:
     blog = get_preset("blog")
     after = load_reference()["groups"]["after"]
     b3 = cost_model(blog, after[TARGET, blog.block_q, blog.block_kv], methods=("b3",))["b3"]
-    out = {"b3_blog": b3 * HEADS / blog.heads,  # the model's heads run one after another
-           "b3_blog_tiles": [blog.block_q, blog.block_kv], "b3_blog_density": blog.density}
+    out = {"b3_blog": b3 / blog.heads}  # the model's heads run one after another
     if (TARGET, block_q, block_kv) in after:
-        nq, nk = -(-TOKENS // block_q), -(-TOKENS // block_kv)
+        nq, nk = -(-tokens // block_q), -(-tokens // block_kv)
         kept = np.zeros((nq, nk), bool)
         kept[:, :tile_budget(DENSITY, nk)] = True  # which key tiles does not change the count
-        plan = plan_tiles(TileAlignedMask(TOKENS, block_q, block_kv, kept), block_q, block_kv)
-        out["semantic_attention"] = HEADS * model_cycles("b3", after[TARGET, block_q, block_kv], b3_plan=plan)
+        plan = plan_tiles(TileAlignedMask(tokens, block_q, block_kv, kept), block_q, block_kv)
+        out["semantic_attention"] = model_cycles("b3", after[TARGET, block_q, block_kv], b3_plan=plan)
     return out
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=pathlib.Path)
-    parser.add_argument("--tiles", nargs="+", default=["512x256"], help="block_q x block_kv of the plans")
-    parser.add_argument("--forms", nargs="+", default=list(FORMS), choices=FORMS)
+    parser.add_argument("--tiles", nargs="*", default=["512x256"],
+                        help="block_q x block_kv of the plans (none given: the permutation forms only)")
+    parser.add_argument("--forms", nargs="*", default=list(FORMS), choices=FORMS)
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per compile")
     args = parser.parse_args(argv)
 
     old = json.loads(args.out.read_text()) if args.out.exists() else {}
-    records = {(r["program"], r["block_q"], r["block_kv"]): r for r in old.get("compiles", [])}
+    records = {_key(r): r for r in old.get("compiles", [])}
     todo = [(form, 0, 0) for form in args.forms]
     todo += [("plan",) + tuple(int(s) for s in t.split("x")) for t in args.tiles]
     for name, bq, bk in todo:
         start = time.perf_counter()
-        records[name, bq, bk] = run_child(name, bq, bk, args.timeout)
-        print(json.dumps({key: records[name, bq, bk].get(key) for key in
-                          ("program", "block_q", "block_kv", "cycles", "compile_s", "error")}),
+        record = run_child(name, bq, bk, args.timeout)
+        record.update(heads=HEADS, tokens=TOKENS, date=datetime.date.today().isoformat())
+        records[_key(record)] = record
+        print(json.dumps({key: record.get(key) for key in
+                          ("program", "block_q", "block_kv", "heads", "tokens", "cycles", "compile_s", "error")}),
               f"({time.perf_counter() - start:.0f} s)", flush=True)
         write(args.out, records)  # after every compile: a long run that is stopped keeps what it got
     return 0
 
 
+def _key(record: dict) -> tuple:
+    """A compile's identity: the program, its tiles, and the heads and tokens it was compiled for."""
+    return (record["program"], record["block_q"], record["block_kv"], record.get("heads", 1),
+            record.get("tokens", 75_600))
+
+
 def write(out: pathlib.Path, records: dict):
+    """The JSON notebook 12 reads: every compile, and per plan compiled, its cycles per head beside the
+    permutation's (gather form, same tokens), semantic tiles' own attention and B3's at the blog's size."""
     import jax
 
     from svg_lib.environment import libtpu_version
 
-    perm = {form: records[form, 0, 0]["cycles"] * (4 * HEADS if form == "onehot" else 1)
-            for form in FORMS if records.get((form, 0, 0), {}).get("cycles") is not None}
-    best = min(perm, key=perm.get) if perm else None
     summary = []
-    for (name, bq, bk), rec in sorted(records.items()):
+    for (name, bq, bk, heads, tokens), rec in sorted(records.items()):
         if name != "plan" or rec.get("cycles") is None:
             continue
-        att = attention_cycles(bq, bk)
-        overhead = rec["cycles"] + (perm[best] if best else 0)
-        row = dict(block_q=bq, block_kv=bk, plan_cycles=rec["cycles"], permutation=best,
-                   permutation_cycles=perm.get(best), overhead_cycles=overhead,
-                   b3_blog_cycles=att["b3_blog"], overhead_vs_b3=overhead / att["b3_blog"],
-                   semantic_attention_cycles=att.get("semantic_attention"))
-        if att.get("semantic_attention"):
-            row["overhead_vs_semantic_attention"] = overhead / att["semantic_attention"]
+        att = attention_cycles(bq, bk, tokens)
+        gather = sorted((r for (n, _, _, h, t), r in records.items() if n == "gather" and t == tokens and r.get("cycles")),
+                        key=lambda r: r["heads"] != heads)  # the same heads first
+        row = dict(block_q=bq, block_kv=bk, heads=heads, tokens=tokens, plan_cycles_per_head=rec["cycles"] / heads,
+                   gather_cycles_per_head=gather[0]["cycles"] / gather[0]["heads"] if gather else None,
+                   semantic_attention_cycles_per_head=att.get("semantic_attention"),
+                   b3_blog_cycles_per_head=att["b3_blog"])
+        row["plan_vs_b3_blog"] = row["plan_cycles_per_head"] / att["b3_blog"]
         summary.append(row)
     out.write_text(json.dumps({
-        "what": "semantic tiles' overhead at the case study's size: semantic_plan (tile-sized k-means of q and k, "
+        "what": "semantic tiles' overhead: semantic_plan (tile-sized k-means of q and k, "
                 f"{ITERATIONS} iterations from a warm start, tile selection at {DENSITY:.0%} of key tiles) and the "
-                "permutation of q, k, v into cluster order and of the output back, against B3's attention",
+                "permutation of q, k, v into cluster order and of the output back, against the attention",
         "mode": "compile-only static profile (simulated)", "chip": TARGET, "topology": "v6e:1x1",
-        "problem": dict(heads=HEADS, tokens=TOKENS, head_dim=HEAD_DIM, dtype="bfloat16", density=DENSITY,
-                        iterations=ITERATIONS),
-        "date": datetime.date.today().isoformat(), "jax": jax.__version__, "libtpu": libtpu_version(),
-        "machine": "2-core CPU shared with other jobs",
+        "problem": dict(head_dim=HEAD_DIM, dtype="bfloat16", density=DENSITY, iterations=ITERATIONS),
+        "jax": jax.__version__, "libtpu": libtpu_version(),
+        "machine": "2-core CPU, 24 GiB",
         "cycles_rule": "sum of estimated_cycles over every op libtpu emits, times its while loops' trip counts "
                        "(the compiler's known_trip_count, else inferred from the jax source: k-means iterations, "
                        "rounds of proposals, binary searches of ceil(log2(tokens + 1)) steps, an upper bound); "
                        "ops in sequence, no overlap",
-        "permutation_cycles": perm, "permutation_note": f"onehot compiled for 1 head x 1 tensor, scaled by {4 * HEADS}",
-        "cheapest_permutation": best, "summary": summary,
-        "attention_note": "B3 and semantic attention: tpu.cost.model_cycles on the committed probes (svg_lib/data), "
-                          "10 heads; semantic attention at the plan's budget, all steps mask-free",
+        "summary": summary,
+        "attention_note": "B3 on the blog's mask (75,600 tokens, 3328 x 1536) and semantic tiles' attention at the "
+                          "plan's tokens, tiles and budget: tpu.cost.model_cycles on the committed probes "
+                          "(svg_lib/data), per head, all steps mask-free",
         "compiles": list(records.values()),
-        "command": "python notebooks/data/12_semantic_cost.py notebooks/data/12_semantic_cost.json",
+        "command": "SVG12_HEADS=h SVG12_TOKENS=n python notebooks/data/12_semantic_cost.py "
+                   "notebooks/data/12_semantic_cost.json [--forms ...] [--tiles ...]",
     }, indent=1) + "\n")
     print(json.dumps(summary, indent=1), flush=True)
 

@@ -326,10 +326,15 @@ def _cluster_around_sink(k, ck, sink, block_kv, cluster):
 # -- step 3: attention in cluster order -------------------------------------------------------
 
 def gather_rows(x, order):
-    """`x[h, order[h, i], :]`: `[heads, tokens, head_dim]` x in the order of int `[heads, tokens]`."""
+    """`x[h, order[h, i], :]`: `[heads, tokens, head_dim]` x in the order of int `[heads, tokens]`.
+
+    One gather of whole rows from the heads laid end to end: a TPU prices a gather with a head
+    axis at about 14 times the cycles per row (v6e static profile, 8 heads of 16,384 tokens)."""
     import jax.numpy as jnp
 
-    return jnp.take_along_axis(x, order[:, :, None], axis=1)
+    heads, tokens, head_dim = x.shape
+    rows = (order + (jnp.arange(heads, dtype=order.dtype) * tokens)[:, None]).reshape(-1)
+    return x.reshape(heads * tokens, head_dim)[rows].reshape(heads, tokens, head_dim)
 
 
 def _one_head_b3(*, tokens, head_dim, dtype, block_q, block_kv, block_kv_compute, steps, steps_t, interpret,
