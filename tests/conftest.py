@@ -66,11 +66,12 @@ SLOWEST_FIRST = (
 # `tpu_interpreter`. They check the kernels against TPU semantics with the pinned jax; a Colab
 # reader never runs that interpreter (on a TPU the kernels compile), so the replica of Colab's
 # runtime (tools/test-colab.sh sets SVG_LIB_REPLICA=1) skips them and runs the plain interpreter's.
-# Compiles for chips a Colab runtime never has (a v5p: Colab offers a v5e and a v6e) are marked
-# `not_on_colab`: the replica skips them too, the pinned stage holds its libtpu to them.
+# What only a chip or a topology a Colab runtime never has exercises (Colab offers one v5e or v6e
+# chip: not a v4, a v5p, a v7x's two devices or several chips) is marked `not_on_colab`: the
+# replica skips it too; the pinned stage runs it. Notebook 09 compiles a v6e:2x4 layer in both.
 def pytest_configure(config):
     config.addinivalue_line("markers", "tpu_interpreter: runs under pltpu.InterpretParams; pinned stage only")
-    config.addinivalue_line("markers", "not_on_colab: compiles for a chip Colab does not offer; pinned stage only")
+    config.addinivalue_line("markers", "not_on_colab: a chip or topology Colab does not offer; pinned stage only")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -80,7 +81,7 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
     if os.environ.get("SVG_LIB_REPLICA") == "1":
         reasons = {"tpu_interpreter": "TPU-interpreter runs are the pinned stage's (tests/conftest.py)",
-                   "not_on_colab": "a chip Colab does not offer: the pinned stage's (tests/conftest.py)"}
+                   "not_on_colab": "a chip or topology Colab does not offer: the pinned stage's (tests/conftest.py)"}
         for item in items:
             for marker, reason in reasons.items():
                 if item.get_closest_marker(marker) is not None:

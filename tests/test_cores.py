@@ -166,6 +166,7 @@ SPLIT_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.not_on_colab  # a v7x's two devices (tests/conftest.py)
 def test_split_heads_equals_one_device_on_two_simulated_devices():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))

@@ -18,6 +18,7 @@ from svg_lib import (CompileCounter, SVGMask, TemporalMask, VideoGeometry, build
 from svg_lib.core.planner import stack_schedules
 from svg_lib.layers.routing import gather_heads, head_gather_index, permute_heads, plan_kind
 from svg_lib.layers.synthetic import computed_mask
+from test_kernels import _races_found_in, needs_race_state
 
 # float32 kernels vs float32 reference: summation order only (see tests/test_kernels.py for the derivation)
 F32 = dict(rtol=1e-5, atol=1e-5)
@@ -223,3 +224,23 @@ def test_the_routed_layer_lowered_for_tpu_holds_no_gather(mask):
     assert "tpu_custom_call" in text  # the kernel is there
     assert not re.search(r"stablehlo\.(dynamic_)?gather", text)
     assert text.count("stablehlo.transpose") >= 4  # q, k, v in; the output back
+
+
+# -- TPU memory semantics ---------------------------------------------------------------------------
+
+@needs_race_state
+@pytest.mark.tpu_interpreter
+@pytest.mark.parametrize("in_kernel", [False, True], ids=["physical", "in_kernel"])
+def test_routed_layers_under_the_tpu_interpreter(in_kernel, mask, qkv, per_kind_reference):
+    # the interpreter that simulates a TPU's memory: uninitialized VMEM reads as NaN (a kernel that
+    # used a buffer before writing it would show), DMAs and accesses checked for races
+    from jax.experimental.pallas import tpu as pltpu
+
+    params = pltpu.InterpretParams(detect_races=True, uninitialized_memory="nan")
+    build = build_svg_attention_in_kernel if in_kernel else build_svg_attention
+    layer = build(mask, method="b2", heads=HEADS, tokens=GEOMETRY.tokens, head_dim=HEAD_DIM, dtype=jnp.float32,
+                  block_q=BLOCK, block_kv=BLOCK, interpret=params)
+    flags = np.array(ROUTINGS["mixed"])
+    out, found = _races_found_in(lambda: np.asarray(layer(*qkv, jnp.asarray(flags))))
+    assert not found, "the interpreter reported a race"
+    np.testing.assert_allclose(out, expected(flags, per_kind_reference), **F32)

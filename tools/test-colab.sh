@@ -20,7 +20,9 @@
 #    the explorer (Colab's ipywidgets), and every new test file unless it is listed below.
 #    Runs under the TPU interpreter (`pltpu.InterpretParams`, marked `tpu_interpreter`) are skipped
 #    here (SVG_LIB_REPLICA=1): a Colab reader never runs that interpreter (on a TPU the kernels compile);
-#    the plain interpreter's runs of the same tests stay. Left to the pinned stage (PINNED_ONLY),
+#    the plain interpreter's runs of the same tests stay. So are tests marked `not_on_colab`: what only
+#    a chip or topology Colab does not offer exercises (a v4, a v5p, a v7x's two devices, several
+#    chips; tests/conftest.py). Left to the pinned stage (PINNED_ONLY),
 #    where the jax version cannot change the answer or the replica proves it another way:
 #      test_browser.py   JupyterLab and Chromium: not part of Colab's runtime;
 #      test_compiler.py  every method at the case study's size, twice: step 5 compiles what only
@@ -32,7 +34,14 @@
 #                        compare every masked kernel with float64 here;
 #      test_layers.py    import-linter on the source text;
 #      test_execute_notebooks.py  the notebook runner's --expect: step 3 runs it here with Colab's
-#                        nbclient.
+#                        nbclient;
+#      the properties of code the notebooks run here in step 3 (where a jax 0.7.2 that lacked an
+#      API or broke a kernel would fail the notebook): test_bench.py (the timing harness of 04-06),
+#      test_synthetic.py (the planted heads the notebooks build), test_exercises.py (the checkers,
+#      run by the solutions E1-E8), test_tuner.py (05's tuner; Colab's libtpu verdicts are
+#      test_vmem's here), test_semantic_plan.py, test_semantic_quality.py, test_semantic_router.py
+#      (12's planner, tables and router; test_semantic.py, the public API exact and differentiable,
+#      stays), test_radial.py, test_pooled.py (masks and plans test_frontier.py runs here end to end).
 # 5. Colab's libtpu compiles B3 at the case study's size (the blog preset: 75,600 tokens,
 #    3328 x 1536 tiles) for a v5e (Colab's free tier), in the background from the start of
 #    step 3 (173 s of a core, 2026-12-04): the series' headline kernel, its schedule tables in
@@ -116,7 +125,9 @@ echo "make test-colab: every notebook (${#notebooks[@]}), working directory $CON
 (cd "$CONTENT" && env -u PYTHONPATH "$PY" "svg-tpu/tools/execute-notebooks.py" --check --cwd . --jobs 0 \
    --expect "09_scaling_out.ipynb= s to compile" "${notebooks[@]}") || status=1
 
-PINNED_ONLY="test_browser test_compiler test_cost test_masks test_planner test_layers test_execute_notebooks"  # see step 4 above
+PINNED_ONLY="test_browser test_compiler test_cost test_masks test_planner test_layers test_execute_notebooks
+  test_bench test_synthetic test_exercises test_tuner test_semantic_plan test_semantic_quality test_semantic_router
+  test_radial test_pooled"  # see step 4 above
 ignore=()
 for name in $PINNED_ONLY; do ignore+=("--ignore=tests/$name.py"); done
 echo "make test-colab: unit tests (left to the pinned stage: $PINNED_ONLY), $(date -u +%T) UTC"
