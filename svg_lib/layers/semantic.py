@@ -328,8 +328,9 @@ def _cluster_around_sink(k, ck, sink, block_kv, cluster):
 def gather_rows(x, order):
     """`x[h, order[h, i], :]`: `[heads, tokens, head_dim]` x in the order of int `[heads, tokens]`.
 
-    One gather of whole rows from the heads laid end to end: a TPU prices a gather with a head
-    axis at about 14 times the cycles per row (v6e static profile, 8 heads of 16,384 tokens)."""
+    One gather of whole rows from the heads laid end to end, not one with a head axis (v6e static
+    profile, 8 heads of 16,384 tokens: q, k, v in and the output back in 3.90 M cycles this way,
+    7.11 M with the head axis)."""
     import jax.numpy as jnp
 
     heads, tokens, head_dim = x.shape

@@ -15,14 +15,15 @@ once, and runs inside `jax.jit`):
 
 A round is two minima over the `[tokens, clusters]` distances, one-hot compares and two sorts of
 the tokens: no sequential loop over tokens, and no gather or scatter of single elements, which a
-TPU runs one element after another (`inverse_order`). Ranking the askers by regret rather than by distance was measured better
-(CPU, structured_qkv spatial / temporal / local3d heads, 3,072 tokens, 128-token tiles, 20 % of
-the tiles, recall over 256 sampled queries; 10 iterations from a cold start): 0.90 / 0.90 / 0.85
-against 0.88 / 0.86 / 0.81 by distance (2 iterations: 0.84 / 0.83 / 0.76 against 0.82 / 0.80 / 0.74). After `rounds` rounds the few tokens still unplaced fill the free places in
-token order, so every cluster ends at exactly its capacity whatever the data. Then the centroids
-are the means of their members, and k-means repeats for a fixed number of `iterations`, starting
-from the caller's centroids (the previous denoising step's: a warm start) or from k-means++
-seeding (a cold start).
+TPU runs one element after another (`inverse_order`). Ranking the askers by regret rather than by
+distance was measured better (CPU, structured_qkv spatial / temporal / local3d heads, 3,072
+tokens, 128-token tiles, 20 % of the tiles, recall over 256 sampled queries; 10 iterations from a
+cold start): 0.90 / 0.90 / 0.85 against 0.88 / 0.86 / 0.81 by distance (2 iterations: 0.84 / 0.83
+/ 0.76 against 0.82 / 0.80 / 0.74). After `rounds` rounds the few tokens still unplaced fill the
+free places in token order, so every cluster ends at exactly its capacity whatever the data. Then
+the centroids are the means of their members, and k-means repeats for a fixed number of
+`iterations`, starting from the caller's centroids (the previous denoising step's: a warm start)
+or from k-means++ seeding (a cold start).
 
 `cut_kmeans_order` is the alternative the issue measured first (ordinary k-means, tokens sorted
 by label, then cut into tiles), and `tile_objective` the k-means objective of any tiling: they are
