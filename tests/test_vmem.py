@@ -323,8 +323,8 @@ COMPILER_POINTS = [
     ("v5e", "dense", 256, 16384, 512, "float32", None, True, True),
     ("v5e", "splash_dense", 1024, 2048, None, "bfloat16", "blocks", True, True),
     # v4: 16 MiB in all. The estimate refuses the first three. The compiler refuses the first
-    # (double-buffered k and v blocks alone take the 16 MiB: "Used 22.69M of 16.00M vmem") and the second
-    # (blocks and mask block fit, but the program with Splash's intermediates does not: "Used
+    # (double-buffered k and v blocks alone take the 16 MiB: "Used 22.69M of 16.00M vmem") and the
+    # second (blocks and mask block fit, but the program with Splash's intermediates does not: "Used
     # 22.39M of 16.00M vmem"), and accepts the third: there the estimate is conservative.
     ("v4", "dense", 128, 8192, None, "float32", None, False, False),
     ("v4", "splash_dense", 1024, 1536, None, "bfloat16", "blocks", False, False),

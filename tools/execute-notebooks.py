@@ -69,7 +69,7 @@ def main(argv=None) -> int:
                 missing = [text for text in expected.get(path.name, ()) if text not in printed]
                 if missing:
                     failed.append(path)
-                    print(f"{path}: FAILED: it ran, but never printed {' or '.join(map(repr, missing))}", flush=True)
+                    print(f"{path}: FAILED: it ran, but never printed {', '.join(map(repr, missing))}", flush=True)
             except CellExecutionError as err:
                 if not args.check:
                     raise

@@ -10,10 +10,11 @@ Programs compiled (SVG12_HEADS heads, default 10, x SVG12_TOKENS tokens, default
 * "plan": `semantic_plan` with 2 iterations of tile-sized k-means from a warm start (the previous
   step's centroids), for q and k, and the tile selection, at each tile size asked;
 * the permutation of q, k and v into cluster order and of the output back, in three forms:
-  "gather" (`semantic.gather_rows`, the output back by the inverse order, a sort), "onehot" (a one-hot matrix times
-  x on the MXU) and "sort" (a sort keyed by each token's place). The one-hot form needs a
-  tokens x tokens matrix per head (11 GiB in bf16 at 75,600): it is compiled for one head and one
-  tensor and scaled by 40 (3 tensors in + 1 out, 10 heads), and said so.
+  "gather" (`semantic.gather_rows`, the output back by the inverse order, a sort), "onehot" (a
+  one-hot matrix times x on the MXU) and "sort" (a sort keyed by each token's place). The one-hot
+  form needs a tokens x tokens matrix per head (11 GiB in bf16 at 75,600): it is compiled for one
+  head and one tensor, so its record's cycles are a quarter of one head's permutation. The summary
+  prices the permutation by the gather form.
 
 Each compile runs in a child process with libtpu's static-profile dump on: libtpu writes one
 `estimated_cycles` per HLO op it emits (every fusion, copy, sort, Mosaic kernel). A program's
