@@ -49,13 +49,25 @@ def test_the_vector_forms_equal_their_gathers_and_scatters():
     np.put_along_axis(want, orders, np.arange(300)[None, :], axis=1)
     assert np.array_equal(np.asarray(inverse_order(jnp.asarray(orders))), want)
 
+    # each cluster takes its askers of largest regret, never more than its room; with distinct
+    # regrets and halvings enough, exactly the top room of them (ties wait for the next round)
     group = rng.integers(0, 5, 300).astype(np.int32)
-    key = rng.integers(0, 4, 300).astype(np.float32)   # ties: broken by position
-    rank = np.asarray(jax.jit(semantic_clusters._rank_within_groups)(group, key))
-    for g in range(5):
-        members = np.flatnonzero(group == g)
-        by_key = members[np.lexsort((members, key[members]))]
-        assert rank[by_key].tolist() == list(range(members.size))
+    asked = jnp.asarray(group[None, :] == np.arange(5)[:, None])
+    room = np.array([0, 3, 20, 70, 1000], np.int32)
+    distinct = rng.permutation(300).astype(np.float32)
+    for regret, steps in ((distinct, 40), (distinct, 4), (rng.integers(0, 4, 300).astype(np.float32), 40)):
+        taken = np.asarray(jax.jit(semantic_clusters._largest_within_room, static_argnums=3)(
+            jnp.asarray(regret), asked, jnp.asarray(room), steps))
+        for g in range(5):
+            members = np.flatnonzero(group == g)
+            top = members[np.argsort(-regret[members], kind="stable")][:room[g]]
+            got = np.flatnonzero(taken & (group == g))
+            assert got.size <= room[g] and set(got) <= set(top)
+            if regret is distinct and steps == 40:
+                assert set(got) == set(top)
+            # whatever is taken is everything above the lowest regret taken
+            if got.size:
+                assert set(got) == set(members[regret[members] >= regret[got].min()])
 
     x = rng.standard_normal((300, 8)).astype(np.float32)
     label = rng.permutation(np.repeat(np.arange(3), [128, 128, 44])).astype(np.int32)

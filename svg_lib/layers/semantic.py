@@ -30,11 +30,12 @@ tiles per key tile would let a smaller static budget serve.
 
 Compiled for a v6e at the case study's size (compile-only, libtpu 0.0.42.1, nothing run): a
 training step's plan (2 warm iterations), forward and gradient, 10 heads x 75,600 tokens x 128,
-bf16, 512 x 512 tiles, density 0.2, compiles in 295 s with 3,862 MiB of temporaries.
+bf16, 512 x 512 tiles, density 0.2, compiles in 295 s with 3,862 MiB of temporaries (measured
+with the clustering's earlier form, whose assignment ranked by sorting).
 
-The permutation is a row gather (`jnp.take_along_axis`), forward and back. Its cost against the
-alternatives (a one-hot matmul on the MXU, a sort carrying the rows) is to be measured with the
-TPU compiler's static profile at the blog's size; that is left for the measurements of issue 32.
+The permutation is a row gather (`gather_rows`), forward and back. Priced by the TPU compiler's
+static profile (`notebooks/data/12_semantic_cost.py`: v6e), it costs 0.35-0.49 M simulated cycles
+per head at 16,384 tokens (1.57 M at 65,536), less than the plan (1.01 M; 12.3 M).
 """
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ from svg_lib.kernels.device_plan import device_tables
 from svg_lib.kernels.forward import block_sparse_attention
 from svg_lib.kernels.reference import check_qkv
 from svg_lib.layers.semantic_clusters import (DEFAULT_ROUNDS, capacities, check_iterations, inverse_order,
-                                              member_means, tile_kmeans)
+                                              member_means, order_of_labels, tile_kmeans_labels)
 from svg_lib.memory.budget import check_memory
 from svg_lib.memory.smem import SmemOverflowError, schedule_smem
 from svg_lib.problem import check_block_kv_compute
@@ -260,21 +261,26 @@ def semantic_plan(q, k, *, block_q: int, block_kv: int, density: float, iteratio
         raise ValueError(f"the first frame's keys fill {pinned.sum()} key tiles, more than the {steps} a query tile "
                          f"may compute at density {density}; raise the density or the blocks")
 
-    def cluster(x, c, block):
-        return tile_kmeans(x, block, iterations=iterations, centroids=c, rounds=rounds)[0]
+    def cluster(x, c, block):  # labels and centroids of every head, one head after another
+        def one(xc):
+            return tile_kmeans_labels(xc[0], block, iterations=iterations, centroids=xc[1], rounds=rounds)
 
-    if centroids is None:
-        q_order = jax.vmap(lambda x: cluster(x, None, block_q))(q)
-    else:
-        q_order = jax.vmap(lambda x, c: cluster(x, c, block_q))(q, centroids.q)
+        # a loop over the heads, not a vmap: the TPU compiler's memory then stays about that of one
+        # head (compiling 8 heads of 16,384 tokens with the static profile: 1.3 GB; vmapped, it
+        # passed 19 GB and was stopped)
+        with jax.named_scope("heads"):
+            return jax.lax.map(one, (x, c))
+
+    q_label, q_cent = cluster(q, None if centroids is None else centroids.q, block_q)
     if sink is not None:
-        k_order = _cluster_around_sink(k, None if centroids is None else centroids.k, sink, block_kv, cluster)
-    elif centroids is None:
-        k_order = jax.vmap(lambda x: cluster(x, None, block_kv))(k)
+        k_label, k_cent = _cluster_around_sink(k, None if centroids is None else centroids.k, sink, block_kv, cluster)
     else:
-        k_order = jax.vmap(lambda x, c: cluster(x, c, block_kv))(k, centroids.k)
+        k_label, k_cent = cluster(k, None if centroids is None else centroids.k, block_kv)
+    # q and k sorted by label in one sort (their token counts are equal)
+    orders = order_of_labels(jax.numpy.concatenate([q_label, k_label]))
+    q_order, k_order = orders[:heads], orders[heads:]
     return plan_from_orders(q, k, q_order, k_order, block_q=block_q, block_kv=block_kv, steps=steps, top_p=top_p,
-                            pinned=pinned)
+                            pinned=pinned, means=(q_cent, k_cent))
 
 
 def tile_means(x, order, block: int):
@@ -289,38 +295,38 @@ def tile_means(x, order, block: int):
 
 
 def plan_from_orders(q, k, q_order, k_order, *, block_q: int, block_kv: int, steps: int, top_p=None,
-                     pinned=None) -> SemanticPlan:
+                     pinned=None, means=None) -> SemanticPlan:
     """The plan of given token orders: tiles cut from `q_order` and `k_order` (int `[heads, tokens]`),
     scored by their means (`tile_scores`), `steps` key tiles kept per query tile (`select_tiles`).
 
-    `semantic_plan` passes its tile-sized clusters; any other order (token order, ordinary
-    k-means sorted and cut: `semantic_clusters.cut_kmeans_order`) gives the plan to compare with."""
-    q_cent, k_cent = tile_means(q, q_order, block_q), tile_means(k, k_order, block_kv)
+    `semantic_plan` passes its tile-sized clusters, with `means` (f32 `[heads, nq, d]`, `[heads, nk,
+    d]`: its k-means centroids, which are the tiles' means); any other order (token order, ordinary
+    k-means sorted and cut: `semantic_clusters.cut_kmeans_order`) gives the plan to compare with,
+    its tiles' means computed here (`tile_means`)."""
+    if means is None:
+        q_cent, k_cent = tile_means(q, q_order, block_q), tile_means(k, k_order, block_kv)
+    else:  # the tiles' means, known already (k-means' centroids): no sort to find each token's tile
+        q_cent, k_cent = means
     scores = tile_scores(q_cent, k_cent, capacities(q.shape[1], block_kv))
     tiles = select_tiles(scores, steps, top_p=top_p, pinned=pinned)
     return SemanticPlan(q_order, k_order, tiles, SemanticCentroids(q_cent, k_cent), block_q, block_kv, steps)
 
 
 def _cluster_around_sink(k, ck, sink, block_kv, cluster):
-    """int32 `[heads, tokens]`: the key order with the sink keys first (whole tiles of them, in token
-    order) and the other keys clustered into the tiles after (`ck`: all key tiles' centroids or None)."""
-    jax = _jax()
+    """(label int32 `[heads, tokens]`, centroids f32 `[heads, nk, d]`) of the keys with the sink first:
+    the leading tiles hold the first frame's keys in token order (whole tiles of them; a label per
+    tile), the other keys cluster into the tiles after (`ck`: all key tiles' centroids or None)."""
     import jax.numpy as jnp
 
-    tokens = k.shape[1]
+    heads, tokens, d = k.shape
     sink_tiles_ = -(-sink.size // block_kv)
-    head_of_line = np.arange(sink_tiles_ * block_kv)  # the tokens the sink tiles hold, in order
-    rest = np.setdiff1d(np.arange(tokens), head_of_line)
-    if rest.size == 0:
+    held = sink_tiles_ * block_kv  # the tokens the sink tiles hold, in order
+    if held >= tokens:
         raise ValueError("the first frame fills every key tile: nothing is left to cluster")
-
-    def one(x, c):
-        order_rest = cluster(x[rest], c, block_kv)
-        return jnp.concatenate([jnp.asarray(head_of_line, jnp.int32), jnp.asarray(rest, jnp.int32)[order_rest]])
-
-    if ck is None:
-        return jax.vmap(lambda x: one(x, None))(k)
-    return jax.vmap(lambda x, c: one(x, c[sink_tiles_:]))(k, ck)
+    label, cent = cluster(k[:, held:], None if ck is None else ck[:, sink_tiles_:], block_kv)
+    head_label = jnp.broadcast_to(jnp.asarray(np.arange(held) // block_kv, jnp.int32), (heads, held))
+    head_cent = jnp.mean(k[:, :held].astype(jnp.float32).reshape(heads, sink_tiles_, block_kv, d), axis=2)
+    return jnp.concatenate([head_label, label + sink_tiles_], axis=1), jnp.concatenate([head_cent, cent], axis=1)
 
 
 # -- step 3: attention in cluster order -------------------------------------------------------

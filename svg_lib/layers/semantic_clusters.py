@@ -13,17 +13,27 @@ once, and runs inside `jax.jit`):
     a cluster asked by more tokens than it has room for takes those that would lose the most
     by going elsewhere (the largest regret: distance to the next choice minus to this one).
 
-A round is two minima over the `[tokens, clusters]` distances, one-hot compares and two sorts of
-the tokens: no sequential loop over tokens, and no gather or scatter of single elements, which a
-TPU runs one element after another (`inverse_order`). Ranking the askers by regret rather than by
-distance was measured better (CPU, structured_qkv spatial / temporal / local3d heads, 3,072
-tokens, 128-token tiles, 20 % of the tiles, recall over 256 sampled queries; 10 iterations from a
-cold start): 0.90 / 0.90 / 0.85 against 0.88 / 0.86 / 0.81 by distance (2 iterations: 0.84 / 0.83
-/ 0.76 against 0.82 / 0.80 / 0.74). After `rounds` rounds the few tokens still unplaced fill the
-free places in token order, so every cluster ends at exactly its capacity whatever the data. Then
-the centroids are the means of their members, and k-means repeats for a fixed number of
-`iterations`, starting from the caller's centroids (the previous denoising step's: a warm start)
-or from k-means++ seeding (a cold start).
+A round is minima over the `[clusters, tokens]` distances, one-hot compares, and per cluster a
+threshold on the regret found by halving (`_largest_within_room`): no sort, no sequential loop over
+tokens, and no gather or scatter of single elements, which a TPU runs one element after another
+(`inverse_order`). Ranking the askers by regret rather than by distance was measured better (CPU,
+structured_qkv spatial / temporal / local3d heads, 3,072 tokens, 128-token tiles, 20 % of the
+tiles, recall over 256 sampled queries; 10 iterations from a cold start): 0.90 / 0.90 / 0.85
+against 0.88 / 0.86 / 0.81 by distance (2 iterations: 0.84 / 0.83 / 0.76 against 0.82 / 0.80 /
+0.74). After `rounds` rounds the few tokens still unplaced fill the free places in token order, so
+every cluster ends at exactly its capacity whatever the data. Then the centroids are the means of
+their members, and k-means repeats for a fixed number of `iterations`, starting from the caller's
+centroids (the previous denoising step's: a warm start) or from k-means++ seeding (a cold start).
+
+What a TPU pays for it, simulated (v6e compile-only static profile, libtpu 0.0.42.1, one head of
+16,384 tokens, 512 x 256 tiles, 2 iterations from a warm start, `notebooks/data/12_semantic_cost.py`):
+the whole plan took 6.32 M cycles when each round ranked its askers by two sorts of the tokens and
+laid the distances `[tokens, clusters]`; with the thresholds, the `[clusters, tokens]` layout
+(`one_hot`), one sort for q's and k's orders together and the k-means centroids reused as the
+tiles' means, it takes 1.01 M (12.3 M at 65,536 tokens, two thirds of it the halvings). Halvings per round against recall on the clip's heads
+(`notebooks/data/12_recall_tables.py`: 10 heads, 128 and 256-token tiles, 10 cold iterations): 24 give the
+sorted ranking's recall on every head exactly; 16 (the default) move a head's by at most 0.019, 12
+by 0.023, 6 by 0.051, and the mean over the heads (0.862) by at most 0.001 in every case.
 
 `cut_kmeans_order` is the alternative the issue measured first (ordinary k-means, tokens sorted
 by label, then cut into tiles), and `tile_objective` the k-means objective of any tiling: they are
@@ -34,6 +44,7 @@ from __future__ import annotations
 import numpy as np
 
 DEFAULT_ROUNDS = 4
+DEFAULT_STEPS = 16  # halvings of each cluster's regret range per round (`_largest_within_room`)
 
 
 def capacities(tokens: int, block: int) -> np.ndarray:
@@ -99,33 +110,66 @@ def inverse_order(order):
 
 
 def one_hot(label, n: int):
-    """bool `[tokens, n]`: `label[t] == j`, for int `[tokens]` labels (a label outside [0, n) is all False)."""
+    """bool `[n, tokens]`: `label[t] == j`, for int `[tokens]` labels (a label outside [0, n) is all False).
+
+    Clusters on the first axis and tokens on the last: a TPU lays the last axis along its vectors'
+    128 lanes, so with tokens there every vector is full and a sum or minimum over the clusters is
+    elementwise across vectors. Inside the k-means loop, one compare-and-count pass over 64 clusters
+    and 16,384 tokens is priced at 2,817 simulated cycles this way and 24,938 laid `[tokens,
+    clusters]` (v6e static profile, libtpu 0.0.42.1)."""
     import jax.numpy as jnp
 
-    return label[:, None] == jnp.arange(n, dtype=label.dtype)[None, :]
+    return jnp.arange(n, dtype=label.dtype)[:, None] == label[None, :]
 
 
-def _rank_within_groups(group, key):
-    """int32 `[n]`: each element's rank by `key` (ascending; ties by position) among the elements
-    of its `group` (int32 `[n]`), by one sort on (group, key) and one back: no gather, no scatter."""
+def _largest_within_room(regret, asked, room, steps: int):
+    """bool `[tokens]`: the askers each cluster takes, those of largest regret and at most `room[j]`.
+
+    regret f32 `[tokens]` (>= 0, +inf when a token has no other choice), asked bool `[clusters,
+    tokens]` (at most one True per token: the cluster it asks), room int32 `[clusters]`. Per cluster,
+    a threshold found by `steps` halvings of [its askers' least regret, their largest]: the least
+    value found that no more than `room` askers reach, all of them taken. Ties at the threshold,
+    and askers within the last interval's width of it, wait for the next round. Each halving is one
+    compare and count over `[clusters, tokens]`, vectors a TPU runs whole; ranks by sorting (the
+    form this replaced: two sorts of the tokens a round) cost more than the rest of the round.
+    """
     import jax
     import jax.numpy as jnp
 
-    n = group.shape[0]
-    position = jnp.arange(n, dtype=jnp.int32)
-    sorted_group, _, order = jax.lax.sort((group, key, position), num_keys=2, is_stable=True)
-    begins = jnp.concatenate([jnp.ones(1, bool), sorted_group[1:] != sorted_group[:-1]])
-    first = jax.lax.cummax(jnp.where(begins, position, 0))          # where each element's group begins
-    return jax.lax.sort((order, position - first), num_keys=1)[1]   # back to the elements' own order
+    r = jnp.where(asked, regret[None, :], -jnp.inf)                   # [clusters, tokens]
+
+    def count(threshold):
+        return jnp.sum(r >= threshold[:, None], axis=1, dtype=jnp.int32)
+
+    least = jnp.min(jnp.where(asked, regret[None, :], jnp.inf), axis=1)
+    largest = jnp.max(r, axis=1)
+    all_fit = jnp.sum(asked, axis=1, dtype=jnp.int32) <= room
+    top_fits = count(largest) <= room
+    # invariant: more than room askers reach a, no more than room reach b (b = +inf: none taken,
+    # when even the ties at the largest regret overflow the room)
+    a = least
+    b = jnp.where(all_fit, least, jnp.where(top_fits, largest, jnp.inf))
+    settled = all_fit | ~top_fits
+
+    def halve(_, ab):
+        a, b = ab
+        mid = jnp.where(settled, b, a + (b - a) / 2)
+        over = count(mid) > room
+        return jnp.where(over, mid, a), jnp.where(over, b, mid)
+
+    with jax.named_scope("halvings"):  # a loop, not unrolled: a smaller program to compile
+        _, b = jax.lax.fori_loop(0, steps, halve, (a, b))
+    return jnp.any(r >= b[:, None], axis=0)
 
 
-def assign_with_capacity(x, centroids, sizes, *, rounds: int = DEFAULT_ROUNDS):
+def assign_with_capacity(x, centroids, sizes, *, rounds: int = DEFAULT_ROUNDS, steps: int = DEFAULT_STEPS):
     """int32 `[tokens]`: each token's cluster, cluster j receiving exactly `sizes[j]` tokens.
 
     x `[tokens, d]`, centroids `[clusters, d]`, sizes int `[clusters]` (NumPy, summing to tokens).
     Rounds of proposals (module docstring): in each, unplaced tokens ask for their nearest cluster
-    with room, and each cluster takes, up to its room, the askers of largest regret. Tokens still unplaced after
-    `rounds` fill the remaining places in token order.
+    with room, and each cluster takes, up to its room, the askers of largest regret (`steps`
+    halvings find its threshold). Tokens still unplaced after `rounds` fill the remaining places
+    in token order.
     """
     import jax
     import jax.numpy as jnp
@@ -137,29 +181,28 @@ def assign_with_capacity(x, centroids, sizes, *, rounds: int = DEFAULT_ROUNDS):
                          f"got {sizes.tolist()}")
     if clusters == 1:  # fewer tokens than one tile: nothing to choose
         return jnp.zeros(tokens, jnp.int32)
-    dist = squared_distances(x, centroids)
+    dist = squared_distances(x, centroids).T                          # [clusters, tokens]
 
-    # Each round works on whole [tokens, clusters] arrays and sorts: a TPU runs those on vectors,
-    # where a gather or scatter of single elements would go one element after another.
+    # Each round works on whole [clusters, tokens] arrays: a TPU runs those on vectors, where a
+    # sort, or a gather or scatter of single elements, goes much slower.
     def round_(_, state):
         label, room = state
         unplaced = label < 0
-        open_ = jnp.where(room[None, :] > 0, dist, jnp.inf)             # clusters with room only
-        choice = jnp.argmin(open_, axis=1).astype(jnp.int32)             # the nearest, lowest index on ties
+        open_ = jnp.where(room[:, None] > 0, dist, jnp.inf)             # clusters with room only
+        choice = jnp.argmin(open_, axis=0).astype(jnp.int32)             # the nearest, lowest index on ties
         chosen = one_hot(choice, clusters)
-        nearest = jnp.min(open_, axis=1)
-        second = jnp.min(jnp.where(chosen, jnp.inf, open_), axis=1)
+        nearest = jnp.min(open_, axis=0)
+        second = jnp.min(jnp.where(chosen, jnp.inf, open_), axis=0)
         # what a token loses by not getting its choice; the last open cluster has no alternative
         regret = jnp.where(jnp.isfinite(second), second - nearest, jnp.inf)
-        asked = jnp.where(unplaced, choice, clusters)                    # placed tokens ask no one
-        rank = _rank_within_groups(asked, -regret)                       # largest regret first
-        room_asked = jnp.sum(jnp.where(chosen, room[None, :], 0), axis=1)  # room[choice]
-        taken = unplaced & (rank < room_asked)
+        asked = chosen & unplaced[None, :]                               # placed tokens ask no one
+        taken = _largest_within_room(regret, asked, room, steps)
         label = jnp.where(taken, choice, label)
-        room = room - jnp.sum(chosen & taken[:, None], axis=0, dtype=jnp.int32)
+        room = room - jnp.sum(asked & taken[None, :], axis=1, dtype=jnp.int32)
         return label, room
 
-    label, room = jax.lax.fori_loop(0, rounds, round_, (jnp.full(tokens, -1, jnp.int32), jnp.asarray(sizes)))
+    with jax.named_scope("rounds"):
+        label, room = jax.lax.fori_loop(0, rounds, round_, (jnp.full(tokens, -1, jnp.int32), jnp.asarray(sizes)))
     return _fill_free_places(label, room)
 
 
@@ -171,30 +214,30 @@ def _fill_free_places(label, room):
     unplaced = label < 0
     i = jnp.cumsum(unplaced) - 1                                   # rank among the unplaced
     # the cluster of free place i: how many clusters' free places all come before it
-    cluster_of_place = jnp.sum(jnp.cumsum(room)[None, :] <= i[:, None], axis=1, dtype=jnp.int32)
+    cluster_of_place = jnp.sum(jnp.cumsum(room)[:, None] <= i[None, :], axis=0, dtype=jnp.int32)
     return jnp.where(unplaced, cluster_of_place, label)
 
 
 def member_means(x, label, sizes):
     """f32 `[clusters, d]`: the mean of each cluster's members (sizes are exact, so no empty cluster).
 
-    As a one-hot matrix `[tokens, clusters]` times x: a matmul (the MXU on a TPU), not a scatter-add."""
+    As a one-hot matrix `[clusters, tokens]` times x: a matmul (the MXU on a TPU), not a scatter-add."""
     import jax
     import jax.numpy as jnp
 
     members = one_hot(label, len(sizes)).astype(jnp.float32)
-    sums = jnp.matmul(members.T, x.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+    sums = jnp.matmul(members, x.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
     return sums / jnp.asarray(sizes, jnp.float32)[:, None]
 
 
-def tile_kmeans(x, block: int, *, iterations: int, centroids=None, rounds: int = DEFAULT_ROUNDS):
-    """Size-constrained k-means of one head's tokens: `(order, centroids)`.
+def tile_kmeans_labels(x, block: int, *, iterations: int, centroids=None, rounds: int = DEFAULT_ROUNDS):
+    """Size-constrained k-means of one head's tokens: `(label, centroids)`.
 
     x `[tokens, d]`; clusters of exactly `block` tokens (`capacities`). `iterations` rounds of
     assign-then-average from `centroids` `[clusters, d]` (None: `initial_centroids`). Returns
-    `order` int32 `[tokens]`, the tokens sorted by cluster (tile c holds `order[c * block:(c + 1) *
-    block]`, `x[order]` is x in cluster order), and the final centroids `[clusters, d]` f32, the
-    means of the tiles (what the next step starts from).
+    `label` int32 `[tokens]` (each token's cluster, cluster j holding exactly `capacities[j]`
+    tokens) and the final centroids `[clusters, d]` f32: the means of the clusters, which are the
+    means of the tiles once the tokens are sorted by label (what the next step starts from).
     """
     import jax
     import jax.numpy as jnp
@@ -208,11 +251,30 @@ def tile_kmeans(x, block: int, *, iterations: int, centroids=None, rounds: int =
         label = assign_with_capacity(x, c, sizes, rounds=rounds)
         return member_means(x, label, sizes), label
 
-    c, label = jax.lax.fori_loop(0, iterations, iteration, (c, label))
+    with jax.named_scope("iterations"):
+        c, label = jax.lax.fori_loop(0, iterations, iteration, (c, label))
     if iterations == 0:  # no iteration asked for: assign once to the given centroids
         label = assign_with_capacity(x, c, sizes, rounds=rounds)
         c = member_means(x, label, sizes)
-    return jnp.argsort(label, stable=True).astype(jnp.int32), c
+    return label, c
+
+
+def order_of_labels(label):
+    """int32 `[..., tokens]`: the tokens sorted by label along the last axis, in token order within
+    a label (a stable sort). With tile-sized clusters, tile c holds `order[c * block:(c + 1) * block]`.
+
+    One sort serves every row given (heads, q and k stacked): a TPU sorts a row per sublane at once,
+    so `[8, tokens]` costs about what one row costs (`inverse_order`)."""
+    import jax.numpy as jnp
+
+    return jnp.argsort(label, axis=-1, stable=True).astype(jnp.int32)
+
+
+def tile_kmeans(x, block: int, *, iterations: int, centroids=None, rounds: int = DEFAULT_ROUNDS):
+    """`tile_kmeans_labels` with the tokens sorted by cluster: `(order, centroids)`, `order` int32
+    `[tokens]` (`x[order]` is x in cluster order, tile c holds `order[c * block:(c + 1) * block]`)."""
+    label, c = tile_kmeans_labels(x, block, iterations=iterations, centroids=centroids, rounds=rounds)
+    return order_of_labels(label), c
 
 
 def tile_objective(x, order, block: int):
