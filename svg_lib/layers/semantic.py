@@ -30,8 +30,9 @@ tiles per key tile would let a smaller static budget serve.
 
 Compiled for a v6e at the case study's size (compile-only, libtpu 0.0.42.1, nothing run): a
 training step's plan (2 warm iterations), forward and gradient, 10 heads x 75,600 tokens x 128,
-bf16, 512 x 512 tiles, density 0.2, compiles in 295 s with 3,862 MiB of temporaries (measured
-with the clustering's earlier form, whose assignment ranked by sorting).
+bf16, 512 x 512 tiles, density 0.2, compiles in 91 s with 1,051 MiB of temporaries (2.2 GB of
+host memory at the compiler's peak; the clustering's earlier form, vmapped over the heads and
+ranking by sorts, took 295 s and 3,862 MiB).
 
 The permutation is a row gather (`gather_rows`), forward and back. Priced by the TPU compiler's
 static profile (`notebooks/data/12_semantic_cost.py`: v6e), it costs 0.35-0.49 M simulated cycles
