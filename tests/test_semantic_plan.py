@@ -55,15 +55,15 @@ def test_the_vector_forms_equal_their_gathers_and_scatters():
     asked = jnp.asarray(group[None, :] == np.arange(5)[:, None])
     room = np.array([0, 3, 20, 70, 1000], np.int32)
     distinct = rng.permutation(300).astype(np.float32)
-    for regret, steps in ((distinct, 40), (distinct, 4), (rng.integers(0, 4, 300).astype(np.float32), 40)):
+    for regret, halvings in ((distinct, 40), (distinct, 4), (rng.integers(0, 4, 300).astype(np.float32), 40)):
         taken = np.asarray(jax.jit(semantic_clusters._largest_within_room, static_argnums=3)(
-            jnp.asarray(regret), asked, jnp.asarray(room), steps))
+            jnp.asarray(regret), asked, jnp.asarray(room), halvings))
         for g in range(5):
             members = np.flatnonzero(group == g)
             top = members[np.argsort(-regret[members], kind="stable")][:room[g]]
             got = np.flatnonzero(taken & (group == g))
             assert got.size <= room[g] and set(got) <= set(top)
-            if regret is distinct and steps == 40:
+            if regret is distinct and halvings == 40:
                 assert set(got) == set(top)
             # whatever is taken is everything above the lowest regret taken
             if got.size:
@@ -84,6 +84,12 @@ def test_every_cluster_gets_exactly_its_capacity_even_when_all_tokens_want_the_s
     assert np.bincount(label, minlength=3).tolist() == sizes.tolist()
     # cluster 0 took the 128 that would lose the most elsewhere: the smallest x, farthest from 10 and 20
     assert np.flatnonzero(label == 0).tolist() == list(range(128))
+    # however few halvings find the thresholds, the capacities are exact (what they miss waits or fills)
+    rng = np.random.default_rng(5)
+    x, centroids = jnp.asarray(rng.standard_normal((360, 8))), jnp.asarray(rng.standard_normal((3, 8)))
+    for halvings in (1, 3, 40):
+        label = np.asarray(jax.jit(lambda x, c: assign_with_capacity(x, c, sizes, halvings=halvings))(x, centroids))
+        assert np.bincount(label, minlength=3).tolist() == sizes.tolist()
 
 
 def test_planted_tile_sized_clusters_are_recovered():
@@ -161,6 +167,8 @@ def test_plan_recall_is_the_mass_inside_the_tiles(problem):
     (dict(block_q=100), "block_q must be a positive multiple of 128"),
     (dict(block_kv=200), "block_kv must be a positive multiple of 128"),
     (dict(iterations=-1), "iterations must be an int >= 0"),
+    (dict(rounds=0), "rounds must be an int >= 1"),
+    (dict(halvings=0), "halvings must be an int >= 1"),
 ])
 def test_bad_plan_arguments_are_refused(problem, kwargs, match):
     q, k, _, _ = problem

@@ -118,13 +118,13 @@ def inferred_trips(line: str) -> int:
     over clusters)."""
     import math
 
-    from svg_lib.layers.semantic_clusters import DEFAULT_ROUNDS, DEFAULT_STEPS
+    from svg_lib.layers.semantic_clusters import DEFAULT_HALVINGS, DEFAULT_ROUNDS
 
     name = _OPNAME.search(line)
     name = name.group(1) if name else ""
     if "searchsorted" in name:
         return math.ceil(math.log2(TOKENS + 1))
-    scopes = {"halvings/while": DEFAULT_STEPS, "rounds/while": DEFAULT_ROUNDS, "iterations/while": ITERATIONS,
+    scopes = {"halvings/while": DEFAULT_HALVINGS, "rounds/while": DEFAULT_ROUNDS, "iterations/while": ITERATIONS,
               "heads/while": HEADS}  # the named scopes semantic_plan's loops run in
     for scope, trips in scopes.items():
         if name.endswith(scope):

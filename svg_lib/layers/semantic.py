@@ -54,8 +54,8 @@ from svg_lib.kernels.backward import attention_dq, attention_dkv, attention_fuse
 from svg_lib.kernels.device_plan import device_tables
 from svg_lib.kernels.forward import block_sparse_attention
 from svg_lib.kernels.reference import check_qkv
-from svg_lib.layers.semantic_clusters import (DEFAULT_ROUNDS, capacities, check_iterations, inverse_order,
-                                              member_means, order_of_labels, tile_kmeans_labels)
+from svg_lib.layers.semantic_clusters import (DEFAULT_HALVINGS, DEFAULT_ROUNDS, capacities, check_iterations,
+                                              inverse_order, member_means, order_of_labels, tile_kmeans_labels)
 from svg_lib.memory.budget import check_memory
 from svg_lib.memory.smem import SmemOverflowError, schedule_smem
 from svg_lib.problem import check_block_kv_compute
@@ -233,14 +233,16 @@ def sink_tiles(geometry: VideoGeometry | None, block_kv: int, tokens: int):
 
 def semantic_plan(q, k, *, block_q: int, block_kv: int, density: float, iterations: int = DEFAULT_ITERATIONS,
                   centroids: SemanticCentroids | None = None, top_p: float | None = None,
-                  rounds: int = DEFAULT_ROUNDS, geometry: VideoGeometry | None = None) -> SemanticPlan:
+                  rounds: int = DEFAULT_ROUNDS, halvings: int = DEFAULT_HALVINGS,
+                  geometry: VideoGeometry | None = None) -> SemanticPlan:
     """Cluster q and k into tiles and choose the tiles to compute: a `SemanticPlan`.
 
     q, k `[heads, tokens, head_dim]` (any tokens; float32 or bfloat16). Queries cluster into tiles
     of exactly `block_q` tokens, keys of `block_kv` (the last of each short), by `iterations` of
     size-constrained k-means (`semantic_clusters.tile_kmeans`, `rounds` rounds of proposals per
-    assignment) from `centroids` (the previous plan's `plan.centroids`: a warm start) or a cold
-    start. Each query tile then keeps its `round(density * nk)` best key tiles by centroid score
+    assignment, each cluster's threshold found by `halvings` halvings: fewer cost less on a TPU and
+    may lose recall, the module docstring of `semantic_clusters` has the figures) from `centroids`
+    (the previous plan's `plan.centroids`: a warm start) or a cold start. Each query tile then keeps its `round(density * nk)` best key tiles by centroid score
     (`select_tiles`; `top_p` trims each row to that share of its estimated mass). `geometry`: hold
     the first frame's keys in the leading key tiles, computed by every query tile (SVG's sink).
 
@@ -251,7 +253,7 @@ def semantic_plan(q, k, *, block_q: int, block_kv: int, density: float, iteratio
     heads, tokens, head_dim = check_qk(q, k)
     block_q = check_block_size("block_q", block_q)
     block_kv = check_block_size("block_kv", block_kv)
-    iterations, rounds = check_iterations(iterations, rounds)
+    iterations, rounds, halvings = check_iterations(iterations, rounds, halvings)
     if top_p is not None and not (isinstance(top_p, (int, float)) and 0.0 < top_p <= 1.0):
         raise ValueError(f"top_p must be None or a number in (0, 1], got {top_p!r}")
     nq, nk = -(-tokens // block_q), -(-tokens // block_kv)
@@ -264,7 +266,8 @@ def semantic_plan(q, k, *, block_q: int, block_kv: int, density: float, iteratio
 
     def cluster(x, c, block):  # labels and centroids of every head, one head after another
         def one(xc):
-            return tile_kmeans_labels(xc[0], block, iterations=iterations, centroids=xc[1], rounds=rounds)
+            return tile_kmeans_labels(xc[0], block, iterations=iterations, centroids=xc[1], rounds=rounds,
+                                      halvings=halvings)
 
         # a loop over the heads, not a vmap: the TPU compiler's memory then stays about that of one
         # head (compiling 8 heads of 16,384 tokens with the static profile: 1.3 GB; vmapped, it

@@ -44,7 +44,7 @@ from __future__ import annotations
 import numpy as np
 
 DEFAULT_ROUNDS = 4
-DEFAULT_STEPS = 16  # halvings of each cluster's regret range per round (`_largest_within_room`)
+DEFAULT_HALVINGS = 16  # of each cluster's regret range per round (`_largest_within_room`)
 
 
 def capacities(tokens: int, block: int) -> np.ndarray:
@@ -122,12 +122,12 @@ def one_hot(label, n: int):
     return jnp.arange(n, dtype=label.dtype)[:, None] == label[None, :]
 
 
-def _largest_within_room(regret, asked, room, steps: int):
+def _largest_within_room(regret, asked, room, halvings: int):
     """bool `[tokens]`: the askers each cluster takes, those of largest regret and at most `room[j]`.
 
     regret f32 `[tokens]` (>= 0, +inf when a token has no other choice), asked bool `[clusters,
     tokens]` (at most one True per token: the cluster it asks), room int32 `[clusters]`. Per cluster,
-    a threshold found by `steps` halvings of [its askers' least regret, their largest]: the least
+    a threshold found by `halvings` halvings of [its askers' least regret, their largest]: the least
     value found that no more than `room` askers reach, all of them taken. Ties at the threshold,
     and askers within the last interval's width of it, wait for the next round. Each halving is one
     compare and count over `[clusters, tokens]`, vectors a TPU runs whole; ranks by sorting (the
@@ -158,16 +158,16 @@ def _largest_within_room(regret, asked, room, steps: int):
         return jnp.where(over, mid, a), jnp.where(over, b, mid)
 
     with jax.named_scope("halvings"):  # a loop, not unrolled: a smaller program to compile
-        _, b = jax.lax.fori_loop(0, steps, halve, (a, b))
+        _, b = jax.lax.fori_loop(0, halvings, halve, (a, b))
     return jnp.any(r >= b[:, None], axis=0)
 
 
-def assign_with_capacity(x, centroids, sizes, *, rounds: int = DEFAULT_ROUNDS, steps: int = DEFAULT_STEPS):
+def assign_with_capacity(x, centroids, sizes, *, rounds: int = DEFAULT_ROUNDS, halvings: int = DEFAULT_HALVINGS):
     """int32 `[tokens]`: each token's cluster, cluster j receiving exactly `sizes[j]` tokens.
 
     x `[tokens, d]`, centroids `[clusters, d]`, sizes int `[clusters]` (NumPy, summing to tokens).
     Rounds of proposals (module docstring): in each, unplaced tokens ask for their nearest cluster
-    with room, and each cluster takes, up to its room, the askers of largest regret (`steps`
+    with room, and each cluster takes, up to its room, the askers of largest regret (`halvings`
     halvings find its threshold). Tokens still unplaced after `rounds` fill the remaining places
     in token order.
     """
@@ -196,7 +196,7 @@ def assign_with_capacity(x, centroids, sizes, *, rounds: int = DEFAULT_ROUNDS, s
         # what a token loses by not getting its choice; the last open cluster has no alternative
         regret = jnp.where(jnp.isfinite(second), second - nearest, jnp.inf)
         asked = chosen & unplaced[None, :]                               # placed tokens ask no one
-        taken = _largest_within_room(regret, asked, room, steps)
+        taken = _largest_within_room(regret, asked, room, halvings)
         label = jnp.where(taken, choice, label)
         room = room - jnp.sum(asked & taken[None, :], axis=1, dtype=jnp.int32)
         return label, room
@@ -230,7 +230,8 @@ def member_means(x, label, sizes):
     return sums / jnp.asarray(sizes, jnp.float32)[:, None]
 
 
-def tile_kmeans_labels(x, block: int, *, iterations: int, centroids=None, rounds: int = DEFAULT_ROUNDS):
+def tile_kmeans_labels(x, block: int, *, iterations: int, centroids=None, rounds: int = DEFAULT_ROUNDS,
+                       halvings: int = DEFAULT_HALVINGS):
     """Size-constrained k-means of one head's tokens: `(label, centroids)`.
 
     x `[tokens, d]`; clusters of exactly `block` tokens (`capacities`). `iterations` rounds of
@@ -248,13 +249,13 @@ def tile_kmeans_labels(x, block: int, *, iterations: int, centroids=None, rounds
 
     def iteration(_, state):
         c, _ = state
-        label = assign_with_capacity(x, c, sizes, rounds=rounds)
+        label = assign_with_capacity(x, c, sizes, rounds=rounds, halvings=halvings)
         return member_means(x, label, sizes), label
 
     with jax.named_scope("iterations"):
         c, label = jax.lax.fori_loop(0, iterations, iteration, (c, label))
     if iterations == 0:  # no iteration asked for: assign once to the given centroids
-        label = assign_with_capacity(x, c, sizes, rounds=rounds)
+        label = assign_with_capacity(x, c, sizes, rounds=rounds, halvings=halvings)
         c = member_means(x, label, sizes)
     return label, c
 
@@ -270,10 +271,12 @@ def order_of_labels(label):
     return jnp.argsort(label, axis=-1, stable=True).astype(jnp.int32)
 
 
-def tile_kmeans(x, block: int, *, iterations: int, centroids=None, rounds: int = DEFAULT_ROUNDS):
+def tile_kmeans(x, block: int, *, iterations: int, centroids=None, rounds: int = DEFAULT_ROUNDS,
+                halvings: int = DEFAULT_HALVINGS):
     """`tile_kmeans_labels` with the tokens sorted by cluster: `(order, centroids)`, `order` int32
     `[tokens]` (`x[order]` is x in cluster order, tile c holds `order[c * block:(c + 1) * block]`)."""
-    label, c = tile_kmeans_labels(x, block, iterations=iterations, centroids=centroids, rounds=rounds)
+    label, c = tile_kmeans_labels(x, block, iterations=iterations, centroids=centroids, rounds=rounds,
+                                  halvings=halvings)
     return order_of_labels(label), c
 
 
@@ -319,9 +322,10 @@ def cut_kmeans_order(x, block: int, *, iterations: int, centroids=None):
     return jnp.argsort(label, stable=True).astype(jnp.int32)
 
 
-def check_iterations(iterations, rounds=DEFAULT_ROUNDS) -> tuple[int, int]:
-    """Validate the k-means iteration count (>= 0) and the rounds of proposals per assignment (>= 1)."""
-    for name, value, least in (("iterations", iterations, 0), ("rounds", rounds, 1)):
+def check_iterations(iterations, rounds=DEFAULT_ROUNDS, halvings=DEFAULT_HALVINGS) -> tuple[int, int, int]:
+    """Validate the k-means iteration count (>= 0), the rounds of proposals per assignment (>= 1)
+    and the halvings that find each round's thresholds (>= 1)."""
+    for name, value, least in (("iterations", iterations, 0), ("rounds", rounds, 1), ("halvings", halvings, 1)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
             raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
-    return int(iterations), int(rounds)
+    return int(iterations), int(rounds), int(halvings)
