@@ -242,9 +242,10 @@ def semantic_plan(q, k, *, block_q: int, block_kv: int, density: float, iteratio
     size-constrained k-means (`semantic_clusters.tile_kmeans`, `rounds` rounds of proposals per
     assignment, each cluster's threshold found by `halvings` halvings: fewer cost less on a TPU and
     may lose recall, the module docstring of `semantic_clusters` has the figures) from `centroids`
-    (the previous plan's `plan.centroids`: a warm start) or a cold start. Each query tile then keeps its `round(density * nk)` best key tiles by centroid score
-    (`select_tiles`; `top_p` trims each row to that share of its estimated mass). `geometry`: hold
-    the first frame's keys in the leading key tiles, computed by every query tile (SVG's sink).
+    (the previous plan's `plan.centroids`: a warm start) or a cold start. Each query tile then
+    keeps its `round(density * nk)` best key tiles by centroid score (`select_tiles`; `top_p` trims
+    each row to that share of its estimated mass). `geometry`: hold the first frame's keys in the
+    leading key tiles, computed by every query tile (SVG's sink).
 
     Traceable: call it inside `jax.jit` (q, k traced; the blocks, density, iterations static).
     """
