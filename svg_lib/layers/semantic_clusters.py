@@ -26,14 +26,15 @@ their members, and k-means repeats for a fixed number of `iterations`, starting 
 centroids (the previous denoising step's: a warm start) or from k-means++ seeding (a cold start).
 
 What a TPU pays for it, simulated (v6e compile-only static profile, libtpu 0.0.42.1, one head of
-16,384 tokens, 512 x 256 tiles, 2 iterations from a warm start, `notebooks/data/12_semantic_cost.py`):
-the whole plan took 6.32 M cycles when each round ranked its askers by two sorts of the tokens and
-laid the distances `[tokens, clusters]`; with the thresholds, the `[clusters, tokens]` layout
-(`one_hot`), one sort for q's and k's orders together and the k-means centroids reused as the
-tiles' means, it takes 1.01 M (12.3 M at 65,536 tokens, two thirds of it the halvings). Halvings per round against recall on the clip's heads
-(`notebooks/data/12_recall_tables.py`: 10 heads, 128 and 256-token tiles, 10 cold iterations): 24 give the
-sorted ranking's recall on every head exactly; 16 (the default) move a head's by at most 0.019, 12
-by 0.023, 6 by 0.051, and the mean over the heads (0.862) by at most 0.001 in every case.
+16,384 tokens, 512 x 256 tiles, 2 iterations from a warm start,
+`notebooks/data/12_semantic_cost.py`): the whole plan took 6.32 M cycles when each round ranked its
+askers by two sorts of the tokens and laid the distances `[tokens, clusters]`; with the thresholds,
+the `[clusters, tokens]` layout (`one_hot`), one sort for q's and k's orders together and the
+k-means centroids reused as the tiles' means, it takes 1.01 M (12.3 M at 65,536 tokens, two thirds
+of it the halvings). Halvings per round against recall on the clip's heads
+(`notebooks/data/12_recall_tables.py`: 10 heads, 128 and 256-token tiles, 10 cold iterations): 24
+give the sorted ranking's recall on every head exactly; 16 (the default) move a head's by at most
+0.019, 12 by 0.023, 6 by 0.051, and the mean over the heads (0.862) by at most 0.001 in every case.
 
 `cut_kmeans_order` is the alternative the issue measured first (ordinary k-means, tokens sorted
 by label, then cut into tiles), and `tile_objective` the k-means objective of any tiling: they are
