@@ -317,10 +317,8 @@ def cut_kmeans_order(x, block: int, *, iterations: int, centroids=None):
     by label, then cut into tiles of `block`. Returns `order` int32 `[tokens]`.
 
     A cluster bigger than a tile spills into the next one, a small one shares its tile."""
-    import jax.numpy as jnp
-
     label, _ = lloyd_kmeans(x, -(-x.shape[0] // block), iterations=iterations, centroids=centroids)
-    return jnp.argsort(label, stable=True).astype(jnp.int32)
+    return order_of_labels(label)
 
 
 def check_iterations(iterations, rounds=DEFAULT_ROUNDS, halvings=DEFAULT_HALVINGS) -> tuple[int, int, int]:
