@@ -15,7 +15,7 @@ from svg_lib.layers.semantic import SemanticPlan, computed_fraction, plan_keep, 
 from svg_lib.layers.semantic_quality import compare_orders, variable_clusters_on_tiles
 from svg_lib.layers import semantic_clusters
 from svg_lib.layers.semantic_clusters import (assign_with_capacity, capacities, cut_kmeans_order, inverse_order,
-                                              member_means, tile_kmeans, tile_objective)
+                                              member_means, places_of_labels, tile_kmeans, tile_objective)
 
 GEOMETRY = VideoGeometry(3, 8, 15)            # 360 tokens
 BLOCKS = dict(block_q=128, block_kv=128)      # 3 x 3 tiles, the last of each 104 tokens
@@ -48,6 +48,12 @@ def test_the_vector_forms_equal_their_gathers_and_scatters():
     want = np.zeros_like(orders)
     np.put_along_axis(want, orders, np.arange(300)[None, :], axis=1)
     assert np.array_equal(np.asarray(inverse_order(jnp.asarray(orders))), want)
+    # the inverse of the sort by label, by counting: labels across several blocks of 128 tokens,
+    # a label nobody has, and a label of all tokens
+    for labels, clusters in ((rng.integers(0, 7, 300), 8), (rng.integers(0, 40, 1000), 40), (np.zeros(130), 1)):
+        order = np.argsort(labels, kind="stable")
+        place = np.asarray(places_of_labels(jnp.asarray(labels, jnp.int32), clusters))
+        assert np.array_equal(order[place], np.arange(labels.size))
 
     # each cluster takes its askers of largest regret, never more than its room; with distinct
     # regrets and halvings enough, exactly the top room of them (ties wait for the next round)
@@ -119,8 +125,9 @@ def test_plan_shapes_orders_and_budget(problem):
     q, k, _, plan = problem
     assert isinstance(plan, SemanticPlan)
     assert plan.q_order.shape == plan.k_order.shape == (2, 360) and plan.tiles.shape == (2, 3, 3)
-    for order in (plan.q_order, plan.k_order):
+    for order, place in ((plan.q_order, plan.q_place), (plan.k_order, plan.k_place)):
         assert (np.sort(np.asarray(order), axis=1) == np.arange(360)).all()  # permutations
+        assert (np.take_along_axis(np.asarray(order), np.asarray(place), axis=1) == np.arange(360)).all()  # inverses
     assert (np.asarray(plan.tiles).sum(axis=2) == 2).all()                 # the budget, every row
     assert plan.centroids.q.shape == (2, 3, 64) and plan.centroids.k.shape == (2, 3, 64)
     assert float(jnp.min(computed_fraction(plan))) > 0.5

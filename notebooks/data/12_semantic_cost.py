@@ -9,12 +9,14 @@ Programs compiled (SVG12_HEADS heads, default 10, x SVG12_TOKENS tokens, default
 
 * "plan": `semantic_plan` with 2 iterations of tile-sized k-means from a warm start (the previous
   step's centroids), for q and k, and the tile selection, at each tile size asked;
-* the permutation of q, k and v into cluster order and of the output back, in three forms:
-  "gather" (`semantic.gather_rows`, the output back by the inverse order, a sort), "onehot" (a
-  one-hot matrix times x on the MXU) and "sort" (a sort keyed by each token's place). The one-hot
-  form needs a tokens x tokens matrix per head (11 GiB in bf16 at 75,600): it is compiled for one
-  head and one tensor, so its record's cycles are a quarter of one head's permutation. The summary
-  prices the permutation by the gather form.
+* the permutation of q, k and v into cluster order and of the output back, in four forms:
+  "gather" (`semantic.into_cluster_order` and `out_of_cluster_order`: row gathers head by head, k
+  and v as one row twice as wide, the output back by the plan's inverse order), "gather_grad" (their
+  transpose, what a training step adds: gathers by the inverse orders), "onehot" (a one-hot matrix
+  times x on the MXU) and "sort" (a sort keyed by each token's place). The one-hot form needs a
+  tokens x tokens matrix per head (11 GiB in bf16 at 75,600): it is compiled for one head and one
+  tensor, so its record's cycles are a quarter of one head's permutation. The summary prices the
+  permutation by the gather form.
 
 Each compile runs in a child process with libtpu's static-profile dump on: libtpu writes one
 `estimated_cycles` per HLO op it emits (every fusion, copy, sort, Mosaic kernel). A program's
@@ -26,11 +28,12 @@ committed probes, `svg_lib/data`): the blog's mask at 3328 x 1536, and semantic 
 attention at the tile size asked, every query tile visiting the same number of key tiles.
 
 Status (2026-12-04, libtpu 0.0.42.1, this 2-core 24 GiB machine): at 512 x 256 tiles, the plan
-and the gather form compile for 1 and 8 heads of 16,384 tokens (the plan in 21 s and 29 s, at most
-1.3 GB resident) and for 1 head of 65,536 (192 s, 12.6 GB): what the committed JSON holds. The case
-study's size stays out: the static profile aborts on a sort whose length is not a power of two
-(49,152 and 75,600; 32,768 and 65,536 are priced). The gather and sort forms of the permutation
-share the sort that makes the inverse order; the one-hot form was not compiled again.
+and the gather forms compile for 1 and 8 heads of 16,384 tokens (the plan in 21 s and 29 s, at most
+1.3 GB resident) and for 1 head of 65,536 (the plan in about 200 s and 12.6 GB: run it alone), and
+the plan at 3328 x 1536 for 65,536: what the committed JSON holds. The case study's size stays out:
+the static profile aborts on a sort whose length is not a power of two (49,152 and 75,600; 32,768
+and 65,536 are priced). The one-hot and sort forms were not compiled again (the sort form costs at
+least a sort of the tokens per tensor; the one-hot form tokens x tokens x head_dim MACs per tensor).
 """
 from __future__ import annotations
 
@@ -54,7 +57,7 @@ HEADS, TOKENS, HEAD_DIM = int(os.environ.get("SVG12_HEADS", 10)), int(os.environ
 ITERATIONS = 2
 DENSITY = 0.2            # semantic tiles' share of key tiles per query tile (the recall tables' 20 %)
 TARGET = "v6e"
-FORMS = ("gather", "onehot", "sort")
+FORMS = ("gather", "gather_grad", "onehot", "sort")
 
 
 # -- the programs ------------------------------------------------------------------------------
@@ -64,7 +67,8 @@ def program(name: str, block_q: int, block_kv: int):
     import jax
     import jax.numpy as jnp
 
-    from svg_lib.layers.semantic import SemanticCentroids, gather_rows, inverse_order, semantic_plan
+    from svg_lib.layers.semantic import (SemanticCentroids, SemanticPlan, into_cluster_order, out_of_cluster_order,
+                                         semantic_plan)
 
     nq, nk = (-(-TOKENS // block_q), -(-TOKENS // block_kv)) if block_q else (0, 0)
     x = ((HEADS, TOKENS, HEAD_DIM), "bfloat16")
@@ -73,23 +77,32 @@ def program(name: str, block_q: int, block_kv: int):
         def plan(q, k, cq, ck):
             p = semantic_plan(q, k, block_q=block_q, block_kv=block_kv, density=DENSITY, iterations=ITERATIONS,
                               centroids=SemanticCentroids(cq, ck))
-            return p.q_order, p.k_order, p.tiles, p.centroids.q, p.centroids.k
+            return p.q_order, p.k_order, p.q_place, p.k_place, p.tiles, p.centroids.q, p.centroids.k
         return plan, [x, x, ((HEADS, nq, HEAD_DIM), "float32"), ((HEADS, nk, HEAD_DIM), "float32")]
-    if name == "gather":  # q, k, v into cluster order; the output back by the inverse order
-        def gather(q, k, v, o, qo, ko):
-            back = inverse_order(qo)
-            return gather_rows(q, qo), gather_rows(k, ko), gather_rows(v, ko), gather_rows(o, back)
-        return gather, [x, x, x, x, order, order]
+    def orders(qo, ko, qp, kp):  # what the permutation reads of a plan
+        return SemanticPlan(qo, ko, qp, kp, None, None, block_q, block_kv, 1)
+
+    if name == "gather":  # q, k, v into cluster order and the output back: semantic_attention's gathers
+        def gather(q, k, v, o, *order_and_place):
+            plan = orders(*order_and_place)
+            return into_cluster_order(q, k, v, plan) + (out_of_cluster_order(o, plan),)
+        return gather, [x, x, x, x] + [order] * 4
+    if name == "gather_grad":  # their transpose, for a training step: the gradients go back by gathers too
+        def gather_grad(q, k, v, o, dq, dk, dv, do, *order_and_place):
+            plan = orders(*order_and_place)
+            _, back = jax.vjp(lambda q, k, v, o: into_cluster_order(q, k, v, plan) + (out_of_cluster_order(o, plan),),
+                              q, k, v, o)
+            return back((dq, dk, dv, do))
+        return gather_grad, [x] * 8 + [order] * 4
     if name == "sort":  # each row sorted to its place: key = the place a token goes to
-        def sort(q, k, v, o, qo, ko):
+        def sort(q, k, v, o, qo, ko, qp, kp):
             outs = []
-            for t, od in ((q, qo), (k, ko), (v, ko)):
-                place = jnp.broadcast_to(inverse_order(od)[..., None], t.shape)
-                outs.append(jax.lax.sort((place, t), dimension=1, num_keys=1)[1])
+            for t, place in ((q, qp), (k, kp), (v, kp)):
+                outs.append(jax.lax.sort((jnp.broadcast_to(place[..., None], t.shape), t), dimension=1, num_keys=1)[1])
             back = jnp.broadcast_to(qo[..., None], o.shape)  # the output: sorted back by original index
             outs.append(jax.lax.sort((back, o), dimension=1, num_keys=1)[1])
             return tuple(outs)
-        return sort, [x, x, x, x, order, order]
+        return sort, [x, x, x, x] + [order] * 4
     if name == "onehot":  # one head, one tensor: P @ x with P[i, j] = (order[i] == j)
         def onehot(t, od):
             p = (od[:, None] == jnp.arange(TOKENS, dtype=jnp.int32)[None, :]).astype(jnp.bfloat16)
@@ -122,12 +135,13 @@ def inferred_trips(line: str) -> int:
 
     name = _OPNAME.search(line)
     name = name.group(1) if name else ""
+    bare = re.sub(r"[\w-]+\(|\)", "", name)  # transpose(jvp(heads))/while -> heads/while
     if "searchsorted" in name:
         return math.ceil(math.log2(TOKENS + 1))
     scopes = {"halvings/while": DEFAULT_HALVINGS, "rounds/while": DEFAULT_ROUNDS, "iterations/while": ITERATIONS,
               "heads/while": HEADS}  # the named scopes semantic_plan's loops run in
     for scope, trips in scopes.items():
-        if name.endswith(scope):
+        if bare.endswith(scope):
             return trips
     raise ValueError(f"a while loop of unknown trip count: {name or line[:200]}")
 
@@ -276,10 +290,14 @@ def write(out: pathlib.Path, records: dict):
         if name != "plan" or rec.get("cycles") is None:
             continue
         att = attention_cycles(bq, bk, tokens)
-        gather = sorted((r for (n, _, _, h, t), r in records.items() if n == "gather" and t == tokens and r.get("cycles")),
-                        key=lambda r: r["heads"] != heads)  # the same heads first
+
+        def per_head(form):  # the permutation form's cycles per head at these tokens, the same heads first
+            found = sorted((r for (n, _, _, h, t), r in records.items()
+                            if n == form and t == tokens and r.get("cycles")), key=lambda r: r["heads"] != heads)
+            return found[0]["cycles"] / found[0]["heads"] if found else None
+
         row = dict(block_q=bq, block_kv=bk, heads=heads, tokens=tokens, plan_cycles_per_head=rec["cycles"] / heads,
-                   gather_cycles_per_head=gather[0]["cycles"] / gather[0]["heads"] if gather else None,
+                   gather_cycles_per_head=per_head("gather"), gather_grad_cycles_per_head=per_head("gather_grad"),
                    semantic_attention_cycles_per_head=att.get("semantic_attention"),
                    b3_blog_cycles_per_head=att["b3_blog"])
         row["plan_vs_b3_blog"] = row["plan_cycles_per_head"] / att["b3_blog"]

@@ -34,9 +34,14 @@ bf16, 512 x 512 tiles, density 0.2, compiles in 91 s with 1,051 MiB of temporari
 host memory at the compiler's peak; the clustering's earlier form, vmapped over the heads and
 ranking by sorts, took 295 s and 3,862 MiB).
 
-The permutation is a row gather (`gather_rows`), forward and back. Priced by the TPU compiler's
-static profile (`notebooks/data/12_semantic_cost.py`: v6e), it costs 0.35-0.49 M simulated cycles
-per head at 16,384 tokens (1.57 M at 65,536), less than the plan (1.01 M; 12.3 M).
+The permutation is a row gather per head (`gather_rows`), in and back: k and v travel as one row
+twice as wide, the output goes back by the plan's inverse order (`q_place`, counted by the plan, not
+sorted), and the gradients go back by the same gathers (`_permutation`; jax's own transpose of a
+gather is a scatter-add). Priced by the TPU compiler's static profile (v6e, simulated, libtpu
+0.0.42.1; `notebooks/data/12_semantic_cost.py`), q, k, v in and the output back cost 0.20-0.22 M
+cycles per head at 16,384 tokens and 0.88 M at 65,536, and their gradients the same (with the
+inverse order found by a sort and four gathers of 128 lanes laid end to end across the heads:
+0.35-0.49 M and 1.57 M, and a scatter-add for each gradient).
 """
 from __future__ import annotations
 
@@ -55,7 +60,8 @@ from svg_lib.kernels.device_plan import device_tables
 from svg_lib.kernels.forward import block_sparse_attention
 from svg_lib.kernels.reference import check_qkv
 from svg_lib.layers.semantic_clusters import (DEFAULT_HALVINGS, DEFAULT_ROUNDS, capacities, check_iterations,
-                                              inverse_order, member_means, order_of_labels, tile_kmeans_labels)
+                                              inverse_order, member_means, order_of_labels, places_of_labels,
+                                              tile_kmeans_labels)
 from svg_lib.memory.budget import check_memory
 from svg_lib.memory.smem import SmemOverflowError, schedule_smem
 from svg_lib.problem import check_block_kv_compute
@@ -85,14 +91,18 @@ class SemanticPlan:
     """Which tiles semantic attention computes, and where each token sits (a pytree).
 
     `q_order`, `k_order` int32 `[heads, tokens]`: cluster order, `permuted[h, i] = x[h, order[h, i]]`
-    (v follows k). `tiles` bool `[heads, nq, nk]`: the computed (query tile, key tile) pairs in
-    permuted order, `nq = ceil(tokens / block_q)`, `nk = ceil(tokens / block_kv)`; at most `steps`
+    (v follows k). `q_place`, `k_place` int32 `[heads, tokens]`: the inverse orders, where each token
+    sits (`order[h, place[h, t]] = t`): the output goes back by `q_place`, and the gradients of q, k
+    and v by both, each a gather. `tiles` bool `[heads, nq, nk]`: the computed (query tile, key
+    tile) pairs in permuted order, `nq = ceil(tokens / block_q)`, `nk = ceil(tokens / block_kv)`; at most `steps`
     per query tile. `centroids`: the `SemanticCentroids` to pass to the next step's `semantic_plan`.
     Static (part of the tree's structure): `block_q`, `block_kv`, `steps`.
     """
 
     q_order: object
     k_order: object
+    q_place: object
+    k_place: object
     tiles: object
     centroids: SemanticCentroids
     block_q: int = dataclasses.field(metadata=dict(static=True))
@@ -111,7 +121,8 @@ class SemanticPlan:
 def _register_pytrees():
     jax = _jax()
     jax.tree_util.register_dataclass(SemanticCentroids, data_fields=["q", "k"], meta_fields=[])
-    jax.tree_util.register_dataclass(SemanticPlan, data_fields=["q_order", "k_order", "tiles", "centroids"],
+    jax.tree_util.register_dataclass(SemanticPlan, data_fields=["q_order", "k_order", "q_place", "k_place", "tiles",
+                                                                  "centroids"],
                                      meta_fields=["block_q", "block_kv", "steps"])
 
 
@@ -281,40 +292,50 @@ def semantic_plan(q, k, *, block_q: int, block_kv: int, density: float, iteratio
         k_label, k_cent = _cluster_around_sink(k, None if centroids is None else centroids.k, sink, block_kv, cluster)
     else:
         k_label, k_cent = cluster(k, None if centroids is None else centroids.k, block_kv)
-    # q and k sorted by label in one sort (their token counts are equal)
+    # q and k sorted by label in one sort (their token counts are equal); the inverse orders by
+    # counting (`places_of_labels`), not by a second sort
     orders = order_of_labels(jax.numpy.concatenate([q_label, k_label]))
     q_order, k_order = orders[:heads], orders[heads:]
+    # the labels as arrays before the counting: without this barrier, compiling the plan for a v6e
+    # (one head of 65,536 tokens, 512 x 256 tiles) passed 22 GB of host memory; with it, 12.7 GB
+    q_label, k_label = jax.lax.optimization_barrier((q_label, k_label))
+    with jax.named_scope("heads"):
+        places = tuple(jax.lax.map(functools.partial(places_of_labels, clusters=n), label)
+                       for label, n in ((q_label, nq), (k_label, nk)))
     return plan_from_orders(q, k, q_order, k_order, block_q=block_q, block_kv=block_kv, steps=steps, top_p=top_p,
-                            pinned=pinned, means=(q_cent, k_cent))
+                            pinned=pinned, means=(q_cent, k_cent), places=places)
 
 
-def tile_means(x, order, block: int):
+def tile_means(x, place, block: int):
     """f32 `[heads, ceil(tokens / block), d]`: the mean of each tile of `x` `[heads, tokens, d]` in
-    the order of int `[heads, tokens]` (the last tile averages its real tokens only). Each token's
-    tile from the inverse order, then `member_means`: a sort and a matmul, no gather of x."""
+    the order whose inverse is int `place` `[heads, tokens]` (the last tile averages its real tokens
+    only). Each token's tile from its place, then `member_means`: a matmul, no gather of x."""
     jax = _jax()
 
     sizes = capacities(x.shape[1], block)
-    tile_of_token = inverse_order(order) // block
+    tile_of_token = place // block
     return jax.vmap(lambda xh, th: member_means(xh, th, sizes))(x, tile_of_token)
 
 
 def plan_from_orders(q, k, q_order, k_order, *, block_q: int, block_kv: int, steps: int, top_p=None,
-                     pinned=None, means=None) -> SemanticPlan:
+                     pinned=None, means=None, places=None) -> SemanticPlan:
     """The plan of given token orders: tiles cut from `q_order` and `k_order` (int `[heads, tokens]`),
     scored by their means (`tile_scores`), `steps` key tiles kept per query tile (`select_tiles`).
 
     `semantic_plan` passes its tile-sized clusters, with `means` (f32 `[heads, nq, d]`, `[heads, nk,
     d]`: its k-means centroids, which are the tiles' means); any other order (token order, ordinary
     k-means sorted and cut: `semantic_clusters.cut_kmeans_order`) gives the plan to compare with,
-    its tiles' means computed here (`tile_means`)."""
+    its tiles' means computed here (`tile_means`). `places`: the orders' inverses (`q_place`,
+    `k_place`) if known, else found here by a sort (`inverse_order`)."""
+    q_place, k_place = (inverse_order(q_order), inverse_order(k_order)) if places is None else places
     if means is None:
-        q_cent, k_cent = tile_means(q, q_order, block_q), tile_means(k, k_order, block_kv)
+        q_cent, k_cent = tile_means(q, q_place, block_q), tile_means(k, k_place, block_kv)
     else:  # the tiles' means, known already (k-means' centroids): no sort to find each token's tile
         q_cent, k_cent = means
     scores = tile_scores(q_cent, k_cent, capacities(q.shape[1], block_kv))
     tiles = select_tiles(scores, steps, top_p=top_p, pinned=pinned)
-    return SemanticPlan(q_order, k_order, tiles, SemanticCentroids(q_cent, k_cent), block_q, block_kv, steps)
+    return SemanticPlan(q_order, k_order, q_place, k_place, tiles, SemanticCentroids(q_cent, k_cent), block_q,
+                        block_kv, steps)
 
 
 def _cluster_around_sink(k, ck, sink, block_kv, cluster):
@@ -339,14 +360,53 @@ def _cluster_around_sink(k, ck, sink, block_kv, cluster):
 def gather_rows(x, order):
     """`x[h, order[h, i], :]`: `[heads, tokens, head_dim]` x in the order of int `[heads, tokens]`.
 
-    One gather of whole rows from the heads laid end to end, not one with a head axis (v6e static
-    profile, 8 heads of 16,384 tokens: q, k, v in and the output back in 3.90 M cycles this way,
-    7.11 M with the head axis)."""
+    A gather per head, the heads in a loop (`lax.map`). One gather of the heads laid end to end
+    costs more per row as the heads grow: priced by the v6e static profile (simulated, libtpu
+    0.0.42.1), q, k, v in and the output back took 3.50 M cycles for 8 heads of 16,384 tokens laid
+    end to end, 1.77 M head by head (one head alone: 0.20 M)."""
+    jax = _jax()
+
+    with jax.named_scope("heads"):
+        return jax.lax.map(lambda x_order: x_order[0][x_order[1]], (x, order))
+
+
+@functools.lru_cache(maxsize=None)
+def _permutation():
+    """`permute(x, order, place)`: `gather_rows(x, order)`, differentiated by `gather_rows(g, place)`.
+    A permutation's transpose is its inverse, a gather, where XLA would transpose a gather into a
+    scatter-add (one head of 65,536 tokens x 128, bf16, v6e static profile: 1.14 M simulated cycles
+    against 0.25 M for the gather)."""
+    jax = _jax()
+
+    @jax.custom_vjp
+    def permute(x, order, place):
+        return gather_rows(x, order)
+
+    def forward(x, order, place):
+        return gather_rows(x, order), place
+
+    def backward(place, g):
+        return gather_rows(g, place), None, None
+
+    permute.defvjp(forward, backward)
+    return permute
+
+
+def into_cluster_order(q, k, v, plan: SemanticPlan):
+    """q, k, v `[heads, tokens, head_dim]` gathered into the plan's cluster order. k and v share their
+    order, so they travel as one `[heads, tokens, 2 head_dim]` gather: rows twice as wide cost less
+    than two gathers (v6e static profile, 65,536 tokens: 355,869 cycles for 256 lanes of bf16,
+    253,684 for 128)."""
     import jax.numpy as jnp
 
-    heads, tokens, head_dim = x.shape
-    rows = (order + (jnp.arange(heads, dtype=order.dtype) * tokens)[:, None]).reshape(-1)
-    return x.reshape(heads * tokens, head_dim)[rows].reshape(heads, tokens, head_dim)
+    d = k.shape[-1]
+    kv = _permutation()(jnp.concatenate([k, v], axis=-1), plan.k_order, plan.k_place)
+    return _permutation()(q, plan.q_order, plan.q_place), kv[..., :d], kv[..., d:]
+
+
+def out_of_cluster_order(out, plan: SemanticPlan):
+    """The output `[heads, tokens, head_dim]` of the queries in cluster order, back in token order."""
+    return _permutation()(out, plan.q_place, plan.q_order)
 
 
 def _one_head_b3(*, tokens, head_dim, dtype, block_q, block_kv, block_kv_compute, steps, steps_t, interpret,
@@ -432,7 +492,8 @@ def check_plan(plan, heads: int, tokens: int):
     if not isinstance(plan, SemanticPlan):
         raise TypeError(f"plan must be a SemanticPlan (svg_lib.semantic_plan(q, k, ...)), got {type(plan).__name__}")
     nq, nk = -(-tokens // plan.block_q), -(-tokens // plan.block_kv)
-    expect = {"q_order": (heads, tokens), "k_order": (heads, tokens), "tiles": (heads, nq, nk)}
+    expect = {"q_order": (heads, tokens), "k_order": (heads, tokens), "q_place": (heads, tokens),
+              "k_place": (heads, tokens), "tiles": (heads, nq, nk)}
     for name, shape in expect.items():
         got = tuple(getattr(plan, name).shape)
         if got != shape:
@@ -474,9 +535,7 @@ def _built(heads, tokens, head_dim, dtype, block_q, block_kv, steps, block_kv_co
                            generation)
 
     def f(q, k, v, plan):
-        out = on_tiles(gather_rows(q, plan.q_order), gather_rows(k, plan.k_order), gather_rows(v, plan.k_order),
-                       plan.tiles)
-        return gather_rows(out, inverse_order(plan.q_order))
+        return out_of_cluster_order(on_tiles(*into_cluster_order(q, k, v, plan), plan.tiles), plan)
 
     return jax.jit(f)
 
@@ -510,8 +569,8 @@ def plan_keep(plan: SemanticPlan, rows=None):
 
     tokens = plan.tokens
     rows = jnp.arange(tokens) if rows is None else jnp.asarray(rows)
-    q_tile = inverse_order(plan.q_order)[:, rows] // plan.block_q           # [heads, rows]
-    k_tile = inverse_order(plan.k_order) // plan.block_kv                    # [heads, tokens]
+    q_tile = plan.q_place[:, rows] // plan.block_q                            # [heads, rows]
+    k_tile = plan.k_place // plan.block_kv                                    # [heads, tokens]
     h = jnp.arange(plan.tiles.shape[0])[:, None, None]
     return plan.tiles[h, q_tile[:, :, None], k_tile[:, None, :]]
 

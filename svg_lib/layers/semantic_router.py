@@ -44,8 +44,10 @@ def band_plans(mask: SVGMask, plan: SemanticPlan) -> tuple[SemanticPlan, Semanti
     tiles = jnp.broadcast_to(jnp.asarray(kept), (heads,) + kept.shape)
     plans = []
     for order in (np.arange(tokens), temporal_major_permutation(mask.geometry)):
-        rows = jnp.broadcast_to(jnp.asarray(order, jnp.int32), (heads, tokens))
-        plans.append(SemanticPlan(rows, rows, tiles, plan.centroids, plan.block_q, plan.block_kv, steps))
+        rows, places = (jnp.broadcast_to(jnp.asarray(o, jnp.int32), (heads, tokens))
+                        for o in (order, np.argsort(order)))
+        plans.append(SemanticPlan(rows, rows, places, places, tiles, plan.centroids, plan.block_q, plan.block_kv,
+                                  steps))
     return plans[0], plans[1]
 
 
@@ -79,8 +81,8 @@ def routed_plan(plan: SemanticPlan, mask: SVGMask, choice) -> SemanticPlan:
         sel = choice.reshape((-1,) + (1,) * (rows[0].ndim - 1))
         return jnp.where(sel == 2, rows[2], jnp.where(sel == 1, rows[1], rows[0]))
 
-    return SemanticPlan(pick(spatial.q_order, temporal.q_order, plan.q_order),
-                        pick(spatial.k_order, temporal.k_order, plan.k_order),
+    return SemanticPlan(*(pick(getattr(spatial, f), getattr(temporal, f), getattr(plan, f))
+                          for f in ("q_order", "k_order", "q_place", "k_place")),
                         pick(spatial.tiles, temporal.tiles, plan.tiles), plan.centroids, plan.block_q,
                         plan.block_kv, max(spatial.steps, plan.steps))
 
