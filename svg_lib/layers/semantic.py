@@ -28,11 +28,12 @@ can ask for (a sink key tile is chosen by every query tile). At 20 % density mos
 steps (no DMA, no compute, only the grid step's overhead); a selection that also caps the query
 tiles per key tile would let a smaller static budget serve.
 
-Compiled for a v6e at the case study's size (compile-only, libtpu 0.0.42.1, nothing run): a
-training step's plan (2 warm iterations), forward and gradient, 10 heads x 75,600 tokens x 128,
-bf16, 512 x 512 tiles, density 0.2, compiles in 91 s with 1,051 MiB of temporaries (2.2 GB of
-host memory at the compiler's peak; the clustering's earlier form, vmapped over the heads and
-ranking by sorts, took 295 s and 3,862 MiB).
+Compiled for a v6e at the case study's size (compile-only, libtpu 0.0.42.1, nothing run;
+`tools/semantic-training-compile.py`): a training step's plan (2 warm iterations), forward and
+gradient, 10 heads x 75,600 tokens x 128, bf16, 512 x 512 tiles, density 0.2, compiles in 32 s with
+1,064 MiB of temporaries (1.2 GB of host memory at the compiler's peak). With the inverse orders
+sorted and the gradients scattered back it took 91 s and 2.2 GB; with the clustering's earlier
+form, vmapped over the heads and ranking by sorts, 295 s and 3,862 MiB of temporaries.
 
 The permutation is a row gather per head (`gather_rows`), in and back: k and v travel as one row
 twice as wide, the output goes back by the plan's inverse order (`q_place`, counted by the plan, not
