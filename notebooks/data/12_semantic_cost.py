@@ -29,7 +29,7 @@ attention at the tile size asked, every query tile visiting the same number of k
 
 Status (2026-12-04, libtpu 0.0.42.1, this 2-core 24 GiB machine): at 512 x 256 tiles, the plan
 and the gather forms compile for 1 and 8 heads of 16,384 tokens (the plan in 21 s and 29 s, at most
-1.3 GB resident) and for 1 head of 65,536 (the plan in about 200 s and 12.6 GB: run it alone), and
+1.3 GB resident) and for 1 head of 65,536 (the plan in about 110 s and 12.9 GB: run it alone), and
 the plan at 3328 x 1536 for 65,536: what the committed JSON holds. The case study's size stays out:
 the static profile aborts on a sort whose length is not a power of two (49,152 and 75,600; 32,768
 and 65,536 are priced). The sort and one-hot forms were compiled for one head of 16,384 tokens:
