@@ -95,8 +95,8 @@ class SemanticPlan:
     (v follows k). `q_place`, `k_place` int32 `[heads, tokens]`: the inverse orders, where each token
     sits (`order[h, place[h, t]] = t`): the output goes back by `q_place`, and the gradients of q, k
     and v by both, each a gather. `tiles` bool `[heads, nq, nk]`: the computed (query tile, key
-    tile) pairs in permuted order, `nq = ceil(tokens / block_q)`, `nk = ceil(tokens / block_kv)`; at most `steps`
-    per query tile. `centroids`: the `SemanticCentroids` to pass to the next step's `semantic_plan`.
+    tile) pairs in permuted order, `nq = ceil(tokens / block_q)`, `nk = ceil(tokens / block_kv)`; at
+    most `steps` per query tile. `centroids`: the `SemanticCentroids` to pass to the next step's `semantic_plan`.
     Static (part of the tree's structure): `block_q`, `block_kv`, `steps`.
     """
 
@@ -396,8 +396,8 @@ def _permutation():
 def into_cluster_order(q, k, v, plan: SemanticPlan):
     """q, k, v `[heads, tokens, head_dim]` gathered into the plan's cluster order. k and v share their
     order, so they travel as one `[heads, tokens, 2 head_dim]` gather: rows twice as wide cost less
-    than two gathers (v6e static profile, 65,536 tokens: 355,869 cycles for 256 lanes of bf16,
-    253,684 for 128)."""
+    than two gathers (v6e static profile, one head of 65,536 tokens, bf16: 350,282 cycles for 256
+    lanes, 252,205 for 128; `notebooks/data/12_semantic_cost.json`)."""
     import jax.numpy as jnp
 
     d = k.shape[-1]

@@ -30,7 +30,7 @@ What a TPU pays for it, simulated (v6e compile-only static profile, libtpu 0.0.4
 `notebooks/data/12_semantic_cost.py`): the whole plan took 6.32 M cycles when each round ranked its
 askers by two sorts of the tokens and laid the distances `[tokens, clusters]`; with the thresholds,
 the `[clusters, tokens]` layout (`one_hot`), one sort for q's and k's orders together and the
-k-means centroids reused as the tiles' means, it takes 1.01 M (12.3 M at 65,536 tokens, two thirds
+k-means centroids reused as the tiles' means, it takes 1.02 M (12.4 M at 65,536 tokens, two thirds
 of it the halvings). Halvings per round against recall on the clip's heads
 (`notebooks/data/12_recall_tables.py`: 10 heads, 128 and 256-token tiles, 10 cold iterations): 24
 give the sorted ranking's recall on every head exactly; 16 (the default) move a head's by at most
@@ -280,9 +280,9 @@ def places_of_labels(label, clusters: int):
     it. The second count comes from the one-hot `[clusters, tokens]` cut into blocks of 128 tokens:
     within a block a matmul with a triangle of ones, across blocks a matmul of the block totals
     (both on the MXU; the counts, at most 128 per block, are exact in bfloat16). Priced for a v6e by
-    the static profile (simulated, libtpu 0.0.42.1, two rows of 65,536 tokens): 15,885 cycles with
-    20 clusters, 30,893 with 43, 178,730 with 256; inverting the order by a sort (`inverse_order`)
-    costs 562,924 whatever the clusters."""
+    the static profile (simulated, libtpu 0.0.42.1, one row of 65,536 tokens): 9,662 cycles with 20
+    clusters, 16,112 with 43, 82,432 with 256; inverting the order by a sort (`inverse_order`) costs
+    about 562,000 whatever the clusters."""
     import jax
     import jax.numpy as jnp
 
