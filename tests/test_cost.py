@@ -156,9 +156,10 @@ def test_committed_reference_reads_back():
 
 
 def test_committed_references_were_probed_from_this_tree():
-    """Every committed figure of today's bodies carries the digest of the sources its probes compiled;
-    a change to a kernel, the mask's predicate or a probe makes it stale, and this fails until the
-    references are re-probed (tools/forward-reference.py, tools/backward-reference.py)."""
+    """Every committed figure of today's bodies carries the digest of the programs its probes compiled
+    (their jaxprs, `probes.probed_digest`); a change to what a kernel, the mask's predicate or a probe
+    computes makes it stale, and this fails until the references are re-probed
+    (tools/forward-reference.py, tools/backward-reference.py)."""
     import json
 
     from svg_lib.tpu.cost import BACKWARD_REFERENCE_FILE, REFERENCE_FILE
@@ -173,6 +174,28 @@ def test_committed_references_were_probed_from_this_tree():
              f"(re-probe: python {tool})" for name, tool, e in entries if e["versions"]["source"] != source]
     assert not stale, f"this tree's probed sources digest to {source}; stale entries:\n" + "\n".join(stale)
     assert forward["versions"]["source"] == backward["versions"]["source"] == source
+
+
+def test_probed_digest_follows_what_the_probes_compute(monkeypatch):
+    """The digest sees a change to the tile body's arithmetic, and not a renamed copy of the same body."""
+    from svg_lib.kernels import forward
+    from svg_lib.tpu import probes
+
+    base = probes.probed_digest()
+    original = forward._online_softmax_tile
+
+    def same_body(*args, **kwargs):
+        return original(*args, **kwargs)
+
+    def other_body(q_ref, *args, **kwargs):
+        q_ref[...] = q_ref[...] * 2
+        return original(q_ref, *args, **kwargs)
+
+    for body, same in ((same_body, True), (other_body, False)):
+        probes.probed_digest.cache_clear()
+        monkeypatch.setattr(forward, "_online_softmax_tile", body)
+        assert (probes.probed_digest() == base) is same
+    probes.probed_digest.cache_clear()
 
 
 def test_b0_with_padded_keys_runs_splash_block_mask_body():

@@ -29,6 +29,7 @@ flags before jax starts.
 """
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import json
@@ -88,37 +89,47 @@ PROBE_STEPS = (2, 4)      # kv steps of the two probes whose difference gives cy
 PROBE_ROWS = (1, 2)       # query tiles of the two probes whose difference gives the per-row cost
 
 
-# The sources the probes compile: the kernels, and the mask whose predicate the masked probes evaluate.
-PROBED_SOURCES = ("kernels/forward.py", "kernels/backward.py", "core/svg_masks.py", "tpu/probes.py")
+# What the source digest traces: every probe kind of both kernel families, forward and backward, at one
+# block size with a single key chunk and at one with three (the unrolled chunk loop, the lane tiling).
+DIGEST_BLOCKS = ((512, 256, 256), (1024, 1536, 512))
 
 
 def versions() -> dict:
-    """jax and libtpu versions, and a digest of the sources the probes compile (`PROBED_SOURCES`)."""
+    """jax and libtpu versions, and a digest of what the probes compile (`probed_digest`)."""
     import importlib.metadata as md
 
     import jax
 
-    package = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256("".join(_code_only(package / name) for name in PROBED_SOURCES).encode())
     try:
         libtpu = md.version("libtpu")
     except md.PackageNotFoundError:
         libtpu = None
-    return {"jax": jax.__version__, "libtpu": libtpu, "source": digest.hexdigest()[:16]}
+    return {"jax": jax.__version__, "libtpu": libtpu, "source": probed_digest()}
 
 
-def _code_only(path: Path) -> str:
-    """The module's code without comments and docstrings: what the probes compile (this module's
-    own code included), so that editing prose keeps the cache and the committed references."""
-    import ast
+@functools.lru_cache(maxsize=None)
+def probed_digest() -> str:
+    """A digest of the jaxprs of the probe kernels (`DIGEST_BLOCKS`, every kind, forward and backward).
 
-    tree = ast.parse(path.read_text())
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
-                and isinstance(getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str):
-            node.body = body[1:] or [ast.Pass()]
-    return ast.dump(tree)
+    A jaxpr is the program the probes hand the compiler, without names, comments or line numbers:
+    renaming a function or regrouping a kernel's parameters keeps it, and with it the cache and the
+    committed cycles; a change to what any probe computes (the tile body, the SVG predicate, the
+    state's finish, Splash in a new jax) changes it, and the committed cycles are then stale
+    (tests/test_cost.py says which). Tracing only: no compiler, no libtpu."""
+    import jax
+
+    probes = []
+    for block_q, block_kv, chunk in DIGEST_BLOCKS:
+        probes += probes_for(block_q, block_kv, chunk)
+        probes += [Probe(kernel, kind, block_q, block_kv, chunk, 128, PROBE_ROWS[0], PROBE_STEPS[0])
+                   for kernel in BACKWARD_KERNELS for kind in BACKWARD_KINDS
+                   if kind != FLOOR_KIND or kernel == "svg_lib_fused"]
+    digest = hashlib.sha256()
+    for p in probes:
+        fn, shapes = _probe_program(p, "probe", "v6e")
+        args = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in shapes]
+        digest.update(str(jax.make_jaxpr(fn)(*args)).encode())
+    return digest.hexdigest()[:16]
 
 
 # -- the probe kernels (compiled in the child process) --------------------------------------
@@ -502,7 +513,8 @@ def _splash_backward_probe(p: Probe, predicate, limit):
     return fn
 
 
-def _compile_probe(p: Probe, target: str, name: str):
+def _probe_program(p: Probe, name: str, target: str):
+    """`(fn, shapes)`: the probe's function and its arguments' `[(shape, dtype), ...]`."""
     if p.kernel == "svg_lib":
         fn = _svg_lib_probe(p, name, target)
     elif p.kernel == "splash":
@@ -516,7 +528,11 @@ def _compile_probe(p: Probe, target: str, name: str):
     q_tiles, kv_tiles = (p.rows, p.steps) if by_query else (p.steps, p.rows)
     q = ((1, q_tiles * p.block_q, p.head_dim), "bfloat16")
     kv = ((1, kv_tiles * p.block_kv, p.head_dim), "bfloat16")
-    compile_fn(fn, [q, kv, kv], target)
+    return fn, [q, kv, kv]
+
+
+def _compile_probe(p: Probe, target: str, name: str):
+    compile_fn(*_probe_program(p, name, target), target)
 
 
 _CYCLES = re.compile(r"estimated_cycles:\s*(\d+)")
