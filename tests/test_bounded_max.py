@@ -1,4 +1,4 @@
-"""The bounded max (svg_lib.kernels.forward: `_try_bound`, `BOUND_SLACK`), exact on every input.
+"""The bounded max (svg_lib.kernels.forward: `try_bound`, `BOUND_SLACK`), exact on every input.
 
 Once every row of a query tile has seen a kept key whose score lies within BOUND_SLACK of its
 Cauchy-Schwarz bound |q_i| max|k|, the tile's remaining steps subtract that bound instead of a
@@ -69,13 +69,13 @@ def _run(method, mask, qkv, interpret):
 def body_counts(monkeypatch):
     """Counts, at run time, the tile bodies the kernels execute: {"bounded": n, "running": n}."""
     counts = collections.Counter()
-    original = forward._online_softmax_tile
+    original = forward.online_softmax_tile
 
     def counted(*args, bounded=False, **kwargs):
         jax.debug.callback(lambda: counts.update(["bounded" if bounded else "running"]))
         return original(*args, bounded=bounded, **kwargs)
 
-    monkeypatch.setattr(forward, "_online_softmax_tile", counted)
+    monkeypatch.setattr(forward, "online_softmax_tile", counted)
     return counts
 
 
@@ -195,13 +195,13 @@ def test_a_failing_tile_tests_the_bound_once(monkeypatch):
     """A query tile whose rows fail the bound's test keeps the running max without testing again:
     the test runs once per query tile, whatever the number of steps (4 query tiles x 4 key tiles)."""
     tries = collections.Counter()
-    original = forward._try_bound
+    original = forward.try_bound
 
     def counted(*args, **kwargs):
         jax.debug.callback(lambda: tries.update(["try"]))
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(forward, "_try_bound", counted)
+    monkeypatch.setattr(forward, "try_bound", counted)
     _run("dense", None, _inputs("wide", MASK.tokens), True)
     assert tries["try"] == 2 * 4  # heads x query tiles
 
@@ -218,15 +218,15 @@ def test_gradients_at_the_bound_stay_finite():
 
 
 def _tiles_that_switched(monkeypatch):
-    """Records, at run time, each `_try_bound` call's verdict (the flag it leaves) in call order."""
+    """Records, at run time, each `try_bound` call's verdict (the flag it leaves) in call order."""
     verdicts = []
-    original = forward._try_bound
+    original = forward.try_bound
 
     def recorded(q_ref, m_ref, l_ref, acc_ref, flag_ref, *args):
         original(q_ref, m_ref, l_ref, acc_ref, flag_ref, *args)
         jax.debug.callback(lambda f: verdicts.append(int(f) == forward.BOUNDED), flag_ref[0])
 
-    monkeypatch.setattr(forward, "_try_bound", recorded)
+    monkeypatch.setattr(forward, "try_bound", recorded)
     return verdicts
 
 

@@ -182,7 +182,7 @@ def test_probed_digest_follows_what_the_probes_compute(monkeypatch):
     from svg_lib.tpu import probes
 
     base = probes.probed_digest()
-    original = forward._online_softmax_tile
+    original = forward.online_softmax_tile
 
     def same_body(*args, **kwargs):
         return original(*args, **kwargs)
@@ -193,7 +193,7 @@ def test_probed_digest_follows_what_the_probes_compute(monkeypatch):
 
     for body, same in ((same_body, True), (other_body, False)):
         probes.probed_digest.cache_clear()
-        monkeypatch.setattr(forward, "_online_softmax_tile", body)
+        monkeypatch.setattr(forward, "online_softmax_tile", body)
         assert (probes.probed_digest() == base) is same
     probes.probed_digest.cache_clear()
 

@@ -23,18 +23,18 @@ def bodies(mask):
 
 
 def test_source_lines_cut_from_first_to_last_match():
-    text = source_lines(kernels._init_state, "m_ref[...]", "l_ref[...]")
+    text = source_lines(kernels.init_state, "m_ref[...]", "l_ref[...]")
     lines = text.splitlines()
     assert len(lines) == 2 and "MASK_VALUE" in lines[0] and lines[1].strip().startswith("l_ref[...] =")
     # the end is searched from the start line on, so a one-line excerpt is possible
-    assert source_lines(kernels._init_state, "acc_ref[...]", "acc_ref").count("\n") == 0
+    assert source_lines(kernels.init_state, "acc_ref[...]", "acc_ref").count("\n") == 0
 
 
 def test_source_lines_name_what_was_not_found():
-    with pytest.raises(ValueError, match="_init_state contains 'no such line'"):
-        source_lines(kernels._init_state, "no such line", "l_ref")
+    with pytest.raises(ValueError, match="init_state contains 'no such line'"):
+        source_lines(kernels.init_state, "no such line", "l_ref")
     with pytest.raises(ValueError, match="at or after 'acc_ref"):
-        source_lines(kernels._init_state, "acc_ref[...]", "m_ref")
+        source_lines(kernels.init_state, "acc_ref[...]", "m_ref")
 
 
 def by_kind(kernel_bodies):

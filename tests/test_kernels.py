@@ -383,7 +383,7 @@ def test_no_races_under_the_tpu_interpreter(method):
 # (rolled) key chunks per tile and head dims below, at and above the 128 lanes.
 
 def _tile_body_attention(q, k, v, keep, *, block_q, block_kv, block_kv_compute, body_interpret):
-    """Attention over every tile of one head through `_online_softmax_tile` (masking each
+    """Attention over every tile of one head through `online_softmax_tile` (masking each
     tile with `keep`, or none), the body told `interpret=body_interpret`; run in the interpreter."""
     from svg_lib.kernels import forward as kernels
 
@@ -395,15 +395,15 @@ def _tile_body_attention(q, k, v, keep, *, block_q, block_kv, block_kv_compute, 
 
         @pl.when(j == 0)
         def _():
-            kernels._init_state(m_ref, l_ref, acc_ref)
+            kernels.init_state(m_ref, l_ref, acc_ref)
 
-        pl.when(j >= 0)(lambda: kernels._online_softmax_tile(
+        pl.when(j >= 0)(lambda: kernels.online_softmax_tile(
             q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, keep=keep, q_start=i * block_q, k_start=j * block_kv,
             block_kv_compute=block_kv_compute, interpret=body_interpret))
 
         @pl.when(j == nk - 1)
         def _():
-            kernels._finish(m_ref, l_ref, acc_ref, o_ref, body_interpret)
+            kernels.finish(m_ref, l_ref, acc_ref, o_ref, body_interpret)
 
     return pl.pallas_call(
         kernel, grid=(nq, nk),
@@ -412,7 +412,7 @@ def _tile_body_attention(q, k, v, keep, *, block_q, block_kv, block_kv_compute, 
                   pl.BlockSpec((block_kv, head_dim), lambda i, j: (j, 0))],
         out_specs=pl.BlockSpec((block_q, head_dim), lambda i, j: (i, 0)),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        scratch_shapes=kernels._scratch(block_q, head_dim),
+        scratch_shapes=kernels.softmax_scratch(block_q, head_dim),
         interpret=True)(q * (1.0 / math.sqrt(head_dim)), k, v)
 
 

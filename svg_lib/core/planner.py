@@ -255,12 +255,22 @@ def pack_schedule(kv_index: np.ndarray, step_class: np.ndarray) -> np.ndarray:
     return words.astype(np.uint32).view(np.int32)  # a key tile >= 8,192 sets the sign bit: fine
 
 
+def schedule_entry(schedule, n):
+    """Entry `n` of a packed schedule (`pack_schedule`) as `(key tile, class)`: the series' one decoder.
+
+    `schedule` is anything indexed by word: the int32 NumPy table, or inside a kernel the table's
+    SMEM ref, which the kernels and their index maps read at every grid step; `n` an int, a NumPy
+    array of them, or a traced int32. Entry n is the low half of word n // 2 when n is even, the
+    high half when odd (an arithmetic shift of a word with its sign bit set is undone by the mask).
+    """
+    entry = (schedule[n >> 1] >> (STEP_BITS * (n & 1))) & 0xFFFF
+    return entry >> CLASS_BITS, entry & ((1 << CLASS_BITS) - 1)
+
+
 def unpack_schedule(schedule: np.ndarray, rows: int, steps: int) -> tuple[np.ndarray, np.ndarray]:
     """The inverse of `pack_schedule`: the table -> (kv_index, step_class), each `[rows, steps]`."""
-    words = np.asarray(schedule, np.int32).view(np.uint32).astype(np.int64)
-    entries = np.stack([words & 0xFFFF, words >> STEP_BITS], axis=1).ravel()[:rows * steps]
-    entries = entries.reshape(rows, steps)
-    return entries >> CLASS_BITS, entries & ((1 << CLASS_BITS) - 1)
+    tile, cls = schedule_entry(np.asarray(schedule, np.int32), np.arange(rows * steps))
+    return tile.astype(np.int64).reshape(rows, steps), cls.astype(np.int64).reshape(rows, steps)
 
 
 def stack_schedules(plans) -> np.ndarray:

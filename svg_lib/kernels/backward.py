@@ -33,7 +33,7 @@ lane-replicated blocks; see `_dq_tile`).
 
 Arrays here are not padded, like the forward's: q, do `[heads, tokens, head_dim]` (q pre-scaled),
 k, v the same, lse and D `[heads, 1, tokens]`. The part of a last, partial block past the end is
-cleared in VMEM as in the forward (`forward._clear_tail`): q, do, k and v to zero, lse to +inf (so
+cleared in VMEM as in the forward (`forward.clear_tail`): q, do, k and v to zero, lse to +inf (so
 p is exactly 0 there), D to zero. Key columns past the end are then masked as in the forward, and
 query rows past it add nothing to dk or dv.
 """
@@ -46,8 +46,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from svg_lib.core.planner import CLASS_BITS, EMPTY, FULL, PARTIAL, STEP_BITS, KernelTables
-from svg_lib.kernels.forward import MASK_VALUE, MAX_UNROLLED_CHUNKS, NN, NT, _clear_tail, _dot, _token_ids
+from svg_lib.core.planner import EMPTY, FULL, PARTIAL, KernelTables, schedule_entry
+from svg_lib.kernels.forward import MASK_VALUE, MAX_UNROLLED_CHUNKS, NN, NT, clear_tail, dot, token_ids
 
 TN = (((0,), (0,)), ((), ()))  # dot_general dimensions of a^T @ b: contract both operands' first dims
 
@@ -67,15 +67,15 @@ def _dq_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_acc, *, keep, q_st
     def chunk(c, carry):
         ks = pl.ds(pl.multiple_of(c * block_kv_compute, block_kv_compute), block_kv_compute)
         k, v = k_ref[ks, :], v_ref[ks, :]
-        s = _dot(q_ref[...], k, NT)                                  # [block_q, bkc]
+        s = dot(q_ref[...], k, NT)                                  # [block_q, bkc]
         if keep is not None:
-            q_ids, k_ids = _token_ids(q_start, block_q, 0), _token_ids(k_start + c * block_kv_compute,
+            q_ids, k_ids = token_ids(q_start, block_q, 0), token_ids(k_start + c * block_kv_compute,
                                                                        block_kv_compute, 1)
             s = jnp.where(keep(q_ids, k_ids), s, MASK_VALUE)
         p = jnp.exp(s - jnp.expand_dims(lse_ref[0], -1))
-        dp = _dot(do_ref[...], v, NT)                                # [block_q, bkc]
+        dp = dot(do_ref[...], v, NT)                                # [block_q, bkc]
         ds = p * (dp - jnp.expand_dims(di_ref[0], -1))
-        dq_acc[...] += _dot(ds.astype(k.dtype), k, NN)               # [block_q, head_dim]
+        dq_acc[...] += dot(ds.astype(k.dtype), k, NN)               # [block_q, head_dim]
         return carry
 
     chunks = k_ref.shape[0] // block_kv_compute
@@ -96,18 +96,18 @@ def _dkv_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, *, k
     def chunk(c, carry):
         ks = pl.ds(pl.multiple_of(c * block_kv_compute, block_kv_compute), block_kv_compute)
         k, v, q, do = k_ref[ks, :], v_ref[ks, :], q_ref[...], do_ref[...]
-        s_t = _dot(k, q, NT)                                         # [bkc, block_q]
+        s_t = dot(k, q, NT)                                         # [bkc, block_q]
         if keep is not None:
-            q_ids, k_ids = _token_ids(q_start, block_q, 1), _token_ids(k_start + c * block_kv_compute,
+            q_ids, k_ids = token_ids(q_start, block_q, 1), token_ids(k_start + c * block_kv_compute,
                                                                        block_kv_compute, 0)
             s_t = jnp.where(keep(q_ids, k_ids), s_t, MASK_VALUE)
         p_t = jnp.exp(s_t - lse_ref[...])
-        dv_acc[ks, :] += _dot(p_t.astype(do.dtype), do, NN)          # [bkc, head_dim]
-        dp_t = _dot(v, do, NT)                                       # [bkc, block_q]
+        dv_acc[ks, :] += dot(p_t.astype(do.dtype), do, NN)          # [bkc, head_dim]
+        dp_t = dot(v, do, NT)                                       # [bkc, block_q]
         ds_t = (p_t * (dp_t - di_ref[...])).astype(q.dtype)
-        dk_acc[ks, :] += _dot(ds_t, q, NN)                           # [bkc, head_dim]
+        dk_acc[ks, :] += dot(ds_t, q, NN)                           # [bkc, head_dim]
         if dq_acc is not None:
-            dq_acc[...] += _dot(ds_t, k, TN)                         # [block_q, head_dim]
+            dq_acc[...] += dot(ds_t, k, TN)                         # [block_q, head_dim]
         return carry
 
     chunks = k_ref.shape[0] // block_kv_compute
@@ -140,9 +140,7 @@ def _tile_reader(name, schedule, rows, steps, padding_class):
                          f"(planner.pack_schedule), got {tuple(schedule.shape)}")
 
     def step_at(prefetch, row, s):
-        n = row * steps + s
-        entry = (prefetch[0][n >> 1] >> (STEP_BITS * (n & 1))) & 0xFFFF
-        return entry >> CLASS_BITS, entry & ((1 << CLASS_BITS) - 1)
+        return schedule_entry(prefetch[0], row * steps + s)
     return (schedule,), step_at
 
 
@@ -154,12 +152,12 @@ def _padding_class(block_kv, tokens):
 
 
 def _clear_tails(q_tile, kv_tile, q_tokens, kv_tokens, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref):
-    """`_clear_tail` for every input block of a backward step: the query side's (q, do, and the
+    """`clear_tail` for every input block of a backward step: the query side's (q, do, and the
     lse and D rows; `q_tokens` long) at query tile `q_tile`, the key side's (k, v) at `kv_tile`."""
     for ref, tile, n, axis, fill in ((q_ref, q_tile, q_tokens, 0, 0.0), (do_ref, q_tile, q_tokens, 0, 0.0),
                                      (lse_ref, q_tile, q_tokens, 1, jnp.inf), (di_ref, q_tile, q_tokens, 1, 0.0),
                                      (k_ref, kv_tile, kv_tokens, 0, 0.0), (v_ref, kv_tile, kv_tokens, 0, 0.0)):
-        _clear_tail(ref, tile, n, axis=axis, fill=fill)
+        clear_tail(ref, tile, n, axis=axis, fill=fill)
 
 
 def _call(kernel, prefetch, operands, *, grid, in_specs, out_specs, out_shape, scratch, semantics, vmem_limit_bytes,

@@ -9,7 +9,7 @@ in which tiles the grid visits and which of them evaluate a mask:
     B3     schedule of the tile-aligned     like B2, but only tiles touching key padding
            mask                             mask, and only for padding
 
-The tile body (`_online_softmax_tile`) is shared by all four. Kernels never see a
+The tile body (`online_softmax_tile`) is shared by all four. Kernels never see a
 Mask object's structure, only tables from the planner (scalar-prefetched into SMEM)
 and an elementwise predicate `keep(q_ids, k_ids)` for the tiles that must mask. The
 in-kernel routing (routing.py) runs the same block-sparse kernel with one schedule and
@@ -19,14 +19,14 @@ Arrays here are not padded: q `[heads, tokens, head_dim]` (pre-scaled by 1/sqrt(
 v `[heads, tokens, head_dim]`, any token count. The grid has `ceil(tokens / block)` tiles per axis,
 and where the last tile is partial its VMEM block reaches past the array's end: what lies there is
 unspecified (the DMA copies only the array's rows; both interpreters fill it with NaN), so at the
-steps whose block reaches past the end each kernel sets that part to zero in VMEM (`_clear_tail`)
+steps whose block reaches past the end each kernel sets that part to zero in VMEM (`clear_tail`)
 before any tile body reads it, and the bodies see what a zero-padded copy would have given them. The
 part of an output block past the end is never written to HBM. No padded copy of q, k, v or the
 output is made in HBM (at the case study's size, 75,600 tokens and 3328 x 1536 tiles, the padded
 copies were about 749 MiB of temporaries, compile-only v6e).
 
 The bounded max. The running max costs, at every slice of keys, a row max of the scores and a
-rescale of l and acc. A query tile's first step runs that body; then `_try_bound` tests, once,
+rescale of l and acc. A query tile's first step runs that body; then `try_bound` tests, once,
 whether each row's Cauchy-Schwarz bound |q_i| max|k| (with a relative margin that float rounding
 cannot cross, `BOUND_MARGIN`) lies within BOUND_SLACK of the max it has seen: if every row passes,
 the tile's later steps subtract the bound instead: exp, the row sum and the two matmuls, nothing
@@ -60,7 +60,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from svg_lib.core.planner import CLASS_BITS, EMPTY, FULL, PARTIAL, STEP_BITS
+from svg_lib.core.planner import EMPTY, FULL, PARTIAL, schedule_entry
+from svg_lib.kernels.refs import KernelRefs
 
 # A finite "minus infinity": exp(MASK_VALUE - m) is exactly 0 for any real score m, and
 # unlike -inf it never produces inf - inf = nan in a row that has seen no kept key yet.
@@ -87,7 +88,7 @@ def matmul_precision(dtype):
     return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else jax.lax.Precision.DEFAULT
 
 
-def _dot(a, b, dims):
+def dot(a, b, dims):
     """`dot_general` on the MXU with float32 results, at the precision of the operands' dtype."""
     return jax.lax.dot_general(a, b, dims, precision=matmul_precision(a.dtype), preferred_element_type=jnp.float32)
 
@@ -112,7 +113,7 @@ def _lane_sum(p):
 
     Adding whole vregs is plain VPU work; the last step of a row sum, across the 128 lanes of a
     vreg, goes through the cross-lane unit (XLU). The tile body keeps l as these per-lane
-    partial sums and crosses the lanes once per query tile, in `_finish`.
+    partial sums and crosses the lanes once per query tile, in `finish`.
     """
     parts = [p[:, i:i + LANES] for i in range(0, p.shape[1], LANES)]
     while len(parts) > 1:
@@ -120,7 +121,7 @@ def _lane_sum(p):
     return parts[0]
 
 
-def _online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_start, k_start,
+def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_start, k_start,
                          block_kv_compute, interpret=False, bounded=False):
     """Fold one key/value tile into the running softmax state of one query tile.
 
@@ -133,14 +134,14 @@ def _online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_
 
     `bounded=False`: m is the running max: raised to each slice's row max, and l and acc rescaled
     by exp(m_old - m_new). `bounded=True`: m holds a fixed upper bound on every score of the row
-    (set by `_try_bound`, which also checks it is close enough to the row's real max): no max,
+    (set by `try_bound`, which also checks it is close enough to the row's real max): no max,
     no rescale, only exp, the row sum and the two matmuls.
 
     `keep` is None (a mask-free tile: the MXU path with no per-element VPU work) or a
     predicate on global token indices, called with a `[block_q, 1]` column of query indices
     and a `[1, block_kv_compute]` row of key indices (it must broadcast them): a predicate on
     keys alone (padding) then costs one row, not a tile. `interpret` (known at trace time)
-    picks the broadcasts each backend does cheaply (see `_lanes`). Both matmuls go through `_dot`,
+    picks the broadcasts each backend does cheaply (see `_lanes`). Both matmuls go through `dot`,
     which states the precision of the inputs' dtype (`matmul_precision`): float32 tiles get float32
     products on a TPU too, not its default single bf16 pass.
 
@@ -160,7 +161,7 @@ def _online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_
         ks = pl.ds(pl.multiple_of(c * block_kv_compute, block_kv_compute), block_kv_compute)
         k = k_ref[ks, :]
         v = v_ref[ks, :]
-        s = _dot(q, k, NT)                                                # q @ k^T
+        s = dot(q, k, NT)                                                # q @ k^T
         if keep is not None:
             q_ids = q_start + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)
             k_ids = k_start + c * block_kv_compute + jax.lax.broadcasted_iota(jnp.int32, (1, block_kv_compute), 1)
@@ -168,7 +169,7 @@ def _online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_
         if bounded:
             p = jnp.exp(s - _lanes(m_ref[...], block_kv_compute, interpret))
             l_ref[...] += _lane_sum(p)
-            acc_ref[...] += _dot(p.astype(v.dtype), v, NN)                # p @ v
+            acc_ref[...] += dot(p.astype(v.dtype), v, NN)                # p @ v
             return carry
         m_prev = m_ref[...]
         m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))  # [block_q, 128]
@@ -176,7 +177,7 @@ def _online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_
         alpha = jnp.exp(m_prev - m_next)
         l_ref[...] = alpha * l_ref[...] + _lane_sum(p)
         m_ref[...] = m_next
-        pv = _dot(p.astype(v.dtype), v, NN)                               # p @ v
+        pv = dot(p.astype(v.dtype), v, NN)                               # p @ v
         acc_ref[...] = _lanes(alpha, head_dim, interpret) * acc_ref[...] + pv
         return carry
 
@@ -212,7 +213,7 @@ BOUND_MARGIN = 2.0 ** -10
 RUNNING, BOUNDED, UNDECIDED = 0, 1, 2
 
 
-def _key_norm_max(k):
+def key_norm_max(k):
     """`[heads, tokens, head_dim]` -> `[heads]` f32: the largest key norm of each head (an XLA
     reduction before the kernel; zero padding rows do not change it).
 
@@ -223,7 +224,7 @@ def _key_norm_max(k):
     return jnp.sqrt(jnp.max(jnp.sum(kf * kf, axis=-1), axis=-1))
 
 
-def _try_bound(q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_max, interpret=False):
+def try_bound(q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_max, interpret=False):
     """After a query tile's first running-max step: switch the tile to the bounded max if every
     row's bound b = |q_i| max|k| (1 + BOUND_MARGIN) lies within BOUND_SLACK of its running max (one
     test for the whole tile, so that the next steps take one branch), else keep the running max
@@ -246,9 +247,9 @@ def _try_bound(q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_max, interpret=F
         flag_ref[0] = BOUNDED
 
 
-def _visit(tile, keep, flag_ref, switch):
+def visit(tile, keep, flag_ref, switch):
     """One tile: with the bounded max once this query tile has switched to it, else with the
-    running max, after which a tile still undecided tries the bound (`switch`, `_try_bound`)."""
+    running max, after which a tile still undecided tries the bound (`switch`, `try_bound`)."""
     pl.when(flag_ref[0] == BOUNDED)(functools.partial(tile, keep=keep, bounded=True))
 
     @pl.when(flag_ref[0] != BOUNDED)
@@ -257,20 +258,20 @@ def _visit(tile, keep, flag_ref, switch):
         pl.when(flag_ref[0] == UNDECIDED)(switch)
 
 
-def _plain_interpreter(interpret) -> bool:
+def plain_interpreter(interpret) -> bool:
     """Whether a kernel given `interpret` runs in the plain CPU interpreter (`interpret=True`),
     which takes the broadcasts XLA on a CPU does cheaply (`_lanes`). `pltpu.InterpretParams(...)`,
     the interpreter that simulates a TPU, runs exactly the code a TPU compiles."""
     return interpret is not None and interpret is not False and not isinstance(interpret, pltpu.InterpretParams)
 
 
-def _token_ids(start, n, axis):
+def token_ids(start, n, axis):
     """Global token indices `start ... start + n - 1` laid along `axis` of a 2-D array:
     a column `[n, 1]` for axis 0, a row `[1, n]` for axis 1 (predicates broadcast them)."""
     return start + jax.lax.broadcasted_iota(jnp.int32, (n, 1) if axis == 0 else (1, n), axis)
 
 
-def _clear_tail(ref, index, tokens: int, *, axis: int = 0, fill: float = 0.0):
+def clear_tail(ref, index, tokens: int, *, axis: int = 0, fill: float = 0.0):
     """Set the part of block `index` of `ref` (blocks of `ref.shape[axis]` tokens along `axis`)
     that lies past token `tokens`, the array's end, to `fill`, in VMEM, at the steps whose block
     reaches that far. Emits nothing where `tokens` is a multiple of the block.
@@ -288,10 +289,10 @@ def _clear_tail(ref, index, tokens: int, *, axis: int = 0, fill: float = 0.0):
 
     @pl.when(start + size > tokens)
     def _():
-        ref[...] = jnp.where(_token_ids(start, size, axis) < tokens, ref[...], fill).astype(ref.dtype)
+        ref[...] = jnp.where(token_ids(start, size, axis) < tokens, ref[...], fill).astype(ref.dtype)
 
 
-def _init_state(m_ref, l_ref, acc_ref, flag_ref=None):
+def init_state(m_ref, l_ref, acc_ref, flag_ref=None):
     m_ref[...] = jnp.full(m_ref.shape, MASK_VALUE, jnp.float32)
     l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
     acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
@@ -299,7 +300,7 @@ def _init_state(m_ref, l_ref, acc_ref, flag_ref=None):
         flag_ref[0] = UNDECIDED  # every query tile starts with the running max
 
 
-def _finish(m_ref, l_ref, acc_ref, o_ref, interpret=False, lse_ref=None):
+def finish(m_ref, l_ref, acc_ref, o_ref, interpret=False, lse_ref=None):
     # A row whose max never rose above MASK_VALUE saw no kept key: it gets zeros, like the
     # reference, instead of the average of masked values.
     # (m is the running max or the bound; a query tile switches to the bound only once every row
@@ -335,14 +336,14 @@ def _outputs(q, block_q, index_map, residuals):
     return (tuple(shapes), tuple(specs)) if residuals else (shapes[0], specs[0])
 
 
-def _scratch(block_q, head_dim, bounded=False):
+def softmax_scratch(block_q, head_dim, bounded=False):
     state = [pltpu.VMEM((block_q, LANES), jnp.float32),   # m: running max (or the bound)
              pltpu.VMEM((block_q, LANES), jnp.float32),   # l: running sum, per-lane partial sums
              pltpu.VMEM((block_q, head_dim), jnp.float32)]  # acc: unnormalised output
     return state + [pltpu.SMEM((1,), jnp.int32)] if bounded else state  # flag: switched to the bound
 
 
-def _compiler_params(vmem_limit_bytes):
+def compiler_params(vmem_limit_bytes):
     # heads and query tiles are independent; the kv axis carries the softmax state
     return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary"),
                                 vmem_limit_bytes=vmem_limit_bytes)
@@ -362,35 +363,37 @@ def dense_flash_attention(q, k, v, *, block_q, block_kv, block_kv_compute, inter
     heads, q_tokens, head_dim = q.shape
     tokens = k.shape[1]
     nq, nk = -(-q_tokens // block_q), -(-tokens // block_kv)
-    on_cpu = _plain_interpreter(interpret)
+    on_cpu = plain_interpreter(interpret)
 
     def not_padding(q_ids, k_ids):
         return k_ids < tokens
 
-    def kernel(q_ref, k_ref, v_ref, key_norm_ref, o_ref, *refs):
-        lse_ref, (m_ref, l_ref, acc_ref, flag_ref) = (refs[0], refs[1:]) if residuals else (None, refs)
+    refs = KernelRefs(inputs=("q", "k", "v", "key_norm"), outputs=("o", ("lse", residuals)),
+                      scratch=("m", "l", "acc", "flag"))
+
+    def kernel(*, q_ref, k_ref, v_ref, key_norm_ref, o_ref, lse_ref, m_ref, l_ref, acc_ref, flag_ref):
         h, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-        _clear_tail(q_ref, i, q_tokens), _clear_tail(k_ref, j, tokens), _clear_tail(v_ref, j, tokens)
-        tile = functools.partial(_online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
+        clear_tail(q_ref, i, q_tokens), clear_tail(k_ref, j, tokens), clear_tail(v_ref, j, tokens)
+        tile = functools.partial(online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
                                  q_start=i * block_q, k_start=j * block_kv,
                                  block_kv_compute=block_kv_compute, interpret=on_cpu)
-        switch = functools.partial(_try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[h], on_cpu)
+        switch = functools.partial(try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[h], on_cpu)
 
         @pl.when(j == 0)
         def _():
-            _init_state(m_ref, l_ref, acc_ref, flag_ref)
+            init_state(m_ref, l_ref, acc_ref, flag_ref)
 
         masked = (j + 1) * block_kv > tokens  # the tile reaches into key padding
-        pl.when(jnp.logical_not(masked))(lambda: _visit(tile, None, flag_ref, switch))
-        pl.when(masked)(lambda: _visit(tile, not_padding, flag_ref, switch))
+        pl.when(jnp.logical_not(masked))(lambda: visit(tile, None, flag_ref, switch))
+        pl.when(masked)(lambda: visit(tile, not_padding, flag_ref, switch))
 
         @pl.when(j == nk - 1)
         def _():
-            _finish(m_ref, l_ref, acc_ref, o_ref, on_cpu, lse_ref)
+            finish(m_ref, l_ref, acc_ref, o_ref, on_cpu, lse_ref)
 
     out_shape, out_specs = _outputs(q, block_q, lambda h, i, j: (h, i, 0), residuals)
     return pl.pallas_call(
-        kernel,
+        refs.kernel(kernel),
         grid=(heads, nq, nk),
         in_specs=[pl.BlockSpec((None, block_q, head_dim), lambda h, i, j: (h, i, 0)),
                   pl.BlockSpec((None, block_kv, head_dim), lambda h, i, j: (h, j, 0)),
@@ -398,11 +401,11 @@ def dense_flash_attention(q, k, v, *, block_q, block_kv, block_kv_compute, inter
                   pl.BlockSpec(memory_space=pltpu.SMEM)],  # [heads] f32, the whole array
         out_specs=out_specs,
         out_shape=out_shape,
-        scratch_shapes=_scratch(block_q, head_dim, bounded=True),
-        compiler_params=_compiler_params(vmem_limit_bytes),
+        scratch_shapes=softmax_scratch(block_q, head_dim, bounded=True),
+        compiler_params=compiler_params(vmem_limit_bytes),
         interpret=interpret,
         name="dense_flash_attention",
-    )(q, k, v, _key_norm_max(k))
+    )(q, k, v, key_norm_max(k))
 
 
 # -- block-sparse: B1, B2, B3 ---------------------------------------------------------------
@@ -442,37 +445,38 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
     if head_order is not None and tuple(head_order.shape) != (heads,):
         raise ValueError(f"head_order must be int32 [{heads}], a permutation of the heads; got {tuple(head_order.shape)}")
     tables = (head_kind, schedule) + (() if head_order is None else (head_order,))
+    refs = KernelRefs(prefetch=("head_kind", "schedule", ("head_order", head_order is not None)),
+                      inputs=("q", "k", "v", "key_norm"), outputs=("o", ("lse", residuals)),
+                      scratch=("m", "l", "acc", "flag"))
+    on_cpu = plain_interpreter(interpret)
 
-    def head_at(tables, h):
+    def head_of(h, head_order_ref):
         """The head that grid row h runs: h, or head_order[h]."""
-        return h if head_order is None else tables[2][h]
+        return h if head_order_ref is None else head_order_ref[h]
 
-    def step_at(tables, h, i, s):
-        """(key tile, class) of grid step (h, i, s): entry n of the schedule, half of word n // 2."""
-        n = (tables[0][head_at(tables, h)] * nq + i) * steps + s
-        entry = (tables[1][n >> 1] >> (STEP_BITS * (n & 1))) & 0xFFFF
-        return entry >> CLASS_BITS, entry & ((1 << CLASS_BITS) - 1)
+    def step_of(h, i, s, head_kind_ref, schedule_ref, head_order_ref):
+        """(key tile, class) of grid step (h, i, s): entry (kind, i, s) of the schedule."""
+        return schedule_entry(schedule_ref, (head_kind_ref[head_of(h, head_order_ref)] * nq + i) * steps + s)
 
-    def kernel(*refs):
-        table_refs, (q_ref, k_ref, v_ref, key_norm_ref, o_ref, *refs) = refs[:len(tables)], refs[len(tables):]
-        lse_ref, (m_ref, l_ref, acc_ref, flag_ref) = (refs[0], refs[1:]) if residuals else (None, refs)
+    def kernel(*, head_kind_ref, schedule_ref, head_order_ref, q_ref, k_ref, v_ref, key_norm_ref, o_ref, lse_ref,
+               m_ref, l_ref, acc_ref, flag_ref):
         h, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-        head, (kv_tile, cls) = head_at(table_refs, h), step_at(table_refs, h, i, s)
-        _clear_tail(q_ref, i, q_tokens), _clear_tail(k_ref, kv_tile, tokens), _clear_tail(v_ref, kv_tile, tokens)
-        on_cpu = _plain_interpreter(interpret)
-        body = functools.partial(_online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
+        head = head_of(h, head_order_ref)
+        kv_tile, cls = step_of(h, i, s, head_kind_ref, schedule_ref, head_order_ref)
+        clear_tail(q_ref, i, q_tokens), clear_tail(k_ref, kv_tile, tokens), clear_tail(v_ref, kv_tile, tokens)
+        body = functools.partial(online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
                                  q_start=i * block_q, k_start=kv_tile * block_kv,
                                  block_kv_compute=block_kv_compute, interpret=on_cpu)
-        switch = functools.partial(_try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[head], on_cpu)
-        tile = lambda keep: _visit(body, keep, flag_ref, switch)  # noqa: E731
+        switch = functools.partial(try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[head], on_cpu)
+        tile = lambda keep: visit(body, keep, flag_ref, switch)  # noqa: E731
 
         def masked_tile():  # the predicate of this head's kind (one kind unless routing)
             for kind, keep_kind in enumerate(keeps):
-                pl.when(table_refs[0][head] == kind)(functools.partial(tile, keep_kind))
+                pl.when(head_kind_ref[head] == kind)(functools.partial(tile, keep_kind))
 
         @pl.when(s == 0)
         def _():
-            _init_state(m_ref, l_ref, acc_ref, flag_ref)
+            init_state(m_ref, l_ref, acc_ref, flag_ref)
 
         if stage == "b1":  # B1: skip empty tiles, but mask every visited one
             pl.when(cls != EMPTY)(masked_tile)
@@ -482,17 +486,19 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
 
         @pl.when(s == steps - 1)
         def _():
-            _finish(m_ref, l_ref, acc_ref, o_ref, on_cpu, lse_ref)
+            finish(m_ref, l_ref, acc_ref, o_ref, on_cpu, lse_ref)
 
-    def q_map(h, i, s, *table_refs):
-        return head_at(table_refs, h), i, 0
+    @refs.index_map
+    def q_map(h, i, s, *, head_kind_ref, schedule_ref, head_order_ref):
+        return head_of(h, head_order_ref), i, 0
 
-    def kv_map(h, i, s, *table_refs):
-        return head_at(table_refs, h), step_at(table_refs, h, i, s)[0], 0
+    @refs.index_map
+    def kv_map(h, i, s, *, head_kind_ref, schedule_ref, head_order_ref):
+        return head_of(h, head_order_ref), step_of(h, i, s, head_kind_ref, schedule_ref, head_order_ref)[0], 0
 
     out_shape, out_specs = _outputs(q, block_q, q_map, residuals)
     return pl.pallas_call(
-        kernel,
+        refs.kernel(kernel),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=len(tables),
             grid=(heads, nq, steps),
@@ -501,9 +507,9 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
                       pl.BlockSpec((None, block_kv, head_dim), kv_map),
                       pl.BlockSpec(memory_space=pltpu.SMEM)],  # [heads] f32 key-norm maxima
             out_specs=out_specs,
-            scratch_shapes=_scratch(block_q, head_dim, bounded=True)),
+            scratch_shapes=softmax_scratch(block_q, head_dim, bounded=True)),
         out_shape=out_shape,
-        compiler_params=_compiler_params(vmem_limit_bytes),
+        compiler_params=compiler_params(vmem_limit_bytes),
         interpret=interpret,
         name=f"{stage}_block_sparse_attention",
-    )(*tables, q, k, v, _key_norm_max(k))
+    )(*tables, q, k, v, key_norm_max(k))

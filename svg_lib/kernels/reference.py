@@ -178,7 +178,7 @@ def attention_gradients_float64(q, k, v, dout, mask=None):
 
 def bound_test(q, k, *, block_q: int, block_kv: int, first_kv=None, keep=None) -> np.ndarray:
     """Which query tiles switch to the bounded max, decided as the kernels decide it
-    (`svg_lib.kernels.forward._try_bound`), in float64 on the host: bool `[heads, ceil(tokens / block_q)]`.
+    (`svg_lib.kernels.forward.try_bound`), in float64 on the host: bool `[heads, ceil(tokens / block_q)]`.
 
     q, k `[heads, tokens, head_dim]` as given to `attention()` (not yet scaled). After its first
     visited key tile, a query tile passes when every row's bound |q_i| max|k| (1 + BOUND_MARGIN) is

@@ -9,7 +9,7 @@ Two helpers that let a notebook show a kernel instead of describing it:
     print(tile_body_table(bodies))
 
 `tile_bodies` traces a method's kernel with `jax.make_jaxpr` (no TPU, nothing runs), finds
-each tile body in it (the loop over key chunks inside `kernels._online_softmax_tile`, or
+each tile body in it (the loop over key chunks inside `kernels.online_softmax_tile`, or
 Splash's equivalent loop) and keeps, in trace order, the primitives that read or write a
 whole `[block_q, block_kv_compute]` tile of scores: the work done once per (query, key) pair.
 
@@ -61,7 +61,7 @@ class TileBody:
     @property
     def running(self) -> bool:
         """Whether the body keeps a running max (a row max of the scores, `reduce_max`) rather
-        than the bounded max (`kernels.forward._try_bound`): every kernel holds both, and a query
+        than the bounded max (`kernels.forward.try_bound`): every kernel holds both, and a query
         tile runs the running-max body only until its rows pass the bound's test."""
         return "reduce_max" in self.ops
 

@@ -58,13 +58,13 @@ BODY_KINDS = ("free", "svg_masked", "padding_masked", "idle", "matmuls", "free_r
 # attention; its cycles are the floor a tile body of these blocks can approach on that chip.
 FLOOR_KIND = "matmuls"
 # svg_lib's "free", "svg_masked" and "padding_masked" probes run as the kernels do: a query tile's
-# first step with the running max and the switch to the bound (`kernels._try_bound`), every later
+# first step with the running max and the switch to the bound (`kernels.try_bound`), every later
 # step with the bounded max. Cycles per step are then the bounded body's; the first step's extra
 # cost lands in the per-row cost. "free_running": the mask-free body with the running max on every
 # step, what a query tile whose rows fail the bound's test runs (and the body before the bound).
 RUNNING_KIND = "free_running"
 # "free_failing": a query tile whose rows fail the bound's test, through the kernels' own dispatch
-# (`kernels._visit`): the first step runs the running max and the test, every later step the running
+# (`kernels.visit`): the first step runs the running max and the test, every later step the running
 # max with the flag saying the test failed. Its cycles per step are what such a tile pays per step;
 # the test's one-time cost lands in the per-row cost, as for "free".
 FAILING_KIND = "free_failing"
@@ -164,7 +164,7 @@ def _svg_predicate(block_q: int, tokens: int):
 def _matmul_floor_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_start, k_start, block_kv_compute,
                        interpret=False, bounded=False):
     """The `FLOOR_KIND` body: the tile's two matmuls, chunked and unrolled as the real body
-    (`kernels._online_softmax_tile`), with its refs and arguments, and nothing between them."""
+    (`kernels.online_softmax_tile`), with its refs and arguments, and nothing between them."""
     import jax
     from jax.experimental import pallas as pl
 
@@ -173,8 +173,8 @@ def _matmul_floor_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_st
     def chunk(c, carry):
         ks = pl.ds(pl.multiple_of(c * block_kv_compute, block_kv_compute), block_kv_compute)
         v = v_ref[ks, :]
-        s = kernels._dot(q_ref[...], k_ref[ks, :], kernels.NT)
-        acc_ref[...] += kernels._dot(s.astype(v.dtype), v, kernels.NN)
+        s = kernels.dot(q_ref[...], k_ref[ks, :], kernels.NT)
+        acc_ref[...] += kernels.dot(s.astype(v.dtype), v, kernels.NN)
         return carry
 
     jax.lax.fori_loop(0, chunks, chunk, None, unroll=chunks <= kernels.MAX_UNROLLED_CHUNKS)
@@ -203,13 +203,13 @@ def _svg_lib_probe(p: Probe, name: str, target: str = "v6e"):
         i, s = pl.program_id(1), pl.program_id(2)
         state, flag_ref = scratch[:3], scratch[3]
 
-        def tile(keep, body=kernels._online_softmax_tile, **kwargs):
+        def tile(keep, body=kernels.online_softmax_tile, **kwargs):
             body(q_ref, k_ref, v_ref, *state, keep=keep, q_start=i * p.block_q, k_start=s * p.block_kv,
                  block_kv_compute=p.block_kv_compute, interpret=False, **kwargs)
 
         def first_step(keep):  # the running max, then the switch to the bound (any key norm will do)
             tile(keep, bounded=False)
-            kernels._try_bound(q_ref, *state, flag_ref, jnp.float32(1.0))
+            kernels.try_bound(q_ref, *state, flag_ref, jnp.float32(1.0))
 
         def as_the_kernels(keep):
             pl.when(s == 0)(functools.partial(first_step, keep))
@@ -221,8 +221,8 @@ def _svg_lib_probe(p: Probe, name: str, target: str = "v6e"):
             @pl.when(s > 0)
             def _():
                 flag_ref[0] = kernels.RUNNING
-                kernels._visit(tile, keep, flag_ref,
-                               functools.partial(kernels._try_bound, q_ref, *state, flag_ref, jnp.float32(1.0)))
+                kernels.visit(tile, keep, flag_ref,
+                               functools.partial(kernels.try_bound, q_ref, *state, flag_ref, jnp.float32(1.0)))
 
         # this step's kind: the probe's kind on every step, decided at run time from the
         # program id so that the compiler keeps every body and the simulator can follow it
@@ -231,7 +231,7 @@ def _svg_lib_probe(p: Probe, name: str, target: str = "v6e"):
 
         @pl.when(s == 0)
         def _():
-            kernels._init_state(*state, flag_ref)
+            kernels.init_state(*state, flag_ref)
 
         for body in bodies:
             if body == FLOOR_KIND:
@@ -246,7 +246,7 @@ def _svg_lib_probe(p: Probe, name: str, target: str = "v6e"):
 
         @pl.when(s == p.steps - 1)
         def _():
-            kernels._finish(*state, o_ref)
+            kernels.finish(*state, o_ref)
 
     if p.kind == "idle":
         kv_map = lambda h, i, s: (h, 0, 0)  # an idle step repeats the resident block: no DMA
@@ -260,8 +260,8 @@ def _svg_lib_probe(p: Probe, name: str, target: str = "v6e"):
                   pl.BlockSpec((None, p.block_kv, p.head_dim), kv_map)],
         out_specs=pl.BlockSpec((None, p.block_q, p.head_dim), lambda h, i, s: (h, i, 0)),
         out_shape=jax.ShapeDtypeStruct((1, p.rows * p.block_q, p.head_dim), jnp.bfloat16),
-        scratch_shapes=kernels._scratch(p.block_q, p.head_dim, bounded=True),
-        compiler_params=kernels._compiler_params(_probe_vmem_limit(target)),
+        scratch_shapes=kernels.softmax_scratch(p.block_q, p.head_dim, bounded=True),
+        compiler_params=kernels.compiler_params(_probe_vmem_limit(target)),
         name=name,
     )
     return call
@@ -389,7 +389,7 @@ def _backward_probe(p: Probe, name: str, target: str = "v6e"):
         out_specs=[row_spec] * n_out,
         out_shape=[jax.ShapeDtypeStruct((1, out_rows, p.head_dim), jnp.bfloat16)] * n_out,
         scratch_shapes=[pltpu.VMEM((block_rows, p.head_dim), jnp.float32)] * n_out,
-        compiler_params=kernels._compiler_params(limit), name=name)
+        compiler_params=kernels.compiler_params(limit), name=name)
 
     def fn(q, k, v):
         stat = q[:, None, :, 0].astype(jnp.float32)  # any per-query row: the cost does not depend on it
@@ -409,11 +409,11 @@ def _five_matmuls_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_
     def chunk(c, carry):
         ks = pl.ds(pl.multiple_of(c * block_kv_compute, block_kv_compute), block_kv_compute)
         k, v, q, do = k_ref[ks, :], v_ref[ks, :], q_ref[...], do_ref[...]
-        p_t = kernels._dot(k, q, kernels.NT).astype(do.dtype)
-        dv_acc[ks, :] += kernels._dot(p_t, do, kernels.NN)
-        ds_t = kernels._dot(v, do, kernels.NT).astype(q.dtype)
-        dk_acc[ks, :] += kernels._dot(ds_t, q, kernels.NN)
-        dq_acc[...] += kernels._dot(ds_t, k, backward.TN)
+        p_t = kernels.dot(k, q, kernels.NT).astype(do.dtype)
+        dv_acc[ks, :] += kernels.dot(p_t, do, kernels.NN)
+        ds_t = kernels.dot(v, do, kernels.NT).astype(q.dtype)
+        dk_acc[ks, :] += kernels.dot(ds_t, q, kernels.NN)
+        dq_acc[...] += kernels.dot(ds_t, k, backward.TN)
         return carry
 
     jax.lax.fori_loop(0, chunks, chunk, None, unroll=chunks <= kernels.MAX_UNROLLED_CHUNKS)

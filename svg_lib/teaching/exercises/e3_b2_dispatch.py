@@ -12,8 +12,8 @@ from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.masks import Mask
 from svg_lib.core.svg_masks import SVGMask
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles
-from svg_lib.kernels.forward import _finish as finish_tile
-from svg_lib.kernels.forward import _init_state, _plain_interpreter, _online_softmax_tile, _scratch
+from svg_lib.kernels.forward import finish as finish_tile
+from svg_lib.kernels.forward import init_state, plain_interpreter, online_softmax_tile, softmax_scratch
 from svg_lib.kernels.reference import reference_attention
 from svg_lib.kernels.tolerances import tolerance
 from svg_lib.teaching.exercises.common import CheckResult, _Case, _Fail, _call, _finish
@@ -58,11 +58,11 @@ def b2_exercise_attention(q, k, v, mask: Mask, dispatch, *, block_q: int = 128, 
 
         @pl.when(s == 0)
         def _():
-            _init_state(m_ref, l_ref, acc_ref)
+            init_state(m_ref, l_ref, acc_ref)
 
-        body = functools.partial(_online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
+        body = functools.partial(online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
                                  q_start=i * block_q, k_start=kv_index_ref[i, s] * block_kv,
-                                 block_kv_compute=block_kv, interpret=_plain_interpreter(interpret))
+                                 block_kv_compute=block_kv, interpret=plain_interpreter(interpret))
 
         def tile(keep=None):
             body(keep=keep)
@@ -72,7 +72,7 @@ def b2_exercise_attention(q, k, v, mask: Mask, dispatch, *, block_q: int = 128, 
 
         @pl.when(s == steps - 1)
         def _():
-            finish_tile(m_ref, l_ref, acc_ref, o_ref, _plain_interpreter(interpret))
+            finish_tile(m_ref, l_ref, acc_ref, o_ref, plain_interpreter(interpret))
 
     def q_map(h, i, s, kv_index_ref, *_):
         return h, i, 0
@@ -92,7 +92,7 @@ def b2_exercise_attention(q, k, v, mask: Mask, dispatch, *, block_q: int = 128, 
                       pl.BlockSpec((None, block_kv, head_dim), kv_map)],
             out_specs=[pl.BlockSpec((None, block_q, head_dim), q_map),
                        pl.BlockSpec((None, nq, steps), path_map)],
-            scratch_shapes=_scratch(block_q, head_dim)),
+            scratch_shapes=softmax_scratch(block_q, head_dim)),
         out_shape=[jax.ShapeDtypeStruct((heads, q_len, head_dim), q.dtype),
                    jax.ShapeDtypeStruct((heads, nq, steps), jnp.int32)],
         interpret=interpret,
