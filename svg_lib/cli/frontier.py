@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from svg_lib.chips import check_target
+from svg_lib.chips import MXUS_FOR_CLOCK, check_target, clock_hz
 from svg_lib.core.masks import TileAlignedMask
 from svg_lib.core.planner import plan_tiles
 from svg_lib.core.radial import RadialMask
@@ -67,21 +67,7 @@ DEFAULT_MASKS = ("svg_b3", "radial", "sliding", "pooled")  # semantic tiles' k-m
 SEMANTIC_ITERATIONS = 2  # k-means iterations from a cold start (SVG2 runs 50 at its first sparse step)
 
 
-# MXUs per TensorCore used to turn simulated cycles into time. The v5e's agrees with chips.TARGETS
-# (4 of 128 x 128: 197 TFLOP/s at 1.50 GHz, and its 3328 x 1536 matmul probe runs at 99 % of
-# that per cycle). For the v6e chips.TARGETS says 2 of 256 x 256, but the static profile's q k^T
-# alone (2,834 cycles for a 3328 x 1536 x 128 tile, BRIEF section 6) does 462K FLOP a cycle, more
-# than 2 such MXUs can (262K): 4 are assumed, which puts 918 TFLOP/s at 1.75 GHz (that q k^T at
-# 88 % of peak). The clock is an assumption either way: it is printed with every table.
-MXUS_FOR_CLOCK = {"v5e": 4, "v6e": 4}
-
-
-def clock_hz(chip: str) -> float:
-    """The clock at which `MXUS_FOR_CLOCK[chip]` MXUs (side^2 multiply-adds a cycle each) reach the chip's bf16 peak."""
-    t = check_target(chip)
-    if chip not in MXUS_FOR_CLOCK:
-        raise ValueError(f"no clock assumption for {chip}; the frontier knows {tuple(MXUS_FOR_CLOCK)}")
-    return t.bf16_tflops * 1e12 / (2 * MXUS_FOR_CLOCK[chip] * t.mxu ** 2 * t.tensor_cores)
+# The clock that turns simulated cycles into time: chips.clock_hz (an assumption, printed with every table).
 
 
 def probed_costs(chips=CHIPS, tiles=TILES) -> dict:

@@ -1,0 +1,47 @@
+"""The your-code cells' shared pieces: hints one at a time, the piece the cells below run, the cost line."""
+import re
+
+import pytest
+
+from svg_lib.core.planner import FULL, PARTIAL, plan_tiles
+from svg_lib.problem import get_preset
+from svg_lib.teaching.exercises.common import CheckResult
+from svg_lib.teaching.yourcode import Hints, choose, cost_line
+
+
+def test_hints_come_one_at_a_time_then_the_solution(capsys):
+    hints = Hints("a piece", ("first", "second", "third"), "def piece(): ...")
+    shown = [hints.next() for _ in range(5)]
+    assert shown[:3] == ["Hint 1 of 3: first", "Hint 2 of 3: second", "Hint 3 of 3: third"]
+    assert shown[3] == shown[4] == "Solution:\ndef piece(): ..."
+    with pytest.raises(ValueError, match="at least three hints"):
+        Hints("a piece", ("only", "two"), "...")
+
+
+def test_choose_runs_the_learners_piece_only_when_it_passed(capsys):
+    yours, library = object(), object()
+    assert choose(CheckResult("x", True, "passed"), yours, library, piece="B1 step") is yours
+    assert "run your B1 step" in capsys.readouterr().out
+    assert choose(CheckResult("x", False, "not yet"), yours, library, piece="B1 step") is library
+    assert "svg_lib's B1 step until yours passes" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("block_q, block_kv", [(256, 128), (128, 256), (512, 128)])
+def test_cost_line_counts_the_plans_tiles(block_q, block_kv):
+    mask = get_preset("walkthrough").mask()
+    plan = plan_tiles(mask, block_q, block_kv)
+    full, partial = int((plan.step_class == FULL).sum()), int((plan.step_class == PARTIAL).sum())
+    b1 = cost_line(mask, "b1", block_q, block_kv)
+    b2 = cost_line(mask, "b2", block_q, block_kv)
+    assert f"{full + partial:,} tiles visited, {full + partial:,} masked" in b1
+    assert f"{full + partial:,} tiles visited, {partial:,} masked" in b2
+    assert f"{plan.grid[0] * plan.steps:,} grid steps" in b2
+    assert "no predicted time" in b2  # no static profile committed at these small tiles
+
+
+def test_cost_line_predicts_time_where_the_profile_was_committed():
+    config = get_preset("blog")
+    line = cost_line(config.mask(), "b3", config.block_q, config.block_kv, heads=config.heads)
+    times = dict(re.findall(r"(v5e|v6e) ([\d.]+) ms", line))
+    assert set(times) == {"v5e", "v6e"} and float(times["v6e"]) < float(times["v5e"])
+    assert "simulated" in line
