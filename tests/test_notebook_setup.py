@@ -105,3 +105,12 @@ def test_readme_reading_times_follow_the_notebooks():
     for path in notebooks:
         minutes, _ = reading.reading_minutes(path)
         assert int(rows[path.stem]) == minutes, f"{path.stem}: README says {rows[path.stem]} min, the rule gives {minutes}"
+
+
+def test_setup_on_colab_before_publication_says_what_to_do(tmp_path):
+    """While REPOSITORY_URL holds its placeholder, the cell on Colab clones nothing and says in one sentence
+    what to do, instead of failing with git's message about a URL that is not one."""
+    done = run_setup(tmp_path, colab_url="<repository URL>")
+    assert done.returncode != 0
+    assert "git could not clone" not in done.stderr
+    assert "has no repository URL yet" in done.stderr and "tools/set-repository-url.py URL" in done.stderr

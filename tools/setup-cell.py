@@ -4,8 +4,9 @@
 # folders here or in /content/* on the path, or clones SVG_LIB_REPO here first (on Colab: the repository).
 import importlib.util, os, pathlib, subprocess, sys
 
-REPOSITORY_URL = "<repository URL>"  # the file REPOSITORY_URL in the repository (tools/set-setup-cell.py)
-SVG_LIB_REPO = os.environ.get("SVG_LIB_REPO", REPOSITORY_URL if "google.colab" in sys.modules else "")
+REPOSITORY_URL = "<repository URL>"  # the file REPOSITORY_URL; python tools/set-repository-url.py URL sets both
+_PUBLISHED = not REPOSITORY_URL.startswith("<")  # "<repository URL>": a copy not published yet
+SVG_LIB_REPO = os.environ.get("SVG_LIB_REPO", REPOSITORY_URL if _PUBLISHED and "google.colab" in sys.modules else "")
 if importlib.util.find_spec("svg_lib") is None:
     _here = pathlib.Path.cwd().resolve()
     _places = [_here, *_here.parents, *sorted(_here.glob("*/")), *sorted(pathlib.Path("/content").glob("*/"))]
@@ -16,6 +17,11 @@ if importlib.util.find_spec("svg_lib") is None:
         if _git.returncode != 0:
             raise RuntimeError(f"git could not clone {SVG_LIB_REPO}: {_git.stderr.strip()}\nClone the repository "
                                "yourself, or set SVG_LIB_REPO in this cell to its git URL, then run this cell again.")
+    if _root is None and not _PUBLISHED:
+        raise RuntimeError(f"svg_lib does not import and no clone of its repository was found from {_here}, and this "
+                           "copy has no repository URL yet: clone the series yourself and open the notebook from it "
+                           "(or set SVG_LIB_REPO in this cell to its git URL), or run `python "
+                           "tools/set-repository-url.py URL` before publishing.")
     if _root is None:
         raise RuntimeError(f"svg_lib does not import and no clone of its repository was found from {_here}. "
                            f"Clone it (!git clone {REPOSITORY_URL} svg-tpu), or set SVG_LIB_REPO in this cell "
