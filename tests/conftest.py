@@ -72,6 +72,7 @@ SLOWEST_FIRST = (
 def pytest_configure(config):
     config.addinivalue_line("markers", "tpu_interpreter: runs under pltpu.InterpretParams; pinned stage only")
     config.addinivalue_line("markers", "not_on_colab: a chip or topology Colab does not offer; pinned stage only")
+    config.addinivalue_line("markers", "knobs: a spine notebook run by papermill at other tile sizes; pinned stage only")
 
 
 def pytest_collection_modifyitems(config, items):

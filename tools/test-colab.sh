@@ -41,7 +41,9 @@
 #      run by the solutions E1-E8), test_tuner.py (05's tuner; Colab's libtpu verdicts are
 #      test_vmem's here), test_semantic_plan.py, test_semantic_quality.py, test_semantic_router.py
 #      (12's planner, tables and router; test_semantic.py, the public API exact and differentiable,
-#      stays), test_radial.py, test_pooled.py (masks and plans test_frontier.py runs here end to end).
+#      stays), test_radial.py, test_pooled.py (masks and plans test_frontier.py runs here end to end);
+#      test_knobs.py, test_yourcode_cells.py (the spine notebooks run again by papermill at other tile
+#      sizes and with their your-code cells swapped; step 3 runs each as shipped here).
 # 5. Colab's libtpu compiles B3 at the case study's size (the blog preset: 75,600 tokens,
 #    3328 x 1536 tiles) for a v5e (Colab's free tier), in the background from the start of
 #    step 3 (173 s of a core, 2026-12-04): the series' headline kernel, its schedule tables in
@@ -127,7 +129,7 @@ echo "make test-colab: every notebook (${#notebooks[@]}), working directory $CON
 
 PINNED_ONLY="test_browser test_compiler test_cost test_masks test_planner test_layers test_execute_notebooks
   test_bench test_synthetic test_exercises test_tuner test_semantic_plan test_semantic_quality test_semantic_router
-  test_radial test_pooled"  # see step 4 above
+  test_radial test_pooled test_knobs test_yourcode_cells"  # see step 4 above
 ignore=()
 for name in $PINNED_ONLY; do ignore+=("--ignore=tests/$name.py"); done
 echo "make test-colab: unit tests (left to the pinned stage: $PINNED_ONLY), $(date -u +%T) UTC"

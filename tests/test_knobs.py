@@ -1,0 +1,40 @@
+"""The spine's knobs: each notebook 00-06 opens, after its setup cell, with a cell tagged `parameters`
+(papermill's convention) holding PRESET, BLOCK_Q, BLOCK_KV and DENSITY, and runs top to bottom at tile
+settings other than the shipped ones, every assertion written against those knobs."""
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SPINE = sorted(ROOT.glob("notebooks/0[0-6]_*.ipynb"))
+KNOBS = ("PRESET", "BLOCK_Q", "BLOCK_KV", "DENSITY")
+# two settings other than the shipped ones, at the walkthrough size
+SETTINGS = ({"BLOCK_Q": 128, "BLOCK_KV": 256}, {"BLOCK_Q": 512, "BLOCK_KV": 128})
+
+
+def _parameters_cell(path):
+    cells = json.loads(path.read_text())["cells"]
+    tagged = [i for i, c in enumerate(cells) if "parameters" in c.get("metadata", {}).get("tags", [])]
+    return cells, tagged
+
+
+@pytest.mark.parametrize("path", SPINE, ids=lambda p: p.stem)
+def test_spine_notebook_opens_with_its_knobs(path):
+    cells, tagged = _parameters_cell(path)
+    assert len(tagged) == 1, f"{path.name}: one cell tagged 'parameters' after the setup cell, found {len(tagged)}"
+    code_before = [c for c in cells[:tagged[0]] if c["cell_type"] == "code"]
+    assert len(code_before) == 1, f"{path.name}: the parameters cell must come right after the setup cell"
+    source = "".join(cells[tagged[0]]["source"])
+    missing = [k for k in KNOBS if f"{k} =" not in source]
+    assert not missing, f"{path.name}: its parameters cell lacks {missing}"
+
+
+@pytest.mark.knobs
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: f"{s['BLOCK_Q']}x{s['BLOCK_KV']}")
+@pytest.mark.parametrize("path", SPINE, ids=lambda p: p.stem)
+def test_spine_notebook_runs_at_other_tiles(path, setting, tmp_path):
+    import papermill
+
+    papermill.execute_notebook(str(path), str(tmp_path / path.name), parameters=dict(setting, PRESET="walkthrough"),
+                               cwd=str(path.parent), kernel_name="python3", progress_bar=False)
