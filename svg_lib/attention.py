@@ -26,18 +26,19 @@ from svg_lib.kernels.forward import block_sparse_attention, dense_flash_attentio
 from svg_lib.kernels.reference import check_qkv, reference_attention
 from svg_lib.kernels.splash import make_splash, splash_mask_form
 from svg_lib.memory.budget import check_memory
+from svg_lib.methods import METHODS as TABLE
+from svg_lib.methods import check_method
 from svg_lib.problem import check_block_kv_compute
 from svg_lib.runtime import check_head_split, default_interpret, head_split_devices, run_split, shard_heads
 
-METHODS = ("reference", "dense", "splash_dense", "splash", "b1", "b2", "b3")
-_NEEDS_MASK = ("splash", "b1", "b2", "b3")
+METHODS = tuple(TABLE)
 _CACHE: OrderedDict = OrderedDict()
 _CACHE_SIZE = 32
 
 
 def b3_mask(mask: Mask, block_q: int, block_kv: int) -> TileAlignedMask:
     """The tile-aligned mask B3 computes (`mask` itself if it already is one at these blocks)."""
-    return mask.tile_aligned(block_q, block_kv)
+    return TABLE["b3"].computed_mask(mask, block_q, block_kv)
 
 
 def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, head_dim: int, dtype,
@@ -69,9 +70,8 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
                                 dtype=dtype, block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
                                 interpret=interpret, generation=generation, backward=backward)
         return jax.jit(shard_heads(local, devices, heads))
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    if method in _NEEDS_MASK and mask is None:
+    record = check_method(method)
+    if record.needs_mask and mask is None:
         raise ValueError(f"method {method!r} needs a mask (e.g. SVGMask.spatial(geometry, density)); "
                          "for dense attention use method='dense' or 'splash_dense'")
     if mask is not None and not isinstance(mask, Mask):
@@ -82,9 +82,9 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
     if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
         raise ValueError(f"q, k, v must be float32 or bfloat16, got {dtype}")
 
-    if method == "reference":
+    if not record.pallas:
         return jax.jit(lambda q, k, v: reference_attention(q, k, v, mask))
-    if method in ("dense", "splash_dense"):
+    if record.computes == "all":
         mask = None  # dense methods ignore any mask given; they are the baselines
 
     block_q = check_block_size("block_q", block_q)
@@ -97,13 +97,13 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
 
     # 1. Plan once: the tiles each kernel visits and every table it reads, forward and backward.
     plan = tables = splash_mask = None
-    if method in ("splash_dense", "splash"):
+    if record.splash:
         splash_mask = splash_mask_form(mask, tokens, kv_len)  # Splash plans its own tables (make_splash)
-    elif method == "dense":
+    elif not record.planned:
         pass  # dense's kernels, forward and backward, take their tiles from program ids
     else:
         # B3 runs the tile-aligned mask, whose kernel predicate masks padding only
-        kernel_mask = b3_mask(mask, block_q, block_kv) if method == "b3" else mask
+        kernel_mask = record.computed_mask(mask, block_q, block_kv)
         plan = plan_tiles(kernel_mask, block_q, block_kv)
         tables = plan.tables
     # 2. Check memory once, on that plan: the forward refuses now, the backward when a gradient is traced.
@@ -113,7 +113,7 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
     blocks = dict(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=interpret)
 
     # 3. Build the kernels from the tables and the limits.
-    if method in ("splash_dense", "splash"):
+    if record.splash:
         # Splash's kernels take the raised limit in their own CompilerParams, so it survives a
         # caller's jax.jit (a jit's compiler_options would only be accepted at the top level)
         kernel = make_splash(mask, tokens=tokens, heads=heads, q_len=q_len, kv_len=kv_len,
@@ -122,10 +122,10 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
         # block with no kept block); the series' contract is zeros, as the reference.
         run = padded(_rows_zeroed(kernel, _rows_without_keys(mask, tokens, q_len)), tokens=tokens, q_len=q_len,
                      kv_len=kv_len)
-    elif method == "dense":
+    elif not record.planned:
         forward = functools.partial(dense_flash_attention, vmem_limit_bytes=budget.forward_limit, **blocks)
         run = with_backward(lambda q, k, v, residuals: forward(q, k, v, residuals=residuals), None,
-                            backward_limits=budget.backward_limits, stage="dense", keep=_not_padding(tokens),
+                            backward_limits=budget.backward_limits, stage=record.stage, keep=_not_padding(tokens),
                             **blocks)
     else:
         keep = kernel_mask.kernel_predicate(block_q, block_kv)

@@ -47,6 +47,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, KernelTables, schedule_entry
+from svg_lib.methods import METHODS
 from svg_lib.kernels.forward import MASK_VALUE, MAX_UNROLLED_CHUNKS, NN, NT, clear_tail, dot, token_ids
 
 TN = (((0,), (0,)), ((), ()))  # dot_general dimensions of a^T @ b: contract both operands' first dims
@@ -116,7 +117,7 @@ def _dkv_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, *, k
 
 def _visit(stage, cls, tile):
     """Run `tile(masked)` for a step of class `cls`, the forward's way for `stage`."""
-    if stage == "b1":  # every visited tile masks
+    if METHODS[stage].masks_full_tiles:  # B1: every visited tile masks
         pl.when(cls != EMPTY)(functools.partial(tile, True))
     else:              # B2, B3 (and dense): FULL tiles mask-free
         pl.when(cls == FULL)(functools.partial(tile, False))

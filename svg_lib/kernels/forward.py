@@ -62,6 +62,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, schedule_entry
 from svg_lib.kernels.refs import KernelRefs
+from svg_lib.methods import PLANNED_METHODS, check_method
 
 # A finite "minus infinity": exp(MASK_VALUE - m) is exactly 0 for any real score m, and
 # unlike -inf it never produces inf - inf = nan in a row that has seen no kept key yet.
@@ -431,8 +432,7 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
     gives an order that balances the kinds between them (`routing.balanced_order`) without
     moving any array.
     """
-    if stage not in ("b1", "b2", "b3"):
-        raise ValueError(f"stage must be 'b1', 'b2' or 'b3', got {stage!r}")
+    record = check_method(stage, PLANNED_METHODS, what="block-sparse stage")
     keeps = keep if isinstance(keep, tuple) else (keep,)
     heads, q_tokens, head_dim = q.shape
     tokens = k.shape[1]
@@ -478,7 +478,7 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
         def _():
             init_state(m_ref, l_ref, acc_ref, flag_ref)
 
-        if stage == "b1":  # B1: skip empty tiles, but mask every visited one
+        if record.masks_full_tiles:  # B1: skip empty tiles, but mask every visited one
             pl.when(cls != EMPTY)(masked_tile)
         else:              # B2, B3: a full tile takes the mask-free path
             pl.when(cls == FULL)(lambda: tile(None))

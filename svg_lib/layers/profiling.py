@@ -14,11 +14,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from svg_lib.attention import b3_mask
 from svg_lib.core.planner import EMPTY, PARTIAL, plan_tiles
 from svg_lib.core.svg_masks import TemporalMask
 from svg_lib.kernels.reference import bound_test, check_qkv, masked_softmax_times_v
 from svg_lib.layers.routing import check_spatial_mask
+from svg_lib.methods import PLANNED_METHODS, check_method
 
 
 class HeadProfile(NamedTuple):
@@ -90,19 +90,18 @@ def bound_pass_rate(q, k, mask=None, *, method: str = "dense", block_q: int, blo
     masked there as that stage masks it. Query tiles that visit no key tile run no test and are
     left out."""
     heads, tokens, _ = check_qkv(q, k, k)
-    if method == "dense" or mask is None:
+    record = check_method(method, ("dense",) + PLANNED_METHODS)
+    if record.dense or mask is None:
         tested = np.ones(-(-tokens // block_q), bool)
         passed = bound_test(q, k, block_q=block_q, block_kv=block_kv)
-    elif method in ("b1", "b2", "b3"):
-        kernel_mask = b3_mask(mask, block_q, block_kv) if method == "b3" else mask
+    else:
+        kernel_mask = record.computed_mask(mask, block_q, block_kv)
         plan = plan_tiles(kernel_mask, block_q, block_kv)
         first = plan.step_class[:, 0]
-        masked = first != EMPTY if method == "b1" else first == PARTIAL
+        masked = first != EMPTY if record.masks_full_tiles else first == PARTIAL
         passed = bound_test(q, k, block_q=block_q, block_kv=block_kv, first_kv=plan.kv_index[:, 0],
                             keep=(kernel_mask.kernel_predicate(block_q, block_kv), masked))
         tested = first != EMPTY
-    else:
-        raise ValueError(f"method must be 'dense', 'b1', 'b2' or 'b3', got {method!r}")
     if not tested.any():
         raise ValueError("no query tile visits a key tile under this mask: there is no test to count")
     return passed[:, tested].mean(axis=1)

@@ -34,6 +34,7 @@ from svg_lib.kernels.forward import block_sparse_attention
 from svg_lib.kernels.reference import check_qkv
 from svg_lib.memory.smem import check_schedule_fits, schedule_smem
 from svg_lib.memory.vmem import check_fits, estimate_vmem
+from svg_lib.methods import PLANNED_METHODS, check_method
 from svg_lib.problem import check_block_kv_compute
 from svg_lib.runtime import (check_head_split, default_interpret, detect_runtime, head_split_devices, run_split,
                              shard_heads)
@@ -191,15 +192,14 @@ def megacore_balance(mask: SVGMask, is_temporal, *, method: str = "b2", block_q:
     per core], "balance": mean / max of visited}}; balance 1.0 means both cores finish together.
     """
     mask = check_spatial_mask(mask)
-    if method not in ("b1", "b2", "b3"):
-        raise ValueError(f"the in-kernel layer runs 'b1', 'b2' or 'b3', got {method!r}")
+    record = check_method(method, PLANNED_METHODS, what="in-kernel layer method")
     flags = np.asarray(is_temporal)
     if flags.dtype != bool or flags.ndim != 1:
         raise TypeError(f"is_temporal must be a 1-D bool array (True = temporal head), got {flags.dtype} "
                         f"shaped {flags.shape}")
-    plans = [plan_kind(mask, kind, block_q, block_kv, rounded=method == "b3") for kind in (0, 1)]
+    plans = [plan_kind(mask, kind, block_q, block_kv, rounded=record.computes == "tile_aligned") for kind in (0, 1)]
     per_head = {name: {"visited": int(p.visited.sum()),   # b1 masks every tile it visits
-                       "masked": int((p.visited if method == "b1" else p.needs_mask).sum())}
+                       "masked": int((p.visited if record.masks_full_tiles else p.needs_mask).sum())}
                 for name, p in zip(("spatial", "temporal"), plans)}
 
     def split(order):
@@ -307,8 +307,7 @@ def build_svg_attention_in_kernel(mask: SVGMask, *, method: str = "b2", heads: i
         return jax.jit(shard_heads(local, devices, heads, per_head=1))
 
     mask = check_spatial_mask(mask, tokens)
-    if method not in ("b1", "b2", "b3"):
-        raise ValueError(f"the in-kernel layer runs the block-sparse stages 'b1', 'b2' or 'b3', got {method!r}")
+    record = check_method(method, PLANNED_METHODS, what="in-kernel layer method")
     block_q = check_block_size("block_q", block_q)
     block_kv = check_block_size("block_kv", block_kv)
     block_kv_compute = check_block_kv_compute(block_kv, block_kv_compute, block_q)
@@ -316,7 +315,7 @@ def build_svg_attention_in_kernel(mask: SVGMask, *, method: str = "b2", heads: i
     interpret = default_interpret() if interpret is None else interpret
 
     def kind_plans(bq, bkv):  # kind 0 = spatial, kind 1 = temporal
-        return [plan_kind(mask, kind, bq, bkv, rounded=method == "b3") for kind in (0, 1)]
+        return [plan_kind(mask, kind, bq, bkv, rounded=record.computes == "tile_aligned") for kind in (0, 1)]
 
     if balance_cores is None:
         balance_cores = heads % 2 == 0 and megacore_chip()

@@ -66,6 +66,7 @@ from svg_lib.core.masks import TileAlignedMask
 from svg_lib.core.svg_masks import SVGMask
 from svg_lib.core.planner import plan_tiles
 from svg_lib.environment import installed_version
+from svg_lib.methods import PLANNED_METHODS, check_method
 from svg_lib.memory.vmem import tpu_memory
 
 KiB, MiB = 2**10, 2**20
@@ -260,7 +261,7 @@ def smem_table(geometries: dict, density: float = 0.35, blocks=((512, 512), (332
         mask = SVGMask.spatial(geometry, density)
         for bq, bkv in blocks:
             for method in methods:
-                plan = plan_tiles(mask.tile_aligned(bq, bkv) if method == "b3" else mask, bq, bkv)
+                plan = plan_tiles(check_method(method, PLANNED_METHODS).computed_mask(mask, bq, bkv), bq, bkv)
                 forms = schedule_forms(1, plan.grid[0], plan.steps, generation)
                 row = {"geometry": name, "tokens": geometry.tokens, "block_q": bq, "block_kv": bkv,
                        "method": method, "rows": plan.grid[0], "steps": plan.steps}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from svg_lib.core.planner import FULL, PARTIAL
+from svg_lib.methods import BASELINE
 from svg_lib.teaching.plots import TILE_COLORS, _new_axes
 
 
@@ -68,9 +69,9 @@ def plot_speedups(result, ax=None):
     """
     fig, ax = _new_axes(ax, figsize=(8, 4.2))
     rows = list(result.rows)
-    if "splash_dense" not in [r["method"] for r in rows]:
-        raise ValueError("plot_speedups needs 'splash_dense' (B0) among the benchmark's methods: speed-ups are over it")
-    blog_b0 = next(r["blog_v6e_ms"] for r in rows if r["method"] == "splash_dense")
+    if BASELINE not in [r["method"] for r in rows]:
+        raise ValueError(f"plot_speedups needs {BASELINE!r} (B0) among the benchmark's methods: speed-ups are over it")
+    blog_b0 = next(r["blog_v6e_ms"] for r in rows if r["method"] == BASELINE)
     x = np.arange(len(rows))
     ours = np.array([r["speedup"] for r in rows], dtype=float)
     blog = [None if r["blog_v6e_ms"] is None or blog_b0 is None else blog_b0 / r["blog_v6e_ms"] for r in rows]

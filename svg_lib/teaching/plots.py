@@ -14,6 +14,7 @@ import numpy as np
 
 from svg_lib.core.masks import Mask
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, TilePlan, plan_tiles
+from svg_lib.methods import PLANNED_METHODS, check_method
 
 # One colour per tile class (colour-blind safe): skipped work is pale, masked work stands out.
 TILE_COLORS = {EMPTY: "#ececec", PARTIAL: "#e69f00", FULL: "#0072b2"}
@@ -144,9 +145,7 @@ def stage_classes(plan: TilePlan, stage: str = "b2") -> np.ndarray:
     B3 take the mask-free path on FULL tiles, so their classes are the plan's own (for B3, pass
     the plan of the tile-aligned mask).
     """
-    if stage not in ("b1", "b2", "b3"):
-        raise ValueError(f"stage must be 'b1', 'b2' or 'b3', got {stage!r}")
-    if stage == "b1":
+    if check_method(stage, PLANNED_METHODS, what="stage").masks_full_tiles:
         return np.where(plan.visited, PARTIAL, EMPTY).astype(np.int8)
     return plan.classes
 

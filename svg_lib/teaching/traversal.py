@@ -22,11 +22,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from svg_lib.attention import b3_mask, build_attention
+from svg_lib.attention import build_attention
+from svg_lib.methods import METHODS, PLANNED_METHODS, check_method
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, TilePlan, plan_tiles
 from svg_lib.teaching.plots import _legend_handles, plot_tile_map
 
-TRACE_METHODS = ("b1", "b2", "b3")
+TRACE_METHODS = PLANNED_METHODS
 STEP_KINDS = ("idle", "full", "partial")  # what a step computes: nothing, mask-free, masked
 # A recorded run simulates TPU memory and DMAs for every grid step: keep it to toy sizes.
 RECORD_LIMIT_STEPS = 256
@@ -81,10 +82,7 @@ class GridTrace(list):
 
 
 def _check_method(method: str) -> str:
-    if method not in TRACE_METHODS:
-        raise ValueError(f"method must be one of {', '.join(TRACE_METHODS)} (the block-sparse kernels "
-                         f"that follow a schedule), got {method!r}")
-    return method
+    return check_method(method, TRACE_METHODS, what="method (a block-sparse kernel that follows a schedule)").name
 
 
 def kernel_plan(plan: TilePlan, method: str) -> TilePlan:
@@ -92,16 +90,14 @@ def kernel_plan(plan: TilePlan, method: str) -> TilePlan:
     _check_method(method)
     if not isinstance(plan, TilePlan):
         raise TypeError(f"expected a TilePlan (from plan_tiles(mask, block_q, block_kv)), got {type(plan).__name__}")
-    if method != "b3":
-        return plan
-    aligned = b3_mask(plan.mask, plan.block_q, plan.block_kv)
+    aligned = METHODS[method].computed_mask(plan.mask, plan.block_q, plan.block_kv)
     return plan if aligned is plan.mask else plan_tiles(aligned, plan.block_q, plan.block_kv)
 
 
 def _step_kind(method: str, step_class: int) -> str:
     if step_class == EMPTY:
         return "idle"
-    if method == "b1":
+    if METHODS[method].masks_full_tiles:
         return "partial"  # B1 evaluates the mask on every visited tile, full or not
     return "full" if step_class == FULL else "partial"
 
@@ -195,7 +191,7 @@ def plot_traversal(plan: TilePlan, method: str, ax=None, row_order=None, title: 
     trace = grid_trace(plan, method, row_order=row_order)
     run = trace.plan
     shown = run
-    if method == "b1":  # what B1 does: every visited tile runs the elementwise mask
+    if METHODS[method].masks_full_tiles:  # what B1 does: every visited tile runs the elementwise mask
         classes = np.where(run.visited, PARTIAL, EMPTY).astype(np.int8)
         shown = dataclasses.replace(run, classes=classes, _stats=None)
     if ax is None:

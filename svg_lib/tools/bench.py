@@ -30,6 +30,9 @@ import time
 from dataclasses import dataclass
 
 from svg_lib.attention import METHODS, b3_mask, build_attention
+from svg_lib.methods import BASELINE, BLOG_SWEEP_METHOD, check_method
+from svg_lib.methods import METHODS as METHODS_TABLE
+from svg_lib.methods import check_methods as table_check_methods
 from svg_lib.core.masks import DENSE_LIMIT_TOKENS
 from svg_lib.core.planner import plan_tiles
 from svg_lib.kernels.reference import masked_softmax_times_v, reference_attention
@@ -49,7 +52,7 @@ def blog_figure(config: BenchConfig, method: str) -> float | None:
     The figures are for the blog's own configuration (BQ 3328, BKV 1536); for B2 on the
     blog's problem with BKV 1536 and a BQ from its sweep, the sweep's figure is used.
     """
-    if method == "b2" and config.is_blog_problem and config.block_kv == 1536:
+    if method == BLOG_SWEEP_METHOD and config.is_blog_problem and config.block_kv == 1536:
         if config.block_q in BLOG_SWEEP_V6E_MS:
             return BLOG_SWEEP_V6E_MS[config.block_q]
     return BLOG_V6E_MS.get(method)
@@ -65,19 +68,20 @@ def method_tiles(config: BenchConfig, method: str, plan=None, b3_plan=None) -> d
     """
     n, bq, bkv = config.tokens, config.block_q, config.block_kv
     nq, nk = -(-n // bq), -(-n // bkv)
-    if method == "reference":
+    record = check_method(method)
+    if not record.pallas:
         return {"tiles_total": nq * nk, "tiles_visited": None, "tiles_masked": None, "grid_steps": None}
-    if method in ("dense", "splash_dense"):
+    if record.dense:
         padded = nk * bkv != n
         return {"tiles_total": nq * nk, "tiles_visited": nq * nk, "tiles_masked": nq if padded else 0,
                 "grid_steps": nq * nk}
-    if method == "b3":
-        p = b3_plan or plan_tiles(b3_mask(config.mask(), bq, bkv), bq, bkv)
+    if record.computes == "tile_aligned":
+        p = b3_plan or plan_tiles(record.computed_mask(config.mask(), bq, bkv), bq, bkv)
     else:
         p = plan or plan_tiles(config.mask(), bq, bkv)
     visited = int(p.visited.sum())
     # B1 masks every visited tile, and so does Splash when its mask is a predicate
-    masks_all = method == "b1" or (method == "splash" and splash_mask_form(config.mask(), n, nk * bkv) == "computable")
+    masks_all = record.masks_full_tiles or (record.splash and splash_mask_form(config.mask(), n, nk * bkv) == "computable")
     masked = visited if masks_all else int(p.needs_mask.sum())
     return {"tiles_total": nq * nk, "tiles_visited": visited, "tiles_masked": masked,
             "grid_steps": nq * p.steps}
@@ -92,15 +96,16 @@ def backward_steps(config: BenchConfig, method: str, plan=None, b3_plan=None) ->
     """
     n, bq, bkv = config.tokens, config.block_q, config.block_kv
     nq, nk = -(-n // bq), -(-n // bkv)
-    if method not in ("dense", "b1", "b2", "b3"):
+    record = check_method(method)
+    if not record.backward:
         return None
     p = None
-    if method == "b3":
-        p = b3_plan or plan_tiles(b3_mask(config.mask(), bq, bkv), bq, bkv)
-    elif method != "dense":
+    if record.computes == "tile_aligned":
+        p = b3_plan or plan_tiles(record.computed_mask(config.mask(), bq, bkv), bq, bkv)
+    elif record.planned:
         p = plan or plan_tiles(config.mask(), bq, bkv)
     fused = backward_form(config, method, p) == "fused"
-    if method == "dense":
+    if not record.planned:
         return nq * nk * (1 if fused else 2)
     transposed = nk * p.transposed_tables[0].shape[1]
     return transposed if fused else nq * p.steps + transposed
@@ -118,14 +123,7 @@ def backward_form(config: BenchConfig, method: str, plan=None) -> str:
 
 def check_methods(methods) -> tuple[str, ...]:
 
-    if isinstance(methods, str):
-        methods = (methods,)
-    methods = tuple(methods)
-    if not methods:
-        raise ValueError(f"give at least one method; choose from {', '.join(METHODS)}")
-    bad = [m for m in methods if m not in METHODS]
-    if bad:
-        raise ValueError(f"unknown method(s) {', '.join(map(repr, bad))}; choose from {', '.join(METHODS)}")
+    return table_check_methods((methods,) if isinstance(methods, str) else methods)
     if len(set(methods)) != len(methods):
         raise ValueError(f"methods repeat: {', '.join(methods)}; list each once")
     return methods
@@ -239,7 +237,7 @@ def run_benchmark(config: BenchConfig, methods=DEFAULT_METHODS, *, repeats: int 
                         argnums=(0, 1, 2))
 
     def reference_for(method, kind="out"):
-        which = "none" if method in ("dense", "splash_dense") else ("b3" if method == "b3" else "exact")
+        which = {"all": "none", "tile_aligned": "b3", "exact": "exact"}[METHODS_TABLE[method].computes]
         if (which, kind) not in references:
             ref_mask = {"none": None, "exact": mask, "b3": aligned}[which]
             f32 = [x.astype(jnp.float32) for x in (q, k, v)]
@@ -310,7 +308,7 @@ def run_benchmark(config: BenchConfig, methods=DEFAULT_METHODS, *, repeats: int 
                      f"call{'s' if repeats != 1 else ''}; build {build_s:.2f} s, compile {compile_s:.2f} s{err}{train}")
 
     for key, speedup in (("median_ms", "speedup"), ("train_median_ms", "train_speedup")):
-        base = next((r.get(key) for r in rows if r["method"] == "splash_dense"), None)
+        base = next((r.get(key) for r in rows if r["method"] == BASELINE), None)
         if base is not None:
             for r in rows:
                 r[speedup] = base / r[key]

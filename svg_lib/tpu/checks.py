@@ -19,6 +19,7 @@ from svg_lib.kernels.backward import attention_dkv, attention_dq, attention_fuse
 from svg_lib.kernels.forward import block_sparse_attention, dense_flash_attention
 from svg_lib.kernels.splash import _block_mask, _computable_mask, _splash, with_vmem_limit
 from svg_lib.memory.vmem import SPLASH_METHODS, KiB, MiB, VmemEstimate, estimate_vmem, tpu_memory
+from svg_lib.methods import METHODS
 from svg_lib.tpu.compiler import compile_fn
 from svg_lib.tpu.errors import classify_error, first_lines
 
@@ -111,13 +112,14 @@ def _check_kernel(estimate: VmemEstimate, limit: int | None):
 
     if ":" in e.method:
         return _backward_check_kernel(e, limit, tokens), shapes
-    if e.method == "dense":
+    record = METHODS.get(e.method)
+    if record is not None and record.dense and not record.splash:
         return (lambda q, k, v: dense_flash_attention(q, k, v, block_q=bq, block_kv=bkv, block_kv_compute=c,
                                                       interpret=False, vmem_limit_bytes=limit)), shapes
-    if e.method in ("b1", "b2", "b3"):
+    if record is not None and record.planned:
         import numpy as np
 
-        classes = [[PARTIAL, PARTIAL], [PARTIAL, PARTIAL]] if e.method == "b1" else [[FULL, PARTIAL], [PARTIAL, FULL]]
+        classes = [[PARTIAL, PARTIAL], [PARTIAL, PARTIAL]] if record.masks_full_tiles else [[FULL, PARTIAL], [PARTIAL, FULL]]
         schedule = jnp.asarray(pack_schedule(np.array([[0, 1], [0, 1]]), np.array(classes)))
         head_kind = jnp.zeros((1,), jnp.int32)
         return (lambda q, k, v: block_sparse_attention(q, k, v, head_kind, schedule, steps=2, stage=e.method,
@@ -145,8 +147,9 @@ def _backward_check_kernel(e: VmemEstimate, limit: int | None, tokens: int):
 
     stage, _, which = e.method.partition(":")
     bq, bkv, c = e.block_q, e.block_kv, e.block_kv_compute
-    classes = np.array([[PARTIAL, PARTIAL], [PARTIAL, PARTIAL]] if stage == "b1" else [[FULL, PARTIAL], [PARTIAL, FULL]])
-    schedule = None if stage == "dense" else jnp.asarray(pack_schedule(np.array([[0, 1], [0, 1]]), classes))
+    classes = np.array([[PARTIAL, PARTIAL], [PARTIAL, PARTIAL]] if METHODS[stage].masks_full_tiles
+                       else [[FULL, PARTIAL], [PARTIAL, FULL]])
+    schedule = None if not METHODS[stage].planned else jnp.asarray(pack_schedule(np.array([[0, 1], [0, 1]]), classes))
 
     def keep(q_ids, k_ids):
         return (abs(q_ids - k_ids) <= bkv) & (k_ids < tokens)

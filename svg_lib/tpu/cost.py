@@ -38,6 +38,7 @@ from pathlib import Path
 
 from svg_lib import cache as cache_files  # `cache` is a parameter name here
 from svg_lib.attention import b3_mask
+from svg_lib.methods import BASELINE, METHODS, check_method
 from svg_lib.chips import check_target
 from svg_lib.core.masks import check_block_size
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles
@@ -413,7 +414,7 @@ def filled_from(cost: TileCost, fallback: TileCost | None = None, *, padding_as_
 
 # -- the cost model from the plan -------------------------------------------------------------
 
-MODEL_METHODS = ("splash_dense", "dense", "b1", "b2", "b3")
+MODEL_METHODS = ("splash_dense", "dense", "b1", "b2", "b3")  # the methods the probes price
 # the case study's measured ratios to B0 (one v6e, its problem and blocks), for comparison only
 BLOG_RATIOS = {"splash_dense": 1.0, "b1": 96.37 / 78.70, "b2": 54.12 / 78.70, "b3": 32.76 / 78.70}
 
@@ -427,26 +428,34 @@ def step_kinds(method: str, plan=None, b3_plan=None, *, tokens: int | None = Non
     predicate; b2: full tiles free, partial tiles masked; b3: the tile-aligned plan, whose
     masked tiles mask only key padding. Idle steps pad each row to the plan's `steps`.
     """
-    if method in ("splash_dense", "dense"):
+    record = check_method(method, MODEL_METHODS, what="method of the cost model")
+    if not record.planned:  # every tile
         p = plan if plan is not None else b3_plan
         nq, nk = p.classes.shape
         padded = nk * p.block_kv != p.mask.tokens
-        if method == "splash_dense":  # padded keys make Splash's mask blocks (kernels.splash.splash_mask)
+        if record.splash:  # padded keys make Splash's mask blocks (kernels.splash.splash_mask)
             return {"rows": nq, BLOCKS_KIND if padded else "free": nq * nk}
         return {"rows": nq, "free": nq * (nk - padded), "padding_masked": nq * padded}
-    p = b3_plan if method == "b3" else plan
+    sc = _plan_of(record, plan, b3_plan).step_class
+    return {"rows": sc.shape[0], **_kinds(record.full_step, int((sc == FULL).sum()), record.partial_step,
+                                          int((sc == PARTIAL).sum()), int((sc == EMPTY).sum()))}
+
+
+def _plan_of(record, plan, b3_plan):
+    """The plan `record`'s kernel walks: the exact mask's, or B3's of the tile-aligned mask."""
+    p = b3_plan if record.computes == "tile_aligned" else plan
     if p is None:
-        raise ValueError(f"{method} needs its plan (plan_tiles of the {'tile-aligned' if method == 'b3' else 'exact'} mask)")
-    sc = p.step_class
-    full, partial, idle = int((sc == FULL).sum()), int((sc == PARTIAL).sum()), int((sc == EMPTY).sum())
-    nq = sc.shape[0]
-    if method == "b1":
-        return {"rows": nq, "svg_masked": full + partial, "idle": idle}
-    if method == "b2":
-        return {"rows": nq, "free": full, "svg_masked": partial, "idle": idle}
-    if method == "b3":
-        return {"rows": nq, "free": full, "padding_masked": partial, "idle": idle}
-    raise ValueError(f"unknown method {method!r}; the model knows {MODEL_METHODS}")
+        raise ValueError(f"{record.name} needs its plan (plan_tiles of the "
+                         f"{'tile-aligned' if record.computes == 'tile_aligned' else 'exact'} mask)")
+    return p
+
+
+def _kinds(full_kind, full, partial_kind, partial, idle) -> dict:
+    """Step counts by body kind (a FULL and a PARTIAL tile may run the same body: B1's)."""
+    out = {full_kind: full}
+    out[partial_kind] = out.get(partial_kind, 0) + partial
+    out["idle"] = idle
+    return out
 
 
 def check_pass_rate(pass_rate: float) -> float:
@@ -477,7 +486,7 @@ def model_cycles(method: str, cost: TileCost, plan=None, b3_plan=None, heads: in
     the activations, which a plan does not know: 1 prices every tile at the bounded body, 0 at the
     failing one (`failing_delta` more per body step). Splash has no bound: its cost does not move."""
     kinds = step_kinds(method, plan, b3_plan)
-    kernel = "splash" if method == "splash_dense" else "svg_lib"
+    kernel = check_method(method, MODEL_METHODS, what="method of the cost model").family
     per_step = cost.per_step[kernel]
     missing = [k for k in kinds if k not in ("rows", *per_step)]
     if missing:
@@ -507,8 +516,8 @@ def cost_model(problem, costs, *, block_q: int | None = None, block_kv: int | No
     plan = plan_tiles(mask, block_q, block_kv)
     b3_plan = plan_tiles(b3_mask(mask, block_q, block_kv), block_q, block_kv)
     out = {m: model_cycles(m, costs, plan, b3_plan, heads, pass_rate) for m in methods}
-    if "splash_dense" in out:
-        out.update({f"{m}/b0": out[m] / out["splash_dense"] for m in methods})
+    if BASELINE in out:
+        out.update({f"{m}/b0": out[m] / out[BASELINE] for m in methods})
     return out
 
 
@@ -520,21 +529,15 @@ def backward_step_kinds(method: str, plan=None, b3_plan=None) -> dict:
     padded with idle steps to the longest. Dense and splash_dense: every tile, no idle step. B3's
     masked tiles mask only key padding, priced here as SVG-masked ones (the probe there is; an upper
     bound, on a handful of tiles)."""
-    if method in ("splash_dense", "dense"):
+    record = check_method(method, MODEL_METHODS, what="method of the cost model")
+    if not record.planned:
         p = plan if plan is not None else b3_plan
         nq, nk = p.classes.shape
         return {"free": nq * nk}
-    p = b3_plan if method == "b3" else plan
-    if p is None:
-        raise ValueError(f"{method} needs its plan (plan_tiles of the {'tile-aligned' if method == 'b3' else 'exact'} mask)")
-    q_index, step_class, _ = p.transposed_tables
-    full, partial = int((step_class == FULL).sum()), int((step_class == PARTIAL).sum())
-    idle = int((step_class == EMPTY).sum())
-    if method == "b1":
-        return {"svg_masked": full + partial, "idle": idle}
-    if method in ("b2", "b3"):
-        return {"free": full, "svg_masked": partial, "idle": idle}
-    raise ValueError(f"unknown method {method!r}; the model knows {MODEL_METHODS}")
+    _, step_class, _ = _plan_of(record, plan, b3_plan).transposed_tables
+    # the backward's only masked probe is the SVG predicate's: B3's padding tiles are priced at it
+    return _kinds(record.full_step, int((step_class == FULL).sum()), "svg_masked", int((step_class == PARTIAL).sum()),
+                  int((step_class == EMPTY).sum()))
 
 
 def training_model(problem, forward: TileCost, backward: "BackwardCost", *, block_q: int | None = None,
@@ -564,7 +567,7 @@ def training_model(problem, forward: TileCost, backward: "BackwardCost", *, bloc
     idle = forward.per_step["svg_lib"]["idle"]
     out = {}
     for m in methods:
-        kernel = "splash_fused" if m == "splash_dense" else "svg_lib_fused"
+        kernel = f"{METHODS[m].family}_fused"
         per_step = {**backward.per_step[kernel], "idle": idle}
         missing = [k for k in backward_step_kinds(m, plan, b3_plan) if k not in per_step]
         if missing:
@@ -572,8 +575,8 @@ def training_model(problem, forward: TileCost, backward: "BackwardCost", *, bloc
                              f"(backward_tile_cost(..., kinds=('free', 'svg_masked')))")
         bwd = heads * sum(n * per_step[k] for k, n in backward_step_kinds(m, plan, b3_plan).items())
         out[m] = {"forward": fwd[m], "backward": bwd, "total": fwd[m] + bwd}
-    if "splash_dense" in out:
-        b0 = out["splash_dense"]
+    if BASELINE in out:
+        b0 = out[BASELINE]
         out["ratios"] = {m: {part: out[m][part] / b0[part] for part in b0} for m in methods}
     return out
 

@@ -19,6 +19,7 @@ import numpy as np
 from svg_lib.attention import build_attention
 from svg_lib.chips import check_target
 from svg_lib.layers.multichip import plain_shape, build_sharded_svg_attention, hlo_collectives
+from svg_lib.methods import check_method
 from svg_lib.problem import get_preset
 from svg_lib.runtime import chip_devices
 from svg_lib.tpu.compiler import compile_only_topology, compile_placed
@@ -180,7 +181,7 @@ def compile_split_attention(config=None, *, method: str = "b3", split: bool = Tr
         raise ValueError(f"{topology} shows one device per chip ({spec.device_kind}); the split needs a chip whose "
                          f"TensorCores are separate devices (v7x). Use split=False")
     devices = devices if split else devices[:1]
-    mask = None if method in ("dense", "splash_dense") else config.mask()
+    mask = None if check_method(method).dense else config.mask()
     f = build_attention(mask, method=method, heads=config.heads, tokens=config.tokens, head_dim=config.head_dim,
                         dtype=config.dtype, block_q=config.block_q, block_kv=config.block_kv,
                         block_kv_compute=config.block_kv_compute, interpret=False, generation=spec.name,

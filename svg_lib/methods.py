@@ -1,0 +1,114 @@
+"""The series' methods, one record each: the only place that knows what a method's name means.
+
+Every other module asks this table (`METHODS`, `method(name)`, `check_method`) what a method
+runs, whether it takes a mask, which mask its kernel computes at given tiles, how its VMEM is
+estimated and which bodies its grid steps run, instead of comparing names. A new stage is a new
+record here plus its kernel (ARCHITECTURE.md, "Where a change goes").
+
+The step kinds name the tile bodies the cost model prices (`svg_lib.tpu.cost`, from the probes):
+"free" (mask-free), "svg_masked" (the mask's predicate on every element), "padding_masked" (only the
+keys past the end), "blocks" (Splash's block-mask path), "idle" (a step that fetches and computes
+nothing).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Method:
+    """One method of the series.
+
+    name: what `attention(..., method=name)` takes. label: how tables and plots name it (the case
+    study's stage names). family: "reference" (float32 jnp), "svg_lib" (the series' Pallas kernels),
+    "splash" (JAX's Splash attention). stage: the svg_lib kernel's schedule stage ("dense", "b1",
+    "b2", "b3"), None for the others. needs_mask: refuses to run without a mask. computes: the pairs
+    its kernel computes, "all" (dense attention), "exact" (the mask as given) or "tile_aligned" (the
+    mask rounded to whole tiles, `Mask.tile_aligned`). full_step / partial_step: the body a FULL /
+    PARTIAL tile of its plan runs (None: not a planned method). backward: whether the series has a
+    backward kernel of its own for it (`svg_lib.kernels.backward`).
+    """
+
+    name: str
+    label: str
+    family: str
+    stage: str | None
+    needs_mask: bool
+    computes: str
+    full_step: str | None = None
+    partial_step: str | None = None
+    backward: bool = False
+
+    @property
+    def pallas(self) -> bool:
+        """A Pallas kernel (lowered and compiled for a TPU; `reference` is plain jnp)."""
+        return self.family != "reference"
+
+    @property
+    def splash(self) -> bool:
+        return self.family == "splash"
+
+    @property
+    def planned(self) -> bool:
+        """Walks a planner schedule (B1-B3): its cost follows the plan's tile classes."""
+        return self.full_step is not None
+
+    @property
+    def masks_full_tiles(self) -> bool:
+        """Evaluates the mask even on tiles it keeps whole (B1's cost: the naive kernel)."""
+        return self.full_step is not None and self.full_step != "free"
+
+    @property
+    def dense(self) -> bool:
+        """Computes every pair (the baselines): it ignores any mask."""
+        return self.computes == "all"
+
+    def computed_mask(self, mask, block_q: int, block_kv: int):
+        """The mask whose pairs the kernel computes at `block_q` x `block_kv`: None for dense
+        attention, `mask` for an exact method, `mask.tile_aligned(...)` for B3."""
+        if self.computes == "all" or mask is None:
+            return None
+        return mask.tile_aligned(block_q, block_kv) if self.computes == "tile_aligned" else mask
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("reference", "reference", "reference", None, False, "exact"),
+    Method("dense", "dense", "svg_lib", "dense", False, "all", backward=True),
+    Method("splash_dense", "B0", "splash", None, False, "all"),
+    Method("splash", "Splash", "splash", None, True, "exact"),
+    Method("b1", "B1", "svg_lib", "b1", True, "exact", "svg_masked", "svg_masked", backward=True),
+    Method("b2", "B2", "svg_lib", "b2", True, "exact", "free", "svg_masked", backward=True),
+    Method("b3", "B3", "svg_lib", "b3", True, "tile_aligned", "free", "padding_masked", backward=True),
+)}
+
+BASELINE = "splash_dense"  # B0, what the case study's speedups are against
+BLOG_SWEEP_METHOD = "b2"   # the stage the case study swept block sizes with
+
+# The method tuples other modules take their defaults from, all read off the table.
+PALLAS_METHODS = tuple(n for n, m in METHODS.items() if m.pallas)
+SPLASH_METHODS = tuple(n for n, m in METHODS.items() if m.splash)
+PLANNED_METHODS = tuple(n for n, m in METHODS.items() if m.planned)
+STAGES = tuple(m.stage for m in METHODS.values() if m.stage)          # the svg_lib kernels' stages
+MASKED_METHODS = tuple(n for n, m in METHODS.items() if m.needs_mask)
+
+
+def check_method(name, among=None, *, what: str = "method") -> Method:
+    """The record of method `name`, or a ValueError naming the bad value and the valid ones.
+
+    `among`: the names this caller accepts (default: every method)."""
+    allowed = tuple(METHODS) if among is None else tuple(among)
+    if not isinstance(name, str) or name not in allowed:
+        close = [m for m in allowed if isinstance(name, str) and m == name.lower()]
+        hint = f" (names are lower case: {close[0]!r})" if close else ""
+        raise ValueError(f"unknown {what} {name!r}{hint}; choose one of {', '.join(allowed)}")
+    return METHODS[name]
+
+
+def check_methods(names, among=None, *, what: str = "method") -> tuple:
+    """`check_method` for each of `names` (a tuple of method names), returned as a tuple of names."""
+    names = tuple(names)
+    if not names:
+        raise ValueError(f"give at least one {what}; choose from {', '.join(METHODS if among is None else among)}")
+    for name in names:
+        check_method(name, among, what=what)
+    return names
