@@ -122,8 +122,8 @@ def backward_form(config: BenchConfig, method: str, plan=None) -> str:
 
 
 def check_methods(methods) -> tuple[str, ...]:
-
-    return table_check_methods((methods,) if isinstance(methods, str) else methods)
+    """`methods` (a name or several) as a tuple, each a known method listed once."""
+    methods = table_check_methods((methods,) if isinstance(methods, str) else methods)
     if len(set(methods)) != len(methods):
         raise ValueError(f"methods repeat: {', '.join(methods)}; list each once")
     return methods
