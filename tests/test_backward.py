@@ -8,7 +8,6 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 from svg_lib import attention, b3_mask, plan_tiles, reference_attention
-from svg_lib.core.planner import dense_classes
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.svg_masks import SVGMask
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, schedule_rows, unpack_schedule
@@ -215,17 +214,6 @@ def test_schedule_rows_of_a_column_with_nothing_idles_on_the_resident_tile():
     assert (step_class[1] == EMPTY).all()
 
 
-def test_dense_classes_mask_only_the_key_padding():
-    classes = dense_classes(315, 128, 256)
-    assert classes.shape == (3, 2)
-    assert (classes[:, 0] == FULL).all() and (classes[:, 1] == PARTIAL).all()
-    assert (dense_classes(512, 128, 256) == FULL).all()
-
-
-@needs_race_state
-@pytest.mark.tpu_interpreter
-@pytest.mark.parametrize("method, backward", [("dense", "fused"), ("b2", "fused"), ("b3", "fused"),
-                                              ("dense", "split"), ("b3", "split")])
 def test_backward_kernels_have_no_races(method, backward):
     """Under the interpreter that simulates a TPU's memory, DMAs and semaphores: the fused kernel's
     copy of dq to HBM included."""

@@ -138,26 +138,6 @@ class KernelTables:
     steps_t: int
 
 
-def kernel_tables(classes: np.ndarray) -> KernelTables:
-    """`KernelTables` of an int8 `[nq, nk]` table of tile classes (a plan's, or `dense_classes`)."""
-    classes = np.asarray(classes)
-    index, step_class, _ = schedule_rows(classes)
-    index_t, step_class_t, _ = schedule_rows(classes.T)
-    return KernelTables(tuple(int(n) for n in classes.shape), pack_schedule(index, step_class), index.shape[1],
-                        pack_schedule(index_t, step_class_t), index_t.shape[1])
-
-
-def dense_classes(tokens: int, block_q: int, block_kv: int) -> np.ndarray:
-    """int8 `[nq, nk]` tile classes of dense attention: every tile FULL but those reaching into
-    key padding, PARTIAL (their padded keys are masked), as the dense kernels treat them."""
-    block_q = check_block_size("block_q", block_q)
-    block_kv = check_block_size("block_kv", block_kv)
-    nq, nk = -(-tokens // block_q), -(-tokens // block_kv)
-    classes = np.full((nq, nk), FULL, np.int8)
-    classes[:, (np.arange(1, nk + 1) * block_kv) > tokens] = PARTIAL
-    return classes
-
-
 def plan_tiles(mask: Mask, block_q: int, block_kv: int) -> TilePlan:
     """Classify every `block_q` x `block_kv` tile of `mask` and build its schedule tables.
 

@@ -75,7 +75,7 @@ def check_memory(method: str, *, heads: int, head_dim: int, dtype, block_q: int,
         return MemoryBudget(forward)
     smem = None if plan is None else check_schedule_fits(plan, method=method, heads=heads, generation=generation)
     if tables is None and method != "dense":  # dense's backward, like its forward, reads no table
-        raise ValueError(f"{method} needs its kernel tables (planner.kernel_tables) to check its backward")
+        raise ValueError(f"{method} needs its kernel tables (TilePlan.tables) to check its backward")
     def estimate(which):
         return estimate_vmem(f"{method}:{which}", block_q, block_kv, head_dim, dtype, block_kv_compute, generation,
                              q_len=q_len)

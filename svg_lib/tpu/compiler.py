@@ -148,11 +148,6 @@ def _compile_exported(jitted, args):
     return jax.jit(exported.call).lower(*args).compile()
 
 
-def mosaic_through_export() -> bool:
-    """True once this process compiles Mosaic kernels through jax.export (see compile_placed)."""
-    return _MOSAIC_THROUGH_EXPORT
-
-
 # -- compiling the attention kernels: a report per method and target --------------------------
 
 @dataclass(frozen=True)

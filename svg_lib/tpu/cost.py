@@ -354,21 +354,9 @@ def backward_tile_cost(target: str = "v6e", *, block_q: int, block_kv: int, bloc
 
 # -- the committed reference measurements ----------------------------------------------------
 # Compiling the probes at the blog's tiles takes many minutes on a CPU, so the series commits one
-# set of results (svg_lib/data/cost_reference.json, written by `save_reference`) that notebooks
+# set of results (svg_lib/data/cost_reference.json, written by tools/forward-reference.py) that notebooks
 # read; `tile_cost` recomputes any of them on this machine.
 REFERENCE_FILE = Path(__file__).resolve().parents[1] / "data" / "cost_reference.json"
-
-
-def save_reference(groups: dict, path: Path = REFERENCE_FILE, note: str = "") -> Path:
-    """Write `{group: [TileCost, ...]}` (e.g. "after" / "before" a kernel change) as the reference."""
-    import datetime
-
-    data = {"evidence": EVIDENCE, "date": datetime.date.today().isoformat(), "versions": versions(), "note": note,
-            "groups": {g: [{k: v for k, v in c.to_json().items() if k != "raw"} for c in costs]
-                       for g, costs in groups.items()}}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1) + "\n")
-    return path
 
 
 def load_reference(path: Path = REFERENCE_FILE) -> dict:
