@@ -214,6 +214,10 @@ def test_schedule_rows_of_a_column_with_nothing_idles_on_the_resident_tile():
     assert (step_class[1] == EMPTY).all()
 
 
+@needs_race_state
+@pytest.mark.tpu_interpreter
+@pytest.mark.parametrize("method, backward", [("dense", "fused"), ("b2", "fused"), ("b3", "fused"),
+                                              ("dense", "split"), ("b3", "split")])
 def test_backward_kernels_have_no_races(method, backward):
     """Under the interpreter that simulates a TPU's memory, DMAs and semaphores: the fused kernel's
     copy of dq to HBM included."""
