@@ -65,14 +65,14 @@ from svg_lib.layers.semantic import SemanticCentroids, SemanticPlan, semantic_at
 # pooled estimates: mean-pooled q and k per tile choose the tiles, on the device
 from svg_lib.layers.pooled import PooledPlan, pooled_attention, pooled_plan  # noqa: E402
 # compiled for TPU on this CPU by libtpu; per-tile cost simulated by the compiler
-from svg_lib.tpu.compiler import CompileReport, compile_for_tpu  # noqa: E402
-from svg_lib.tpu.sharded import (ShardedCompileReport, SplitCompileReport, compile_sharded_layer,  # noqa: E402
+from svg_lib.instruments.tpu.compiler import CompileReport, compile_for_tpu  # noqa: E402
+from svg_lib.instruments.tpu.sharded import (ShardedCompileReport, SplitCompileReport, compile_sharded_layer,  # noqa: E402
                                 compile_split_attention)
-from svg_lib.tpu.cost import TileCost, cost_model, tile_cost  # noqa: E402
+from svg_lib.instruments.tpu.cost import TileCost, cost_model, tile_cost  # noqa: E402
 # the benchmark and the block-size tuner
-from svg_lib.tools.bench import BenchResult, run_benchmark  # noqa: E402
-from svg_lib.tools.tuner import tune
-from svg_lib.tools.tune_result import TuneResult  # noqa: E402
+from svg_lib.instruments.tools.bench import BenchResult, run_benchmark  # noqa: E402
+from svg_lib.instruments.tools.tuner import tune
+from svg_lib.instruments.tools.tune_result import TuneResult  # noqa: E402
 # plots, the mask explorer, the grid traversal view
 from svg_lib.teaching.plots import (TILE_COLORS, ascii_tile_map, kept_fraction_grid, plot_mask,  # noqa: E402
                                     plot_tile_map, plot_tile_map_grid)

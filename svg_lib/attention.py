@@ -51,7 +51,7 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
     the kernels built for its share (`runtime.shard_heads`).
 
     `generation` ("v6e", "v5e", ...) is the TPU whose VMEM the kernel is planned for: None
-    means the attached TPU, or a v6e off TPU; name one to compile for another (svg_lib.tpu.compiler).
+    means the attached TPU, or a v6e off TPU; name one to compile for another (svg_lib.instruments.tpu.compiler).
     `backward` (dense, b1, b2, b3): which backward `jax.grad` runs, "fused" (dq, dk and dv in one
     kernel), "split" (a dq kernel and a dk/dv kernel), or None: fused where one head's dq fits in
     VMEM beside it (`memory.budget.check_memory`).

@@ -5,7 +5,7 @@ runs, whether it takes a mask, which mask its kernel computes at given tiles, ho
 estimated and which bodies its grid steps run, instead of comparing names. A new stage is a new
 record here plus its kernel (ARCHITECTURE.md, "Where a change goes").
 
-The step kinds name the tile bodies the cost model prices (`svg_lib.tpu.cost`, from the probes):
+The step kinds name the tile bodies the cost model prices (`svg_lib.instruments.tpu.cost`, from the probes):
 "free" (mask-free), "svg_masked" (the mask's predicate on every element), "padding_masked" (only the
 keys past the end), "blocks" (Splash's block-mask path), "idle" (a step that fetches and computes
 nothing).

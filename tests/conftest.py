@@ -24,7 +24,7 @@ import pytest
 @pytest.fixture(scope="session")
 def tpu_compiler():
     from svg_lib.environment import INSTALL_HINT, has_libtpu
-    from svg_lib.tpu import compiler
+    from svg_lib.instruments.tpu import compiler
 
     if not has_libtpu():
         message = f"libtpu (the TPU compiler) is not installed: {INSTALL_HINT}"

@@ -1,4 +1,4 @@
-"""Tests of the benchmark harness (svg_lib.tools.bench) and TPU lowering reports (svg_lib.tpu.lowering).
+"""Tests of the benchmark harness (svg_lib.instruments.tools.bench) and TPU lowering reports (svg_lib.instruments.tpu.lowering).
 
 Kernels run at the tiny preset (384 tokens, 3 x 3 tiles) with one timed call, so the whole
 file stays within a few tens of seconds on a 2-core CPU.
@@ -13,11 +13,11 @@ import pytest
 matplotlib.use("Agg")
 
 from svg_lib.attention import b3_mask  # noqa: E402
-from svg_lib.tools.bench import BenchResult, backward_form, backward_steps, blog_figure, method_tiles, run_benchmark
+from svg_lib.instruments.tools.bench import BenchResult, backward_form, backward_steps, blog_figure, method_tiles, run_benchmark
 from svg_lib.problem import BLOG_SWEEP_V6E_MS, BLOG_V6E_MS, DEFAULT_METHODS, BenchConfig
 from svg_lib.cli import main  # noqa: E402
 from svg_lib.core.geometry import VideoGeometry  # noqa: E402
-from svg_lib.tpu.lowering import LoweringReport, lower_all, lower_for_tpu  # noqa: E402
+from svg_lib.instruments.tpu.lowering import LoweringReport, lower_all, lower_for_tpu  # noqa: E402
 from svg_lib.core.planner import plan_tiles  # noqa: E402
 from svg_lib.runtime import Runtime, detect_runtime  # noqa: E402
 
@@ -349,7 +349,7 @@ def test_cli_lower_exits_nonzero_on_failure(capsys):
 # -- the sampled error check (used above 16,384 tokens, where a full reference is too big) -------
 
 def test_sampled_rows_spread_over_the_sequence_and_hold_both_end_tiles():
-    from svg_lib.tools.bench import sample_query_rows
+    from svg_lib.instruments.tools.bench import sample_query_rows
 
     rows = sample_query_rows(75_600, 128, 3328)
     assert 64 <= len(rows) <= 256 and len(set(rows.tolist())) == len(rows) and (rows == sorted(rows)).all()
@@ -379,7 +379,7 @@ def test_sampled_error_catches_wrong_kernels(tiny, monkeypatch):
 
     from svg_lib.core.svg_masks import SVGMask
 
-    bench_module = importlib.import_module("svg_lib.tools.bench")   # where run_benchmark finds build_attention
+    bench_module = importlib.import_module("svg_lib.instruments.tools.bench")   # where run_benchmark finds build_attention
 
     real_build = bench_module.build_attention
     ok = run_benchmark(tiny, ("b2",), repeats=1, warmup=0, error_rows=64)
@@ -403,7 +403,7 @@ def test_sampled_error_catches_wrong_kernels(tiny, monkeypatch):
 
 
 def test_above_the_dense_limit_the_error_is_sampled(monkeypatch, tiny):
-    import svg_lib.tools.bench as bench
+    import svg_lib.instruments.tools.bench as bench
 
     # pretend the tiny problem is too big for a full reference: the check must sample, not vanish
     monkeypatch.setattr(bench, "DENSE_LIMIT_TOKENS", tiny.tokens - 1)

@@ -30,7 +30,7 @@ import pytest
 from svg_lib import TARGETS, BenchConfig, CompileReport, compile_for_tpu
 from svg_lib.problem import PALLAS_METHODS
 from svg_lib.cli import main
-from svg_lib.tpu.compiler import check_targets, compile_all
+from svg_lib.instruments.tpu.compiler import check_targets, compile_all
 
 BLOG = BenchConfig.from_preset("blog")
 TWO_GENERATIONS = ("v6e", "v5e")
@@ -102,7 +102,7 @@ def test_b3_gradient_compiles_fused_at_the_blog_size(tpu_compiler, target):
     the 64 MiB v5p and v7x included (their 56.1 MiB estimate under a 60.8 MiB budget; the compiler
     allocates 55.29 MiB there, libtpu 0.0.42.1), so jax.grad picks the fused form everywhere."""
     from svg_lib.memory.vmem import estimate_vmem
-    from svg_lib.tpu.compiler import compile_gradient
+    from svg_lib.instruments.tpu.compiler import compile_gradient
     q_len = -(-BLOG.tokens // BLOG.block_q) * BLOG.block_q
     estimate = estimate_vmem("b3:fused", BLOG.block_q, BLOG.block_kv, BLOG.head_dim, BLOG.dtype,
                              BLOG.block_kv_compute, target, q_len=q_len)

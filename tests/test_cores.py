@@ -210,7 +210,7 @@ def test_v7x_topology_gives_one_chip_two_devices(v7x_compiler):
 
 @pytest.fixture(scope="module")
 def v7x_small(v7x_compiler):
-    from svg_lib.tpu.sharded import compile_split_attention
+    from svg_lib.instruments.tpu.sharded import compile_split_attention
 
     config = get_preset("small")
     return config, compile_split_attention(config, split=True), compile_split_attention(config, split=False)
@@ -234,7 +234,7 @@ def test_v7x_split_gradient_compiles(v7x_compiler):
     from jax.sharding import PartitionSpec as P
 
     from svg_lib.attention import build_attention
-    from svg_lib.tpu.sharded import kernel_result_shapes
+    from svg_lib.instruments.tpu.sharded import kernel_result_shapes
 
     config = get_preset("tiny")
     devices = tpu_compiler.compile_only_topology("v7x").devices
@@ -250,7 +250,7 @@ def test_v7x_split_gradient_compiles(v7x_compiler):
 
 
 def test_split_compile_refuses_a_chip_with_one_device(tpu_compiler):
-    from svg_lib.tpu.sharded import compile_split_attention
+    from svg_lib.instruments.tpu.sharded import compile_split_attention
 
     with pytest.raises(ValueError, match="one device per chip"):
         compile_split_attention(get_preset("tiny"), target="v6e")

@@ -1,4 +1,4 @@
-"""Tests of svg_lib.tpu.cost: the TPU compiler's simulated cost of each tile body, and the plan's model.
+"""Tests of svg_lib.instruments.tpu.cost: the TPU compiler's simulated cost of each tile body, and the plan's model.
 
 Compiler tests take the `tpu_compiler` fixture and compile small probe kernels (256 x 256
 tiles) in a subprocess. They pin what the instrument must get right, never a cycle count:
@@ -9,8 +9,8 @@ import pytest
 
 from svg_lib import SVGMask, VideoGeometry, plan_tiles
 from svg_lib.attention import b3_mask
-from svg_lib.tpu.cost import TileCost, cost_model, filled_from, load_reference, model_cycles, step_kinds, tile_cost
-from svg_lib.tpu.probes import BODY_KINDS, Probe, run_probes
+from svg_lib.instruments.tpu.cost import TileCost, cost_model, filled_from, load_reference, model_cycles, step_kinds, tile_cost
+from svg_lib.instruments.tpu.probes import BODY_KINDS, Probe, run_probes
 from svg_lib.core.planner import EMPTY
 
 BQ = BKV = 256
@@ -162,8 +162,8 @@ def test_committed_references_were_probed_from_this_tree():
     (tools/forward-reference.py, tools/backward-reference.py)."""
     import json
 
-    from svg_lib.tpu.cost import BACKWARD_REFERENCE_FILE, REFERENCE_FILE
-    from svg_lib.tpu.probes import versions
+    from svg_lib.instruments.tpu.cost import BACKWARD_REFERENCE_FILE, REFERENCE_FILE
+    from svg_lib.instruments.tpu.probes import versions
 
     source = versions()["source"]
     forward = json.loads(REFERENCE_FILE.read_text())
@@ -179,7 +179,7 @@ def test_committed_references_were_probed_from_this_tree():
 def test_probed_digest_follows_what_the_probes_compute(monkeypatch):
     """The digest sees a change to the tile body's arithmetic, and not a renamed copy of the same body."""
     from svg_lib.kernels import forward
-    from svg_lib.tpu import probes
+    from svg_lib.instruments.tpu import probes
 
     base = probes.probed_digest()
     original = forward.online_softmax_tile
@@ -227,7 +227,7 @@ def test_backward_probes_compare_like_with_like(tpu_compiler, cost_cache, monkey
     lands near theirs; the fused kernels, ours and Splash's, one step per tile that computes s and p
     once, cost less than either; ours no more than Splash's, and within 1.15x of the tile's five
     matmuls alone (issue 23's goals), here and in the committed reference at the blog's tiles."""
-    from svg_lib.tpu.cost import BACKWARD_KERNELS, backward_tile_cost, load_backward_reference
+    from svg_lib.instruments.tpu.cost import BACKWARD_KERNELS, backward_tile_cost, load_backward_reference
     monkeypatch.setenv("SVG_LIB_CACHE_DIR", str(cost_cache))
     cost = backward_tile_cost("v6e", block_q=512, block_kv=256)
     assert set(cost.per_step) == set(BACKWARD_KERNELS) and all(c["free"] > 0 for c in cost.per_step.values())
@@ -249,7 +249,7 @@ def test_training_model_sums_forward_and_fused_backward_steps():
     backward is its transposed schedule's steps priced per kind (B0: Splash's fused backward on every
     tile), the total is forward + backward, and the ratios are against splash_dense."""
     from svg_lib import PRESETS
-    from svg_lib.tpu.cost import backward_step_kinds, load_backward_reference, training_model
+    from svg_lib.instruments.tpu.cost import backward_step_kinds, load_backward_reference, training_model
     blog = PRESETS["blog"]
     where = ("v6e", blog.block_q, blog.block_kv)
     forward = load_reference()["groups"]["after"][where]

@@ -15,7 +15,7 @@ from svg_lib.layers.synthetic import KINDS
 from svg_lib.chips import TARGETS
 from svg_lib.cli import main
 from svg_lib.cli.frontier import MXUS_FOR_CLOCK, TARGET_RECALLS, _every_tile, clock_hz, frontier, mask_points
-from svg_lib.tpu.cost import load_reference, model_cycles
+from svg_lib.instruments.tpu.cost import load_reference, model_cycles
 
 SMALL = {"svg_b3": (0.2, 0.9), "radial": (0.2, 16.0), "sliding": ((1, 3, 3),), "pooled": (0.2, 0.9)}
 

@@ -300,7 +300,7 @@ class _FakeRuntime:
 
 
 def _fake_result(rows):
-    from svg_lib.tools.bench import BenchResult
+    from svg_lib.instruments.tools.bench import BenchResult
     from svg_lib.problem import BenchConfig
 
     keys = BenchResult.ROW_KEYS

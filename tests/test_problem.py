@@ -5,8 +5,8 @@ import pytest
 
 from svg_lib import SVGMask, VideoGeometry
 from svg_lib.problem import PRESETS, BenchConfig, get_preset, resolve_problem
-from svg_lib.tools.tuner import tune
-from svg_lib.tpu.cost import TileCost, cost_model
+from svg_lib.instruments.tools.tuner import tune
+from svg_lib.instruments.tpu.cost import TileCost, cost_model
 
 
 def test_a_preset_is_a_bench_config_with_a_name():

@@ -3,7 +3,7 @@ import json
 
 from svg_lib.cli import main
 from svg_lib.problem import PRESETS
-from svg_lib.tools.report import METHODS, modelled_cycles
+from svg_lib.instruments.tools.report import METHODS, modelled_cycles
 
 
 def test_report_runs_every_step_and_writes_its_page(tmp_path, capsys):

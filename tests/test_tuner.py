@@ -6,8 +6,8 @@ import pytest
 
 from svg_lib import SVGMask, b3_mask, get_preset, plan_tiles
 from svg_lib.cli import main
-from svg_lib.tools.tuner import cache_dir, check_candidates, default_candidates, tune
-from svg_lib.tools.tune_result import TuneResult
+from svg_lib.instruments.tools.tuner import cache_dir, check_candidates, default_candidates, tune
+from svg_lib.instruments.tools.tune_result import TuneResult
 
 
 @pytest.fixture(autouse=True)
@@ -177,7 +177,7 @@ def smem_mask():
 
 
 def test_tune_drops_candidates_the_compiler_refuses(tpu_compiler, smem_mask, private_cache):
-    from svg_lib.tools.tuner import compile_check
+    from svg_lib.instruments.tools.tuner import compile_check
 
     refused, accepted = (256, 256), (512, 512)
     verdicts = [compile_check(smem_mask, method="b2", heads=1, head_dim=128, dtype="float32", block_q=bq,
@@ -186,7 +186,7 @@ def test_tune_drops_candidates_the_compiler_refuses(tpu_compiler, smem_mask, pri
     assert "overflows SMEM" in verdicts[0]["summary"] and verdicts[1]["compile_s"] > 0
     # tune with the target drops the refused candidate with the reason; timing the survivor in
     # interpret mode at 302,400 tokens would take hours, so only the check runs here
-    from svg_lib.tools.tuner import _compile_filter
+    from svg_lib.instruments.tools.tuner import _compile_filter
     rejected = []
     kept = _compile_filter([refused + (None,), accepted + (None,)], rejected, smem_mask, method="b2", heads=1,
                            head_dim=128, dtype="float32", target="v6e", cache=True, progress=False)
@@ -232,7 +232,7 @@ def _runtime(compiled, kind="cpu"):
 
 
 def test_sweep_problem_in_interpret_mode_is_the_walkthrough_size():
-    from svg_lib.tools.tuner import check_candidates, sweep_problem
+    from svg_lib.instruments.tools.tuner import check_candidates, sweep_problem
 
     p = sweep_problem(_runtime(False))
     assert p.label == "walkthrough" and p.mask().tokens == 2520 and p.heads == 1 and p.dtype == "float32"
@@ -244,7 +244,7 @@ def test_sweep_problem_in_interpret_mode_is_the_walkthrough_size():
 
 def test_sweep_problem_on_a_tpu_is_blog_shaped_and_fits_a_v5e():
     from svg_lib.problem import get_preset
-    from svg_lib.tools.tuner import check_candidates, sweep_problem
+    from svg_lib.instruments.tools.tuner import check_candidates, sweep_problem
 
     blog = get_preset("blog")
     for kind, generation in (("TPU v5 lite", "v5e"), ("TPU v6 lite", "v6e")):

@@ -14,7 +14,7 @@ import pytest
 from svg_lib import SVGMask, VideoGeometry, attention
 import svg_lib.memory.vmem as vmem_module
 from svg_lib.environment import libtpu_version
-from svg_lib.tpu import checks
+from svg_lib.instruments.tpu import checks
 from svg_lib.chips import TARGETS
 from svg_lib.runtime import Runtime
 from svg_lib.memory.vmem import HEADROOM, check_fits, estimate_vmem, tpu_memory

@@ -2,7 +2,7 @@
 
     python tools/backward-reference.py
 
-The probes (svg_lib.tpu.probes) of our fused and split backward kernels and Splash's, mask-free and
+The probes (svg_lib.instruments.tpu.probes) of our fused and split backward kernels and Splash's, mask-free and
 SVG-masked, and the backward's floor (the fused tile's five matmuls alone), compiled compile-only
 with libtpu for a v6e and a v5e at 512 x 256 and at the case study's 3328 x 1536 tiles. Takes
 about half an hour on a 2-core CPU; notebook 11 and `python -m svg_lib cost --backward` read the
@@ -10,7 +10,7 @@ result. Evidence kind: simulated by the TPU compiler's static profile, nothing r
 """
 import time
 
-from svg_lib.tpu.cost import backward_tile_cost, save_backward_reference
+from svg_lib.instruments.tpu.cost import backward_tile_cost, save_backward_reference
 
 TILES = ((512, 256, 256), (3328, 1536, 512))
 costs = []

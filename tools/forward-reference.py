@@ -2,7 +2,7 @@
 
     python tools/forward-reference.py
 
-The probes (svg_lib.tpu.probes) of svg_lib's tile bodies and Splash's, compiled compile-only with libtpu
+The probes (svg_lib.instruments.tpu.probes) of svg_lib's tile bodies and Splash's, compiled compile-only with libtpu
 for a v6e and a v5e at 512 x 256 and at the case study's 3328 x 1536 tiles (every kind), and for a v6e
 at the two other block sizes notebooks 05 and 06 price (the kinds the cost model needs there). The
 "running" and "before" groups are earlier bodies, kept as committed with their own versions. Takes
@@ -12,8 +12,8 @@ TPU compiler's static profile, nothing run.
 import json
 import time
 
-from svg_lib.tpu.cost import REFERENCE_FILE, tile_cost
-from svg_lib.tpu.probes import BLOCKS_KIND, TILE_KINDS, versions
+from svg_lib.instruments.tpu.cost import REFERENCE_FILE, tile_cost
+from svg_lib.instruments.tpu.probes import BLOCKS_KIND, TILE_KINDS, versions
 
 PARTIAL_KINDS = ("free", "idle", "svg_masked")
 # A v5e's static profile cannot model the DMA of Splash's resident mask block ("Unsupported DMA

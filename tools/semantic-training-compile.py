@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from svg_lib.layers.semantic import SemanticCentroids, semantic_attention, semantic_plan
-from svg_lib.tpu.compiler import compile_fn
+from svg_lib.instruments.tpu.compiler import compile_fn
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--heads", type=int, default=10)

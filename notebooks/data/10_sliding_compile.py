@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from svg_lib import SlidingTileMask, build_attention
 from svg_lib.environment import libtpu_version
 from svg_lib.problem import get_preset
-from svg_lib.tpu.compiler import compile_fn
+from svg_lib.instruments.tpu.compiler import compile_fn
 
 blog = get_preset("blog")                       # 21 x 45 x 80 = 75,600 tokens
 tile, window, block, heads = (3, 8, 80), (3, 5, 1), 1920, blog.heads   # notebook 10's pick, section 4

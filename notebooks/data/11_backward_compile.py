@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from svg_lib import build_attention
-from svg_lib.tpu.compiler import compile_fn
+from svg_lib.instruments.tpu.compiler import compile_fn
 from svg_lib.environment import libtpu_version
 from svg_lib.problem import get_preset
 from svg_lib.memory.vmem import estimate_vmem

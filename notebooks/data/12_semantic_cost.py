@@ -184,7 +184,7 @@ def child(name: str, block_q: int, block_kv: int, profile_dir: str) -> dict:
     import jax
 
     import svg_lib  # noqa: F401  (sets up libtpu sharing)
-    from svg_lib.tpu.compiler import compile_fn
+    from svg_lib.instruments.tpu.compiler import compile_fn
 
     fn, shapes = program(name, block_q, block_kv)
     compiled, seconds = compile_fn(jax.jit(fn), shapes, TARGET)
@@ -233,7 +233,7 @@ def attention_cycles(block_q: int, block_kv: int, tokens: int) -> dict:
     from svg_lib.core.planner import plan_tiles
     from svg_lib.layers.semantic import tile_budget
     from svg_lib.problem import get_preset
-    from svg_lib.tpu.cost import cost_model, load_reference, model_cycles
+    from svg_lib.instruments.tpu.cost import cost_model, load_reference, model_cycles
 
     blog = get_preset("blog")
     after = load_reference()["groups"]["after"]

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from svg_lib.environment import libtpu_version
 from svg_lib.layers.pooled import mask_bytes, pooled_attention, pooled_plan
 from svg_lib.problem import get_preset
-from svg_lib.tpu.compiler import compile_fn
+from svg_lib.instruments.tpu.compiler import compile_fn
 
 blog = get_preset("blog")
 heads, tokens, head_dim = blog.heads, blog.geometry.tokens, blog.head_dim

@@ -22,7 +22,7 @@ from svg_lib import build_attention, plan_tiles
 from svg_lib.core.radial import RadialMask
 from svg_lib.environment import libtpu_version
 from svg_lib.problem import get_preset
-from svg_lib.tpu.compiler import compile_fn
+from svg_lib.instruments.tpu.compiler import compile_fn
 
 blog = get_preset("blog")
 heads, head_dim = blog.heads, blog.head_dim

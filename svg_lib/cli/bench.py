@@ -14,7 +14,7 @@ from svg_lib.cli.common import (
     write_json,
 )
 from svg_lib.runtime import detect_runtime
-from svg_lib.tools.bench import INTERPRET_WORK_LIMIT, run_benchmark
+from svg_lib.instruments.tools.bench import INTERPRET_WORK_LIMIT, run_benchmark
 
 
 def _bench_arguments(parser: argparse.ArgumentParser) -> None:

@@ -8,7 +8,7 @@ from typing import Callable
 
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.problem import DEFAULT_METHODS, BenchConfig, get_preset
-from svg_lib.tools.bench import check_methods
+from svg_lib.instruments.tools.bench import check_methods
 
 PROG = "python -m svg_lib"
 

@@ -18,8 +18,8 @@ from svg_lib.cli.common import (
 )
 from svg_lib.environment import INSTALL_HINT, has_libtpu, libtpu_version
 from svg_lib.problem import PALLAS_METHODS
-from svg_lib.tpu.compiler import check_targets, compile_all
-from svg_lib.tpu.lowering import splash_note
+from svg_lib.instruments.tpu.compiler import check_targets, compile_all
+from svg_lib.instruments.tpu.lowering import splash_note
 
 
 def _compile_arguments(parser: argparse.ArgumentParser) -> None:

@@ -9,9 +9,9 @@ import json
 from svg_lib.chips import DEFAULT_TARGET, TARGETS
 from svg_lib.cli.common import Command, add_problem_arguments, config_from_args
 from svg_lib.problem import BLOG_SWEEP_V6E_MS
-from svg_lib.tpu.cost import (BLOG_RATIOS, EVIDENCE, MODEL_METHODS, backward_tile_cost, cost_model, filled_from, tile_cost,
+from svg_lib.instruments.tpu.cost import (BLOG_RATIOS, EVIDENCE, MODEL_METHODS, backward_tile_cost, cost_model, filled_from, tile_cost,
                               training_model)
-from svg_lib.tpu.probes import BLOCKS_KIND, FAILING_KIND
+from svg_lib.instruments.tpu.probes import BLOCKS_KIND, FAILING_KIND
 
 BLOG_SWEEP_BQ = (1024, 3328, 4864)
 SWEEP_KINDS = ("free", "svg_masked", "idle")

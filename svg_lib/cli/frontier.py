@@ -49,7 +49,7 @@ from svg_lib.layers.profiling import sample_rows
 from svg_lib.layers.semantic import plan_from_orders, plan_keep, semantic_plan, tile_budget
 from svg_lib.layers.synthetic import KINDS, computed_mask, structured_qkv
 from svg_lib.problem import BLOG_V6E_MS, get_preset
-from svg_lib.tpu.cost import EVIDENCE, load_reference, model_cycles
+from svg_lib.instruments.tpu.cost import EVIDENCE, load_reference, model_cycles
 
 TILES = ((512, 256), (3328, 1536))
 CHIPS = ("v5e", "v6e")

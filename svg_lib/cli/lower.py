@@ -15,7 +15,7 @@ from svg_lib.cli.common import (
 )
 from svg_lib.problem import PALLAS_METHODS
 from svg_lib.runtime import detect_runtime
-from svg_lib.tpu.lowering import lower_all, splash_note
+from svg_lib.instruments.tpu.lowering import lower_all, splash_note
 
 # -- command line ----------------------------------------------------------------------------
 

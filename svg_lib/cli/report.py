@@ -1,4 +1,4 @@
-"""`python -m svg_lib report`: the page a reader with a TPU runs and shares (svg_lib.tools.report)."""
+"""`python -m svg_lib report`: the page a reader with a TPU runs and shares (svg_lib.instruments.tools.report)."""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +6,7 @@ import sys
 
 from svg_lib.cli.common import Command, UsageError
 from svg_lib.problem import PRESETS
-from svg_lib.tools.report import default_config, run_report
+from svg_lib.instruments.tools.report import default_config, run_report
 
 
 def _report_arguments(parser: argparse.ArgumentParser) -> None:

@@ -13,7 +13,7 @@ from svg_lib.cli.common import Command, UsageError
 from svg_lib.environment import INSTALL_HINT, has_libtpu
 from svg_lib.layers.multichip import PLACEMENTS
 from svg_lib.problem import PRESETS, get_preset
-from svg_lib.tpu.sharded import compile_sharded_layer
+from svg_lib.instruments.tpu.sharded import compile_sharded_layer
 
 
 def _sharded_arguments(parser: argparse.ArgumentParser) -> None:

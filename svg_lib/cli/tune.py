@@ -11,8 +11,8 @@ from svg_lib.core.masks import LANES
 from svg_lib.environment import INSTALL_HINT, has_libtpu
 from svg_lib.problem import BenchConfig
 from svg_lib.runtime import detect_runtime
-from svg_lib.tools.bench import INTERPRET_WORK_LIMIT
-from svg_lib.tools.tuner import TUNE_METHODS, default_candidates, tune
+from svg_lib.instruments.tools.bench import INTERPRET_WORK_LIMIT
+from svg_lib.instruments.tools.tuner import TUNE_METHODS, default_candidates, tune
 
 
 def _int_list(flag):

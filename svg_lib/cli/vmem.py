@@ -7,7 +7,7 @@ import json
 from svg_lib.cli.common import Command, UsageError
 from svg_lib.environment import INSTALL_HINT, has_libtpu
 from svg_lib.memory.vmem import SPLASH_METHODS
-from svg_lib.tpu.checks import largest_block_q, verify_against_compiler
+from svg_lib.instruments.tpu.checks import largest_block_q, verify_against_compiler
 
 
 def _vmem_arguments(parser: argparse.ArgumentParser) -> None:

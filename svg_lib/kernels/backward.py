@@ -20,7 +20,7 @@ those rows, and comes in one of two forms:
 Either visits exactly the forward's non-empty tiles, FULL tiles mask-free, PARTIAL tiles masked by
 the same predicate, idle steps on the resident block; dense takes its tiles from program ids.
 Simulated cost per tile (the TPU compiler's static profile, compile-only v6e, libtpu 0.0.42.1,
-bf16, head_dim 128; `svg_lib.tpu.cost.backward_tile_cost`): at 3328 x 1536 the fused tile costs
+bf16, head_dim 128; `svg_lib.instruments.tpu.cost.backward_tile_cost`): at 3328 x 1536 the fused tile costs
 25,388 cycles, 0.97x Splash's fused backward and 1.00x its own five matmuls alone; the split form
 36,086 (a dq step and a dk/dv step).
 

@@ -33,8 +33,8 @@ the tile's later steps subtract the bound instead: exp, the row sum and the two 
 else; if not, the tile keeps the running max to its end without testing again. Decided per query
 tile at run time (tests/test_bounded_max.py counts which body ran and how often the test did), so
 every input gets the exact result, scores of 1e9 at their bound included. How often tiles pass
-depends on the activations (`svg_lib.tpu.cost` models both). Simulated cycles per step (the
-compiler's static profile, libtpu 0.0.42.1, bf16, head_dim 128, `svg_lib.tpu.cost`; the floor is
+depends on the activations (`svg_lib.instruments.tpu.cost` models both). Simulated cycles per step (the
+compiler's static profile, libtpu 0.0.42.1, bf16, head_dim 128, `svg_lib.instruments.tpu.cost`; the floor is
 the tile's two matmuls alone): at the blog's 3328 x 1536 tiles on a v6e the bounded mask-free
 body costs 10,436 (1.01x its floor of 10,326; the running-max body 11,895, 1.15x; the body before
 the bound 13,284, 1.29x; Splash 14,411, 1.40x); on a v5e 20,222 (1.00x of 20,214). At head_dim 128
@@ -70,7 +70,7 @@ MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 LANES = 128
 # Unroll the key-chunk loop up to this many chunks. Unrolling is not free: each chunk is one
 # more copy of the body in instruction memory. Measured with the TPU compiler's static profile
-# (svg_lib.tpu.cost, v6e, libtpu 0.0.42.1) on the running-max body as it was before the bounded max
+# (svg_lib.instruments.tpu.cost, v6e, libtpu 0.0.42.1) on the running-max body as it was before the bounded max
 # and the per-lane sums, at the blog's 3328 x 1536 tiles, 3 chunks of 512, mask-free probe kernel:
 # rolled 6,114 bundles and 14,895 cycles per step, unrolled 14,380 bundles and 13,284 cycles
 # (Splash, unrolled: 16,050 bundles, 14,411 cycles). Three chunks pay; more are left rolled.
@@ -208,7 +208,7 @@ BOUND_MARGIN = 2.0 ** -10
 # first step; a tile that fails keeps the running max to its end with no further test (a test at
 # every step cost more than the running body it would save: 12,649-13,716 simulated cycles per step
 # at the blog's tiles on a v6e against 11,895). RUNNING is 0 because the compiler's static profile
-# reads scalar-prefetched SMEM as zeros (svg_lib.tpu.probes) and may read this flag so too: a
+# reads scalar-prefetched SMEM as zeros (svg_lib.instruments.tpu.probes) and may read this flag so too: a
 # simulated kernel would then take the failing tile's path, the running max with no test, never a
 # test at every step. (Whether it reads scratch SMEM as zeros was not checked.)
 RUNNING, BOUNDED, UNDECIDED = 0, 1, 2

@@ -32,7 +32,7 @@ exchange and sliced off after it, so the kernel always sees exactly the geometry
 
 `hlo_collectives` reads the collectives (kind, count, bytes) out of an optimized HLO module,
 the same way for a program compiled for simulated CPU devices (`collective_counts`) and for a
-TPU slice compiled on this CPU (`svg_lib.tpu.sharded.compile_sharded_layer`, libtpu, compile-only).
+TPU slice compiled on this CPU (`svg_lib.instruments.tpu.sharded.compile_sharded_layer`, libtpu, compile-only).
 """
 from __future__ import annotations
 

@@ -81,7 +81,7 @@ def profile_heads(q, k, v, mask, num_samples: int = 64, seed: int = 0, *, return
 def bound_pass_rate(q, k, mask=None, *, method: str = "dense", block_q: int, block_kv: int) -> np.ndarray:
     """The fraction of each head's query tiles that switch to the bounded max (`kernels.forward`) in
     `method`'s kernel on these activations: float64 `[heads]`, the `pass_rate` the cost model takes
-    (`svg_lib.tpu.cost.model_cycles`).
+    (`svg_lib.instruments.tpu.cost.model_cycles`).
 
     q, k `[heads, tokens, head_dim]` as given to `attention()`; `mask` an svg_lib Mask (None for
     dense). Each query tile's test is made after its first visited key tile, as the kernels make it

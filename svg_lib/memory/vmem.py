@@ -1,7 +1,7 @@
 """VMEM estimates for the attention kernels: arithmetic, known before anything is built.
 
 `jax.export` lowers a kernel for TPU on any machine but cannot tell whether its blocks fit in
-VMEM; this module does that arithmetic. `svg_lib.tpu.checks` holds it against the real TPU
+VMEM; this module does that arithmetic. `svg_lib.instruments.tpu.checks` holds it against the real TPU
 compiler (libtpu, compile-only, on this CPU: `compile_check`, `verify_against_compiler`,
 `largest_block_q`); what that found is written below.
 

@@ -63,7 +63,7 @@ def plot_stage_costs(counts: dict, costs, measured: dict | None = None, ax=None,
 def plot_speedups(result, ax=None):
     """Each device's speed-up over its own dense Splash (B0), method by method; returns the Figure.
 
-    `result` is a `svg_lib.tools.bench.BenchResult`: this run's speed-ups (its `speedup` column) beside
+    `result` is a `svg_lib.instruments.tools.bench.BenchResult`: this run's speed-ups (its `speedup` column) beside
     the case study's v6e ones, where it reports the method. Both are ratios to a B0 timed on the
     same device and problem, so bars of the two devices compare; their latencies would not.
     """

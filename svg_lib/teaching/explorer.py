@@ -29,7 +29,7 @@ from svg_lib.core.planner import plan_tiles
 from svg_lib.problem import BenchConfig
 from svg_lib.runtime import detect_runtime
 from svg_lib.teaching.plots import plot_mask, plot_tile_map
-from svg_lib.tools.bench import run_benchmark
+from svg_lib.instruments.tools.bench import run_benchmark
 
 # The CSS class of each part, by attribute name on the explorer: what a browser test looks for.
 CSS_CLASSES = {

@@ -17,7 +17,7 @@ What such a list is, and is not: it counts the operations the kernel *asks for*,
 TPU compiler fuses them, schedules them and assigns them to units. It is not a count of
 cycles, and not all of it is vector-unit (VPU) arithmetic: `dot_general` runs on the MXU, and
 `exp` on a TPU goes to the EUP, the transcendental unit beside the VPU. What a body costs
-on a TPU is what the compiler's static profile simulates (`svg_lib.tpu.cost`).
+on a TPU is what the compiler's static profile simulates (`svg_lib.instruments.tpu.cost`).
 """
 from __future__ import annotations
 

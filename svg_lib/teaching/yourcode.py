@@ -20,7 +20,7 @@ from svg_lib.core.masks import Mask
 from svg_lib.core.planner import plan_tiles
 from svg_lib.memory.smem import schedule_smem
 from svg_lib.memory.vmem import MiB, estimate_vmem
-from svg_lib.tpu.cost import load_reference, model_cycles, step_kinds
+from svg_lib.instruments.tpu.cost import load_reference, model_cycles, step_kinds
 
 
 @dataclass(frozen=True)

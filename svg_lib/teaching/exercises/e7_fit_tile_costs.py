@@ -12,7 +12,7 @@ import numpy as np
 from svg_lib.attention import b3_mask
 from svg_lib.core.planner import plan_tiles
 from svg_lib.problem import BLOG_V6E_MS, get_preset
-from svg_lib.tpu.cost import step_kinds
+from svg_lib.instruments.tpu.cost import step_kinds
 from svg_lib.teaching.exercises.common import CheckResult, _Case, _Fail, _call, _finish, _fmt, _learner_exception
 
 

@@ -44,9 +44,9 @@ from svg_lib.memory.smem import SmemOverflowError
 from svg_lib.memory.vmem import MiB, estimate_vmem
 from svg_lib.problem import check_block_kv_compute, get_preset, resolve_problem
 from svg_lib.runtime import default_interpret, detect_runtime
-from svg_lib.tools.tune_result import TuneResult
-from svg_lib.tpu.compiler import compile_verdict
-from svg_lib.tpu.errors import first_lines
+from svg_lib.instruments.tools.tune_result import TuneResult
+from svg_lib.instruments.tpu.compiler import compile_verdict
+from svg_lib.instruments.tpu.errors import first_lines
 
 TUNE_METHODS = ("dense", "splash_dense", "splash", "b1", "b2", "b3")
 CACHE_FORMAT = 1  # bump when the stored rows change meaning
@@ -206,7 +206,7 @@ def compile_check(mask: Mask, *, method: str, heads: int, head_dim: int, dtype, 
     "ok", "stage", "summary" (why it refused), "compile_s" and "from_cache".
 
     Built with interpret=False and compiled for a compile-only `target` chip (see
-    svg_lib.tpu.compiler). The verdict is cached in `cache_dir() / "compile"`, keyed by the libtpu
+    svg_lib.instruments.tpu.compiler). The verdict is cached in `cache_dir() / "compile"`, keyed by the libtpu
     and jax versions, the target, the problem and the blocks.
     """
     import jax

@@ -20,8 +20,8 @@ from svg_lib.kernels.forward import block_sparse_attention, dense_flash_attentio
 from svg_lib.kernels.splash import _block_mask, _computable_mask, _splash, with_vmem_limit
 from svg_lib.memory.vmem import SPLASH_METHODS, KiB, MiB, VmemEstimate, estimate_vmem, tpu_memory
 from svg_lib.methods import METHODS
-from svg_lib.tpu.compiler import compile_fn
-from svg_lib.tpu.errors import classify_error, first_lines
+from svg_lib.instruments.tpu.compiler import compile_fn
+from svg_lib.instruments.tpu.errors import classify_error, first_lines
 
 # -- the estimate against the TPU compiler ---------------------------------------------------
 
@@ -170,7 +170,7 @@ def compile_check(estimate: VmemEstimate, target: str | None = None, limit: int 
     """Compile `estimate`'s kernel for `target` (default: the estimate's generation) and compare.
 
     `limit=-1` picks the limit described in `CompilerCheck`; pass bytes (or None for the chip's
-    default) to compile under another. Needs libtpu (see `svg_lib.tpu.compiler`)."""
+    default) to compile under another. Needs libtpu (see `svg_lib.instruments.tpu.compiler`)."""
     target = target or estimate.generation
     memory = tpu_memory(target)
     if limit == -1:
@@ -275,4 +275,4 @@ def load_largest_block_q() -> dict:
     """The recorded `largest_block_q` results (compiled for TPU, libtpu compile-only; see the file)."""
     import json
     from pathlib import Path
-    return json.loads((Path(__file__).resolve().parents[1] / LARGEST_BLOCK_Q_FILE).read_text())
+    return json.loads((Path(__file__).resolve().parents[2] / LARGEST_BLOCK_Q_FILE).read_text())

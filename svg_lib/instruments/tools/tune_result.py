@@ -1,5 +1,5 @@
 """What a tuning run measured: `TuneResult`, one row per candidate block size, and its table,
-plot and JSON form (the tuner, `svg_lib.tools.tuner.tune`, makes one)."""
+plot and JSON form (the tuner, `svg_lib.instruments.tools.tuner.tune`, makes one)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

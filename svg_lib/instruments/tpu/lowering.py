@@ -22,7 +22,7 @@ from svg_lib.attention import build_attention
 from svg_lib.memory.smem import SmemOverflowError
 from svg_lib.memory.vmem import estimate_vmem
 from svg_lib.problem import PALLAS_METHODS, BenchConfig
-from svg_lib.tpu.errors import first_lines
+from svg_lib.instruments.tpu.errors import first_lines
 
 MiB = 2**20
 

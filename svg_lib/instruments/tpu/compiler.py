@@ -7,7 +7,7 @@ included, VMEM and SMEM allocated and checked, nothing run. This is the stronges
 evidence the series has without a TPU (stronger than `jax.export` lowering, which stops
 before any memory is allocated); it is still not a measurement of speed.
 
-    from svg_lib.tpu.compiler import compile_only_device, compile_fn
+    from svg_lib.instruments.tpu.compiler import compile_only_device, compile_fn
     device = compile_only_device("v6e")
     compiled, seconds = compile_fn(f, [((10, 75_600, 128), "bfloat16")] * 3, target="v6e")
     compiled.memory_analysis()
@@ -31,8 +31,8 @@ from svg_lib.chips import DEFAULT_TARGET, TARGETS, KiB, MiB, TpuTarget, check_ta
 from svg_lib.environment import libtpu_version, require_libtpu
 from svg_lib.memory.vmem import check_fits, estimate_vmem
 from svg_lib.problem import PALLAS_METHODS, check_block_kv_compute
-from svg_lib.tpu.errors import classify_error, first_lines, refusal_summary
-from svg_lib.tpu.lowering import (
+from svg_lib.instruments.tpu.errors import classify_error, first_lines, refusal_summary
+from svg_lib.instruments.tpu.lowering import (
     build_failure_stage,
     build_for_tpu,
     check_methods,

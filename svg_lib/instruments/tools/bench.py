@@ -1,6 +1,6 @@
 """The benchmark harness: time every attention method on one problem, next to the blog's figures.
 
-    from svg_lib.tools.bench import run_benchmark
+    from svg_lib.instruments.tools.bench import run_benchmark
     from svg_lib.problem import BenchConfig
     result = run_benchmark(BenchConfig.from_preset("small"))
     print(result.table())

@@ -31,15 +31,15 @@ import numpy as np
 from svg_lib.attention import b3_mask, build_attention
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.svg_masks import SVGMask
-from svg_lib.kernels.adversarial import CASES, adversarial_heads
+from svg_lib.instruments.adversarial import CASES, adversarial_heads
 from svg_lib.kernels.reference import attention_float64
 from svg_lib.kernels.tolerances import tolerance
 from svg_lib.layers.profiling import bound_pass_rate
 from svg_lib.layers.synthetic import structured_qkv
 from svg_lib.problem import PRESETS, BenchConfig
 from svg_lib.runtime import default_interpret, detect_runtime
-from svg_lib.tools.bench import run_benchmark
-from svg_lib.tpu.cost import BLOCKS_KIND, cost_model, filled_from, load_reference
+from svg_lib.instruments.tools.bench import run_benchmark
+from svg_lib.instruments.tpu.cost import BLOCKS_KIND, cost_model, filled_from, load_reference
 
 METHODS = ("splash_dense", "b1", "b2", "b3")
 LABELS = {"splash_dense": "B0 dense Splash", "b1": "B1 naive", "b2": "B2 full/edge", "b3": "B3 tile-aligned"}

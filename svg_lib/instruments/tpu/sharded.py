@@ -22,7 +22,7 @@ from svg_lib.layers.multichip import plain_shape, build_sharded_svg_attention, h
 from svg_lib.methods import check_method
 from svg_lib.problem import get_preset
 from svg_lib.runtime import chip_devices
-from svg_lib.tpu.compiler import compile_only_topology, compile_placed
+from svg_lib.instruments.tpu.compiler import compile_only_topology, compile_placed
 
 EVIDENCE = "compiled for TPU (libtpu, compile-only {topology}), not run"
 

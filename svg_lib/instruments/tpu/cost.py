@@ -2,7 +2,7 @@
 
 libtpu can dump, for every kernel it compiles, a *static LLO profile*: `estimated_cycles`
 is a cycle-level simulation of one call of the whole kernel (every grid step, DMA waits
-included), and the final VLIW bundles say how much code the kernel is. `svg_lib.tpu.probes`
+included), and the final VLIW bundles say how much code the kernel is. `svg_lib.instruments.tpu.probes`
 compiles small *probe kernels* and reads both; this module turns them into what a cost model
 needs, caches the results, keeps the committed reference measurements and models a plan:
 
@@ -22,7 +22,7 @@ What it reports, per kernel (ours: "svg_lib"; JAX's Splash: "splash") and block 
 - bundles: the probe kernel's total scheduled bundles, and per body kind the difference to
   the kernel without a body (the tile body's code size).
 
-How the probes measure, and the instrument's limits: `svg_lib.tpu.probes`. No clock rate is
+How the probes measure, and the instrument's limits: `svg_lib.instruments.tpu.probes`. No clock rate is
 reported: compare cycles, never convert them to seconds. Results are cached per libtpu
 version, jax version and the source of the kernels (`cache_dir()`, `probes.versions()`), so a
 notebook rereads them instantly.
@@ -43,7 +43,7 @@ from svg_lib.chips import check_target
 from svg_lib.core.masks import check_block_size
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles
 from svg_lib.problem import BenchConfig, check_block_kv_compute, resolve_problem
-from svg_lib.tpu.probes import (BACKWARD_KERNELS, BACKWARD_KINDS, BLOCKS_KIND, BODY_KINDS, CACHE_FORMAT, COST_KERNELS,
+from svg_lib.instruments.tpu.probes import (BACKWARD_KERNELS, BACKWARD_KINDS, BLOCKS_KIND, BODY_KINDS, CACHE_FORMAT, COST_KERNELS,
                                 FAILING_KIND, FLOOR_KIND, PROBE_ROWS, PROBE_STEPS, SPLASH_KINDS, TILE_KINDS, Probe,
                                 probes_for, run_probes, versions)
 
@@ -356,7 +356,7 @@ def backward_tile_cost(target: str = "v6e", *, block_q: int, block_kv: int, bloc
 # Compiling the probes at the blog's tiles takes many minutes on a CPU, so the series commits one
 # set of results (svg_lib/data/cost_reference.json, written by tools/forward-reference.py) that notebooks
 # read; `tile_cost` recomputes any of them on this machine.
-REFERENCE_FILE = Path(__file__).resolve().parents[1] / "data" / "cost_reference.json"
+REFERENCE_FILE = Path(__file__).resolve().parents[2] / "data" / "cost_reference.json"
 
 
 def load_reference(path: Path = REFERENCE_FILE) -> dict:
@@ -539,7 +539,7 @@ def training_model(problem, forward: TileCost, backward: "BackwardCost", *, bloc
     (`backward_step_kinds`), idle steps priced at the forward's idle step (the backward's is not
     probed). Returns {method: {"forward", "backward", "total"}} and, where splash_dense is among the
     methods, {"ratios": {method: {"forward", "backward", "total"}}} against it. Simulated cycles: a
-    model of the chip, not a measurement (`svg_lib.tpu.probes` says what the probes leave out)."""
+    model of the chip, not a measurement (`svg_lib.instruments.tpu.probes` says what the probes leave out)."""
     mask, fields = resolve_problem(problem, needs=("block_q", "block_kv"), block_q=block_q, block_kv=block_kv,
                                    heads=heads)
     blocks = (fields["block_q"], fields["block_kv"])

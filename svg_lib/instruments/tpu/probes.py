@@ -4,8 +4,8 @@ libtpu can dump, for every kernel it compiles, a *static LLO profile*: `estimate
 is a cycle-level simulation of one call of the whole kernel (every grid step, DMA waits
 included), and the final VLIW bundles say how much code the kernel is. This module builds
 the *probe kernels*, compiles them in a child process with the dump flags set
-(`python -m svg_lib.tpu.probes --child <request>`) and reads both numbers back, one row per
-probe; `svg_lib.tpu.cost` turns the rows into cycles per step and caches them.
+(`python -m svg_lib.instruments.tpu.probes --child <request>`) and reads both numbers back, one row per
+probe; `svg_lib.instruments.tpu.cost` turns the rows into cycles per step and caches them.
 
 The instrument's limits, and why the probes look as they do:
 - The simulator follows branches on program ids exactly (an untaken `pl.when` costs
@@ -49,8 +49,8 @@ from svg_lib.environment import require_libtpu
 from svg_lib.kernels import backward
 from svg_lib.kernels import forward as kernels
 from svg_lib.kernels.forward import MASK_VALUE
-from svg_lib.tpu.compiler import compile_fn
-from svg_lib.tpu.errors import first_lines
+from svg_lib.instruments.tpu.compiler import compile_fn
+from svg_lib.instruments.tpu.errors import first_lines
 
 BODY_KINDS = ("free", "svg_masked", "padding_masked", "idle", "matmuls", "free_running", "free_failing")
 # "matmuls": the roofline's probe, svg_lib's only. The tile's two matmuls (`q k^T`, then `p v` with
@@ -83,7 +83,7 @@ BACKWARD_KINDS = ("free", "svg_masked", "matmuls")
 BLOCKS_KIND = "blocks"
 SPLASH_KINDS = ("free", "svg_masked", BLOCKS_KIND)
 TILE_KINDS = BODY_KINDS + (BLOCKS_KIND,)  # every kind `cost.tile_cost` probes by default
-# Part of every cache key (svg_lib.tpu.cost): raise it when a probe kernel here changes what it measures.
+# Part of every cache key (svg_lib.instruments.tpu.cost): raise it when a probe kernel here changes what it measures.
 CACHE_FORMAT = 7
 PROBE_STEPS = (2, 4)      # kv steps of the two probes whose difference gives cycles per step
 PROBE_ROWS = (1, 2)       # query tiles of the two probes whose difference gives the per-row cost
@@ -566,7 +566,7 @@ def _clear(*dirs):
 
 def _child(request: dict) -> list[dict]:
     """In the child process (dump flags already set): compile each probe, read its dumps."""
-    # `python -m svg_lib.tpu.probes` has run svg_lib/__init__.py first: libtpu sharing is set up
+    # `python -m svg_lib.instruments.tpu.probes` has run svg_lib/__init__.py first: libtpu sharing is set up
     profile_dir, bundle_dir = request["profile_dir"], request.get("bundle_dir")
     results = []
     for n, raw in enumerate(request["probes"]):
@@ -602,14 +602,14 @@ def run_probes(probes: list[Probe], target: str, *, bundles: bool = True, timeou
                       "--xla_jf_dump_llo_pass_label_regex=final_bundles"]
         env = dict(os.environ)
         env["LIBTPU_INIT_ARGS"] = " ".join([env.get("LIBTPU_INIT_ARGS", ""), *flags]).strip()
-        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[3]), env.get("PYTHONPATH", "")])
         request = {"target": target, "profile_dir": profile_dir, "bundle_dir": bundle_dir,
                    "probes": [p.to_json() for p in probes]}
         req_path = os.path.join(tmp, "request.json")
         Path(req_path).write_text(json.dumps(request))
         log_path = os.environ.get("SVG_LIB_COST_LOG") or os.path.join(tmp, "child.log")
         with open(log_path, "w") as log:  # libtpu is chatty on stderr; keep it out of the caller's output
-            proc = subprocess.run([sys.executable, "-m", "svg_lib.tpu.probes", "--child", req_path], env=env,
+            proc = subprocess.run([sys.executable, "-m", "svg_lib.instruments.tpu.probes", "--child", req_path], env=env,
                                   stdout=log, stderr=subprocess.STDOUT, text=True, timeout=timeout)
         out_path = req_path + ".out"
         if proc.returncode != 0 or not os.path.exists(out_path):
