@@ -15,7 +15,7 @@ import sys
 import jax
 
 from svg_lib import RadialMask, attention_recall
-from svg_lib.cli.frontier import MASKS, frontier, planted_heads
+from svg_lib.tools.frontier import MASKS, frontier, planted_heads
 from svg_lib.environment import libtpu_version
 from svg_lib.layers.synthetic import KINDS
 
