@@ -105,9 +105,16 @@ def test_plot_draws_without_changing_the_backend(tmp_path):
     import matplotlib
 
     before = matplotlib.get_backend()
-    fig = plot(frontier(rows=4, knobs={"radial": (0.2, 16.0)}, masks=("radial",)), tmp_path / "f.png")
+    fig_result = frontier(rows=4, knobs={"radial": (0.2, 16.0)}, masks=("radial",))
+    fig = plot(fig_result, tmp_path / "f.png")
     assert matplotlib.get_backend() == before and len(fig.axes) == 2
     assert (tmp_path / "f.png").stat().st_size > 10_000
+    from matplotlib.figure import Figure
+
+    axes = Figure().subplots(1, 2)
+    assert plot(fig_result, axes=axes) is axes[0].figure and all(ax.lines for ax in axes)   # drawn into the axes given
+    with pytest.raises(ValueError, match="give 2 axes, got 1"):
+        plot(fig_result, axes=axes[:1])
 
 
 def test_calibration_sets_the_model_beside_the_blog(result):

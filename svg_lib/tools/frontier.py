@@ -299,16 +299,20 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(result: dict, path=None):
+def plot(result: dict, path=None, axes=None):
     """A Pareto plot per chip: predicted ms against mean recall, one curve per mask (best over tile
-    sizes). Returns the matplotlib Figure (drawn without pyplot: no backend is changed), saved to
-    `path` when one is given."""
+    sizes), into `axes` (one per chip; a notebook passes pyplot's) or a new Figure made without
+    pyplot (no backend is changed). Returns the figure, saved to `path` when one is given."""
     from matplotlib.figure import Figure
 
     chips = list(result["dense_ms"])
-    fig = Figure(figsize=(6 * len(chips), 4.5), layout="tight")
-    axes = fig.subplots(1, len(chips), squeeze=False)
-    for ax, chip in zip(axes[0], chips):
+    if axes is None:
+        axes = Figure(figsize=(6 * len(chips), 4.5), layout="tight").subplots(1, len(chips), squeeze=False)[0]
+    axes = list(np.ravel(axes))
+    if len(axes) != len(chips):
+        raise ValueError(f"plot draws one chart per chip ({', '.join(chips)}): give {len(chips)} axes, got {len(axes)}")
+    fig = axes[0].figure
+    for ax, chip in zip(axes, chips):
         for name in result["best"][chip]:
             front = pareto_front([pt for pt in result["points"] if pt["mask"] == name], chip)
             ax.plot([pt["ms"][chip] for pt in front], [pt["recall"] for pt in front], marker="o", label=name)
