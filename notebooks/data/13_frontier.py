@@ -1,5 +1,5 @@
 """The frontier (`python -m svg_lib frontier`) as JSON, with Radial Attention's recall on its own
-128 x 128 blocks (before B3 rounds it to a kernel's tiles), for a notebook to read.
+128 x 128 blocks (before B3 rounds it to a kernel's tiles), for notebook 13 to read.
 
     python notebooks/data/13_frontier.py notebooks/data/13_frontier.json
 
