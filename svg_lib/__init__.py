@@ -17,7 +17,7 @@ of each kind goes):
     layers/       built on attention(): routing, profiling, multichip, synthetic, semantic tiles
     tpu/          TPU tooling without a TPU: lowering, compiler, errors, checks, sharded, probes
                   -> cost
-    tools/        measuring: bench, tuner
+    tools/        measuring: bench, tuner, frontier (recall against predicted time per mask)
     teaching/     plots -> charts, explorer, traversal, inspection, exercises/ (one checker each)
     cli/          every command line (`python -m svg_lib ...`)
 

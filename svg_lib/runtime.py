@@ -1,7 +1,6 @@
 """Where the code runs: `detect_runtime()` tells a notebook whether Pallas TPU kernels will
 compile (on a TPU) or run in interpret mode (everywhere else), so a notebook never hard-codes a
-device; `notebook_data_file` finds the recorded data the notebooks read. The problem sizes the
-series uses (presets) live in `svg_lib.problem`.
+device. The problem sizes the series uses (presets) live in `svg_lib.problem`.
 
 jax is imported inside functions only: importing this module stays cheap.
 """
@@ -179,24 +178,3 @@ def run_split(fn, devices, *args):
     mesh = Mesh(np.array(devices, dtype=object), ("cores",))
     moved = [jax.device_put(x, NamedSharding(mesh, P("cores", *(None,) * (np.ndim(x) - 1)))) for x in args]
     return jax.device_put(fn(*moved), first.sharding)
-
-
-def notebook_data_file(name: str):
-    """The path of `notebooks/data/<name>` in the checkout svg_lib was imported from.
-
-    Found relative to the svg_lib package, not the working directory: a notebook may run from
-    the repository root, from notebooks/, or on Colab from /content. A missing file raises
-    FileNotFoundError naming the path looked at and how the files get there.
-    """
-    from pathlib import Path
-
-    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
-        raise ValueError(f"name must be a plain file name inside notebooks/data, got {name!r}")
-    folder = Path(__file__).resolve().parent.parent / "notebooks" / "data"
-    path = folder / name
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} is missing: svg_lib was imported from {Path(__file__).resolve().parent}, and the recorded "
-            f"data the notebooks read lives in notebooks/data of the same checkout. Use a full clone of the "
-            f"repository (pip install -e <clone>), not an installed copy of svg_lib alone")
-    return path

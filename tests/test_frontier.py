@@ -1,4 +1,4 @@
-"""Tests of `python -m svg_lib frontier` (svg_lib/cli/frontier.py) on a small grid of knobs.
+"""Tests of the frontier (svg_lib/instruments/tools/frontier.py) and `python -m svg_lib frontier`, on a small grid of knobs.
 
 The planted heads are at the case study's 75,600 tokens (the cost model prices that size); a few
 sampled rows and one or two knobs per mask keep this to seconds.
@@ -14,7 +14,8 @@ from svg_lib.layers.synthetic import KINDS
 
 from svg_lib.chips import TARGETS
 from svg_lib.cli import main
-from svg_lib.cli.frontier import MXUS_FOR_CLOCK, TARGET_RECALLS, _every_tile, clock_hz, frontier, mask_points
+from svg_lib.instruments.tools.frontier import (MXUS_FOR_CLOCK, TARGET_RECALLS, TILES, _every_tile, cheapest, clock_hz, frontier,
+                                   mask_points, matmul_cycles_per_pair, ms_per_all_pairs, pareto_front, plot)
 from svg_lib.instruments.tpu.cost import load_reference, model_cycles
 
 SMALL = {"svg_b3": (0.2, 0.9), "radial": (0.2, 16.0), "sliding": ((1, 3, 3),), "pooled": (0.2, 0.9)}
@@ -76,6 +77,44 @@ def test_best_is_the_cheapest_point_at_or_above_each_recall(result):
                     assert best is None
                 else:
                     assert best["ms"][chip] == min(pt["ms"][chip] for pt in ok)
+
+
+def test_cheapest_per_tile_size_and_the_front(result):
+    points = result["points"]
+    for tiles in TILES:
+        pt = cheapest(points, "v6e", 0.5, mask="radial", tiles=tiles)
+        same = [p for p in points if p["mask"] == "radial" and (p["block_q"], p["block_kv"]) == tiles]
+        assert pt in same and pt["ms"]["v6e"] == min(p["ms"]["v6e"] for p in same if p["recall"] >= 0.5)
+    assert cheapest(points, "v6e", 1.5) is None                           # no recall above 1
+    assert cheapest(points, "v6e", 0.9) == min((p for p in points if p["recall"] >= 0.9), key=lambda p: p["ms"]["v6e"])
+    front = pareto_front([p for p in points if p["mask"] == "pooled"], "v5e")
+    assert [p["ms"]["v5e"] for p in front] == sorted(p["ms"]["v5e"] for p in front)
+    assert all(a["recall"] < b["recall"] for a, b in zip(front, front[1:]))
+
+
+def test_a_pair_costs_more_at_small_tiles(result):
+    per_pair, probe = ms_per_all_pairs(result["points"]), matmul_cycles_per_pair()
+    small, big = TILES
+    for chip in ("v5e", "v6e"):
+        assert per_pair[chip, small] > per_pair[chip, big] > 0 and probe[chip, small] > probe[chip, big] > 0
+        # the all-pairs estimate at the big tiles is near the plan that visits every tile
+        assert per_pair[chip, big] == pytest.approx(result["dense_ms"][chip], rel=0.25)
+
+
+def test_plot_draws_without_changing_the_backend(tmp_path):
+    import matplotlib
+
+    before = matplotlib.get_backend()
+    fig_result = frontier(rows=4, knobs={"radial": (0.2, 16.0)}, masks=("radial",))
+    fig = plot(fig_result, tmp_path / "f.png")
+    assert matplotlib.get_backend() == before and len(fig.axes) == 2
+    assert (tmp_path / "f.png").stat().st_size > 10_000
+    from matplotlib.figure import Figure
+
+    axes = Figure().subplots(1, 2)
+    assert plot(fig_result, axes=axes) is axes[0].figure and all(ax.lines for ax in axes)   # drawn into the axes given
+    with pytest.raises(ValueError, match="give 2 axes, got 1"):
+        plot(fig_result, axes=axes[:1])
 
 
 def test_calibration_sets_the_model_beside_the_blog(result):

@@ -16,7 +16,7 @@ def test_import_linter_contracts_hold(monkeypatch, capsys):
     code = cli.lint_imports(config_filename=str(ROOT / "pyproject.toml"))
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "2 kept, 0 broken" in out
+    assert "4 kept, 0 broken" in out
 
 
 def _function_level_svg_lib_imports(path: pathlib.Path, base: pathlib.Path = ROOT) -> list[str]:
@@ -48,3 +48,30 @@ def test_the_top_of_module_check_can_fail(tmp_path):
                       "    from . import plots\n    import matplotlib\n    return masks\n")
     hits = _function_level_svg_lib_imports(sample, tmp_path)
     assert hits == ["sample.py:4 svg_lib.core", "sample.py:5 svg_lib.chips", "sample.py:6 ."]
+
+
+def _paths_into_notebooks(path: pathlib.Path, base: pathlib.Path = ROOT) -> list[str]:
+    """String constants (docstrings aside) that name the notebooks/ folder: a path being built."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [f"{path.relative_to(base)}:{node.lineno} {node.value!r}" for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+            and (node.value.strip("/\\") == "notebooks" or "notebooks/" in node.value or "notebooks\\" in node.value)]
+
+
+def test_svg_lib_never_reads_the_notebooks_folder():
+    # the package stands alone (an installed wheel has no notebooks/): the data it reads is package
+    # data in svg_lib/data; the notebooks find their own recorded data and pass it in
+    found = [hit for path in sorted(PACKAGE.rglob("*.py")) for hit in _paths_into_notebooks(path)]
+    assert not found, "\n".join(found)
+
+
+def test_the_notebooks_folder_check_can_fail(tmp_path):
+    # a negative control: a path built from "notebooks" is caught, docstrings and other strings are not
+    sample = tmp_path / "sample.py"
+    sample.write_text('"""Reads notebooks/data/x.json."""\nfrom pathlib import Path\n\n'
+                      'def f():\n    """notebooks/ in a docstring."""\n    return Path(__file__).parent / "notebooks" / "x"\n\n'
+                      'G = "notebooks/data/y.json"\nH = "notebook 12"\n')
+    assert sorted(_paths_into_notebooks(sample, tmp_path)) == ["sample.py:6 'notebooks'", "sample.py:8 'notebooks/data/y.json'"]

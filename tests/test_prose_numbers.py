@@ -45,6 +45,7 @@ CHECKED = [
     "10_sliding_tiles.ipynb",
     "11_training_with_sparse_attention.ipynb",
     "12_semantic_tiles.ipynb",
+    "13_which_mask_wins.ipynb",
     "A_appendix.ipynb",
 ]
 

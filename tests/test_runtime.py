@@ -173,24 +173,3 @@ def test_tiny_preset_holds_every_tile_class():
     p = get_preset("tiny")
     plan = plan_tiles(p.mask(), p.block_q, p.block_kv)
     assert set(np.unique(plan.classes)) == {EMPTY, PARTIAL, FULL}
-
-
-def test_notebook_data_file_is_found_from_any_working_directory(tmp_path, monkeypatch):
-    import json
-
-    from svg_lib.runtime import notebook_data_file
-
-    monkeypatch.chdir(tmp_path)       # as on Colab, where a notebook starts in /content
-    path = notebook_data_file("05_compile_sweep.json")
-    assert path.is_file() and path.parent.name == "data" and path.parent.parent.name == "notebooks"
-    assert "reports" in json.loads(path.read_text())
-
-
-def test_notebook_data_file_missing_or_malformed_name():
-    from svg_lib.runtime import notebook_data_file
-
-    with pytest.raises(FileNotFoundError, match="notebooks/data"):
-        notebook_data_file("no_such_file.json")
-    for bad in ("", "../pyproject.toml", "..", None):
-        with pytest.raises(ValueError, match="plain file name"):
-            notebook_data_file(bad)

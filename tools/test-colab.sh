@@ -100,7 +100,7 @@ done | tar --null -T - -cf - | tar -xf - -C "$CLONE"
 # The slowest notebooks start first (seconds in this replica, two at a time on the 2-core machine
 # under other load, fa3d977); the rest follow in name order.
 NOTEBOOKS_FIRST="09_scaling_out 11_training_with_sparse_attention 10_sliding_tiles 06_b3_tile_aligned
-  04_b2_full_edge_tiles 07_temporal_heads_permutation 12_semantic_tiles 05_block_size_tuning 08_svg_routing"  # 505, 146, 115, 98, 90, 85, 77, 74 s (12, since its section 9: 69 s alone in the pinned env, 2026-12-04)
+  04_b2_full_edge_tiles 07_temporal_heads_permutation 12_semantic_tiles 05_block_size_tuning 08_svg_routing"  # 505, 146, 115, 98, 90, 85, 77, 74 s (12 timed with the frontier, now 13_which_mask_wins: a short one, in name order)
 notebooks=()
 for name in $NOTEBOOKS_FIRST; do
   [ -f "$CLONE/notebooks/$name.ipynb" ] && notebooks+=("svg-tpu/notebooks/$name.ipynb")

@@ -50,7 +50,7 @@ for block in (128, 256):
 out_path.write_text(json.dumps({
     "what": "recall (dense softmax mass inside the computed pairs, mean over sampled queries) per head at equal "
             "computed pairs: semantic_quality.recall_table",
-    "heads": "layers.clip_heads.clip_qkv on notebooks/data/clip_bbb.npz (Big Buck Bunny, CC BY 3.0), seeds 0 and 1",
+    "heads": "layers.clip_heads.clip_qkv on svg_lib/data/clip_bbb.npz (Big Buck Bunny, CC BY 3.0), seeds 0 and 1",
     "geometry": str(geometry), "density": DENSITY, "rows": ROWS, "route_rows": ROUTE_ROWS, "iterations": ITERATIONS,
     "device": "CPU", "jax": jax.__version__, "date": datetime.date.today().isoformat(),
     "tables": tables,

@@ -1,5 +1,5 @@
 """The frontier (`python -m svg_lib frontier`) as JSON, with Radial Attention's recall on its own
-128 x 128 blocks (before B3 rounds it to a kernel's tiles), for a notebook to read.
+128 x 128 blocks (before B3 rounds it to a kernel's tiles), for notebook 13 to read.
 
     python notebooks/data/13_frontier.py notebooks/data/13_frontier.json
 
@@ -15,7 +15,7 @@ import sys
 import jax
 
 from svg_lib import RadialMask, attention_recall
-from svg_lib.cli.frontier import MASKS, frontier, planted_heads
+from svg_lib.instruments.tools.frontier import MASKS, frontier, planted_heads
 from svg_lib.environment import libtpu_version
 from svg_lib.layers.synthetic import KINDS
 

@@ -5,8 +5,8 @@ also has heads whose attention follows *content*: a patch of the rabbit's fur at
 wherever it lies. Such heads are what content masks (SVG2's clusters, semantic tiles) are for, and
 position masks (SVG's bands) serve them badly. Random data cannot show it; a real clip can.
 
-Tokens are 4 x 4-pixel RGB patches of a few frames of Big Buck Bunny (`notebooks/data/clip_bbb.npz`,
-extracted by tools/extract-clip.py; source and licence in notebooks/data/clip_SOURCE.md), in
+Tokens are 4 x 4-pixel RGB patches of a few frames of Big Buck Bunny (`svg_lib/data/clip_bbb.npz`,
+package data, extracted by tools/extract-clip.py; source and licence in svg_lib/data/clip_SOURCE.md), in
 frame-major order: token f*S + r*W + c is patch (r, c) of frame f, S = W * H patches per frame.
 
 Per head kind:
@@ -38,15 +38,15 @@ from svg_lib.layers.synthetic import default_locality, structured_qkv
 CONTENT_KINDS = ("content", "mixed")
 CLIP_KINDS = CONTENT_KINDS + POSITION_KINDS
 PATCH = 4
-DEFAULT_CLIP = Path(__file__).resolve().parents[2] / "notebooks" / "data" / "clip_bbb.npz"
+DEFAULT_CLIP = Path(__file__).resolve().parents[1] / "data" / "clip_bbb.npz"  # package data, beside the cost records
 
 
 def load_clip(path=None) -> np.ndarray:
     """uint8 `[frames, height, width, 3]` RGB frames of the clip file (default: the committed
-    notebooks/data/clip_bbb.npz, 8 frames of 96 x 160)."""
+    svg_lib/data/clip_bbb.npz, 8 frames of 96 x 160)."""
     path = Path(DEFAULT_CLIP if path is None else path)
     if not path.is_file():
-        raise FileNotFoundError(f"no clip at {path}; the repository ships notebooks/data/clip_bbb.npz "
+        raise FileNotFoundError(f"no clip at {path}; svg_lib ships data/clip_bbb.npz as package data "
                                 f"(tools/extract-clip.py writes it)")
     with np.load(path) as data:
         if "frames" not in data:
