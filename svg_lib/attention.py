@@ -26,7 +26,7 @@ from svg_lib.kernels.forward import block_sparse_attention, dense_flash_attentio
 from svg_lib.kernels.reference import check_qkv, reference_attention
 from svg_lib.kernels.splash import make_splash, splash_mask_form
 from svg_lib.memory.budget import check_memory
-from svg_lib.problem import check_block_kv_compute
+from svg_lib.problem import check_block_kv_compute, check_method
 from svg_lib.runtime import check_head_split, default_interpret, head_split_devices, run_split, shard_heads
 
 METHODS = ("reference", "dense", "splash_dense", "splash", "b1", "b2", "b3")
@@ -69,8 +69,7 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
                                 dtype=dtype, block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
                                 interpret=interpret, generation=generation, backward=backward)
         return jax.jit(shard_heads(local, devices, heads))
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    check_method(method, METHODS)
     if method in _NEEDS_MASK and mask is None:
         raise ValueError(f"method {method!r} needs a mask (e.g. SVGMask.spatial(geometry, density)); "
                          "for dense attention use method='dense' or 'splash_dense'")

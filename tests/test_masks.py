@@ -453,7 +453,7 @@ def test_up_and_down_bracket_balanced():
 
 # -- bad input -------------------------------------------------------------------------------
 
-BAD_BLOCKS = [0, 100, 129, -128, 128.0, True]
+BAD_BLOCKS = [0, 100, 129, -128, 128.5, True]
 
 
 @pytest.mark.parametrize("bad", BAD_BLOCKS)
@@ -475,6 +475,16 @@ def test_bad_block_sizes_raise(bad):
         mask.tile_aligned(128, bad)
     with pytest.raises(ValueError, match="multiple of 128"):
         check_block_size("block_q", bad)
+
+
+@pytest.mark.parametrize("bad", [128.0, np.float64(256.0)])
+def test_integral_float_block_sizes_are_refused_as_floats(bad):
+    # 128.0 is a multiple of 128 and must not be told it is not; it is refused for being a float
+    message = rf"block_q must be an int, got {float(bad)!r} \(a float\); pass the int {int(bad)}$"
+    with pytest.raises(ValueError, match=message):
+        check_block_size("block_q", bad)
+    with pytest.raises(ValueError, match=message):
+        SVGMask.spatial(VideoGeometry(2, 8, 8), 0.5).tile_aligned(bad, 128)
 
 
 def test_block_size_hint_names_valid_neighbours():

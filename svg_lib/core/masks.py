@@ -30,7 +30,10 @@ BRUTE_FORCE_LIMIT_TOKENS = 32_768  # generic pair counting walks every pair; kee
 
 
 def check_block_size(name: str, value) -> int:
-    """Validate one block size: a positive multiple of 128 (the TPU lane width)."""
+    """Validate one block size: a positive int multiple of 128 (the TPU lane width); a float,
+    even 128.0, is refused as not an int (every block size passes through here)."""
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        raise ValueError(f"{name} must be an int, got {float(value)!r} (a float); pass the int {int(value)}")
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0 or value % LANES:
         hint = ""
         if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value > 0:

@@ -67,6 +67,7 @@ from svg_lib.core.svg_masks import SVGMask
 from svg_lib.core.planner import plan_tiles
 from svg_lib.environment import installed_version
 from svg_lib.memory.vmem import tpu_memory
+from svg_lib.problem import PALLAS_METHODS, check_method
 
 KiB, MiB = 2**10, 2**20
 WORD = 4                 # SMEM holds 32-bit words; scalar prefetch wants int32
@@ -180,6 +181,7 @@ def check_schedule_fits(plan, *, method: str, heads: int, kinds: int = 1, steps:
     `suggest(block_q, block_kv) -> SmemEstimate | None` estimates another block size (None
     when it cannot be planned); by default the plan's mask is planned again at larger blocks.
     """
+    check_method(method, PALLAS_METHODS)
     nq = plan.grid[0]
     steps = plan.steps if steps is None else steps
     estimate = schedule_smem(heads, kinds * nq, steps, generation, head_order=head_order)

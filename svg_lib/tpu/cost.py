@@ -41,7 +41,7 @@ from svg_lib.attention import b3_mask
 from svg_lib.chips import check_target
 from svg_lib.core.masks import check_block_size
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles
-from svg_lib.problem import BenchConfig, check_block_kv_compute, resolve_problem
+from svg_lib.problem import BenchConfig, check_block_kv_compute, check_method, resolve_problem
 from svg_lib.tpu.probes import (BACKWARD_KERNELS, BACKWARD_KINDS, BLOCKS_KIND, BODY_KINDS, CACHE_FORMAT, COST_KERNELS,
                                 FAILING_KIND, FLOOR_KIND, PROBE_ROWS, PROBE_STEPS, SPLASH_KINDS, TILE_KINDS, Probe,
                                 probes_for, run_probes, versions)
@@ -427,6 +427,7 @@ def step_kinds(method: str, plan=None, b3_plan=None, *, tokens: int | None = Non
     predicate; b2: full tiles free, partial tiles masked; b3: the tile-aligned plan, whose
     masked tiles mask only key padding. Idle steps pad each row to the plan's `steps`.
     """
+    check_method(method, MODEL_METHODS)
     if method in ("splash_dense", "dense"):
         p = plan if plan is not None else b3_plan
         nq, nk = p.classes.shape
@@ -446,7 +447,7 @@ def step_kinds(method: str, plan=None, b3_plan=None, *, tokens: int | None = Non
         return {"rows": nq, "free": full, "svg_masked": partial, "idle": idle}
     if method == "b3":
         return {"rows": nq, "free": full, "padding_masked": partial, "idle": idle}
-    raise ValueError(f"unknown method {method!r}; the model knows {MODEL_METHODS}")
+    raise AssertionError(method)  # check_method above let through a method this function does not price
 
 
 def check_pass_rate(pass_rate: float) -> float:
@@ -520,6 +521,7 @@ def backward_step_kinds(method: str, plan=None, b3_plan=None) -> dict:
     padded with idle steps to the longest. Dense and splash_dense: every tile, no idle step. B3's
     masked tiles mask only key padding, priced here as SVG-masked ones (the probe there is; an upper
     bound, on a handful of tiles)."""
+    check_method(method, MODEL_METHODS)
     if method in ("splash_dense", "dense"):
         p = plan if plan is not None else b3_plan
         nq, nk = p.classes.shape
@@ -534,7 +536,7 @@ def backward_step_kinds(method: str, plan=None, b3_plan=None) -> dict:
         return {"svg_masked": full + partial, "idle": idle}
     if method in ("b2", "b3"):
         return {"free": full, "svg_masked": partial, "idle": idle}
-    raise ValueError(f"unknown method {method!r}; the model knows {MODEL_METHODS}")
+    raise AssertionError(method)  # check_method above let through a method this function does not price
 
 
 def training_model(problem, forward: TileCost, backward: "BackwardCost", *, block_q: int | None = None,
