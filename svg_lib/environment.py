@@ -53,11 +53,17 @@ def check_environment(installed=None) -> None:
     found = problems(installed)
     if not found:
         return
-    names = " ".join(f'"{n}>={FLOORS[n]}"' for n in FLOORS if any(line.startswith(n + " ") for line in found))
+    wanted = [n for n in FLOORS if any(line.startswith(n + " ") for line in found)]
+    names = " ".join(f'"{n}>={FLOORS[n]}"' for n in wanted)
+    if "jax" not in wanted:  # only what is missing: nothing about jax or TPUs when jax is fine
+        raise ImportError("svg_lib cannot start: " + "; ".join(found) + f". Run: pip install {names} "
+                          "(then restart the kernel).")
+    others = " ".join(f'"{n}>={FLOORS[n]}"' for n in wanted if n != "jax")
     raise ImportError(
         "svg_lib cannot start: " + "; ".join(found) + ". On a machine without a TPU run: "
         f"pip install {names}. On a TPU runtime (Colab, a TPU VM) upgrade jax with the libtpu that belongs "
-        "to it: pip install -U \"jax[tpu]>=" + FLOORS["jax"] + "\" (then restart the kernel).")
+        "to it: pip install -U \"jax[tpu]>=" + FLOORS["jax"] + "\"" + (f" {others}" if others else "")
+        + " (then restart the kernel).")
 
 
 def installed_version(name: str) -> str | None:
