@@ -163,3 +163,54 @@ def test_cost_reads_the_problem_flags_into_one_config(monkeypatch, capsys):
     assert (config.heads, config.block_q, config.density, config.block_kv) == (3, 1024, 0.2, 256)
     assert main(["cost", "--block-q", "100"]) == 2
     assert "multiple of 128" in capsys.readouterr().err
+
+
+# -- output paths: every flag that writes a file is checked when the flags are read ------------
+
+WRITERS = [("report", "--out", []), ("frontier", "--plot", []), ("bench", "--json", ["--preset", "tiny"]),
+           ("lower", "--json", ["--preset", "tiny"]), ("compile", "--json", ["--preset", "tiny"]),
+           ("tune", "--json", ["--preset", "tiny"]), ("vmem", "--json", []), ("sharded", "--json", [])]
+
+
+@pytest.mark.parametrize("command, flag, extra", WRITERS)
+def test_an_unwritable_output_is_refused_before_any_work(tmp_path, capsys, monkeypatch, command, flag, extra):
+    import dataclasses
+
+    import svg_lib.cli as cli
+
+    ran = []  # no command may start: the path is refused while the flags are read
+    monkeypatch.setattr(cli, "COMMANDS", tuple(dataclasses.replace(c, run=lambda args: ran.append(args) or 0)
+                                               for c in cli.COMMANDS))
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    missing = tmp_path / "missing"
+    for path, words in ((a_file / "x.out", ["a_file", "is a file, not a folder"]),
+                        (missing / "x.out", ["missing", "does not exist"] if flag != "--out" else None)):
+        if words is None:  # a missing report folder is created: it is writable
+            continue
+        code, out, err = run(capsys, command, *extra, flag, str(path))
+        assert code == 2 and out == "" and ran == []
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+        assert err.startswith(f"python -m svg_lib {command}: error: argument {flag}: cannot write")
+        for word in words:
+            assert word in err
+    assert not missing.exists()
+
+
+def test_output_path_checks(tmp_path):
+    import argparse
+
+    from svg_lib.cli.common import output_file, output_folder
+
+    assert output_file(str(tmp_path / "new.json")) == str(tmp_path / "new.json")
+    assert output_folder(str(tmp_path / "new" / "deeper")) == str(tmp_path / "new" / "deeper")
+    assert list(tmp_path.iterdir()) == []  # checking writes nothing that stays
+    with pytest.raises(argparse.ArgumentTypeError, match="is a folder; give a file name in it"):
+        output_file(str(tmp_path))
+    if os.geteuid() != 0:  # root may write anywhere
+        read_only = tmp_path / "read_only"
+        read_only.mkdir(mode=0o555)
+        with pytest.raises(argparse.ArgumentTypeError, match="refuses new files"):
+            output_file(str(read_only / "x.json"))
+        with pytest.raises(argparse.ArgumentTypeError, match="refuses new files"):
+            output_folder(str(read_only / "report"))

@@ -43,7 +43,7 @@ from svg_lib.core.planner import plan_tiles
 from svg_lib.core.radial import RadialMask
 from svg_lib.core.sliding import SlidingTileMask
 from svg_lib.core.svg_masks import SVGMask
-from svg_lib.cli.common import Command
+from svg_lib.cli.common import Command, output_file
 from svg_lib.layers.pooled import pooled_plan
 from svg_lib.layers.profiling import sample_rows
 from svg_lib.layers.semantic import plan_from_orders, plan_keep, semantic_plan, tile_budget
@@ -304,7 +304,7 @@ def plot(result: dict, path) -> Path:
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", type=int, default=64, help="query rows sampled for recall (default 64)")
-    parser.add_argument("--plot", default="frontier.png", metavar="PATH", help="where to draw the Pareto plot")
+    parser.add_argument("--plot", default="frontier.png", metavar="PATH", type=output_file, help="where to draw the Pareto plot")
     parser.add_argument("--masks", default=",".join(DEFAULT_MASKS), metavar="LIST",
                         help=f"comma-separated mask families of {','.join(MASKS)} (default {','.join(DEFAULT_MASKS)}; "
                              "semantic adds a few minutes of k-means on a CPU)")

@@ -4,13 +4,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from svg_lib.cli.common import Command, UsageError
+from svg_lib.cli.common import Command, UsageError, output_folder
 from svg_lib.problem import PRESETS
 from svg_lib.tools.report import default_config, run_report
 
 
 def _report_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="svg_lib_report", metavar="DIR",
+    parser.add_argument("--out", default="svg_lib_report", metavar="DIR", type=output_folder,
                         help="folder for report.json, report.md and report.png (default svg_lib_report)")
     parser.add_argument("--preset", choices=tuple(PRESETS),
                         help="problem size (default: blog on a TPU, walkthrough elsewhere, where the kernels "
