@@ -502,26 +502,33 @@ def test_bad_density_raises(density):
         SVGMask.spatial(VideoGeometry(2, 8, 8), density)
 
 
-def test_a_density_far_below_what_the_mask_keeps_says_why():
+def test_a_plan_of_a_density_far_below_what_the_mask_keeps_says_why():
     import warnings
 
-    from svg_lib.core.svg_masks import DensityFloorWarning
+    import re
+
+    from svg_lib.core.masks import DensityFloorWarning, density_floor_note
+    from svg_lib.core.planner import plan_tiles
 
     g = VideoGeometry(3, 8, 16)  # 384 tokens: a 128-token sink and the 128-wide band keep 0.72 of the pairs
+    mask = SVGMask.spatial(g, 0.001)
     with pytest.warns(DensityFloorWarning) as record:
-        mask = SVGMask.spatial(g, 0.001)
+        plan_tiles(mask, 128, 128)
     message = str(record[0].message)
+    assert record[0].filename == __file__  # points at the caller's line
+    assert message == density_floor_note(mask)
     assert f"keeps {mask.pair_density:.1%}" in message and "72.4%" in message
     assert "first-frame sink (128 keys" in message and "minimum width (128 tokens" in message
     assert message.endswith("the smallest density that means something at this size is about 0.72")
-    with pytest.warns(DensityFloorWarning, match=r"the band's minimum width .* keeps 55\.7%.*about 0\.56$"):
-        SVGMask.spatial(g, 0.001, first_frame_sink=False)
-    with pytest.warns(DensityFloorWarning):
-        SVGMask.temporal(g, 0.01)
+    assert re.search(r"the band's minimum width .* keeps 55\.7%.*about 0\.56$",
+                     density_floor_note(SVGMask.spatial(g, 0.001, first_frame_sink=False)))
+    assert density_floor_note(SVGMask.spatial(VideoGeometry(21, 45, 80), 0.001)).endswith("about 0.051")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no word where the mask keeps about what was asked
-        SVGMask.spatial(VideoGeometry(21, 45, 80), 0.35)
-        SVGMask.spatial(g, 0.35)  # 0.72 at 0.35: twice the ask, as the tiny problem always is
+        plan_tiles(SVGMask.spatial(VideoGeometry(21, 45, 80), 0.35), 3328, 1536)
+        plan_tiles(SVGMask.spatial(g, 0.35), 128, 128)  # 0.72 at 0.35: twice the ask, as the tiny problem always is
+        plan_tiles(mask.tile_aligned(128, 128), 128, 128)  # a rounded mask asked for no density
+    assert density_floor_note(SVGMask.spatial(g, 0.35)) is None
 
 
 def test_density_too_low_for_the_text_tokens():

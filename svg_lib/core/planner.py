@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from svg_lib.core.masks import Mask, check_block_size
+from svg_lib.core.masks import Mask, check_block_size, warn_density_floor
 
 EMPTY, PARTIAL, FULL = 0, 1, 2  # the same codes as Splash attention's block classes
 CLASS_NAMES = {EMPTY: "empty", PARTIAL: "partial", FULL: "full"}
@@ -170,6 +170,7 @@ def plan_tiles(mask: Mask, block_q: int, block_kv: int) -> TilePlan:
         raise TypeError(f"plan_tiles needs an svg_lib Mask (e.g. SVGMask.spatial(...)), got {type(mask).__name__}")
     block_q = check_block_size("block_q", block_q)
     block_kv = check_block_size("block_kv", block_kv)
+    warn_density_floor(mask)  # a band mask keeping far more than the density asked for says why
     n = mask.tokens
     nq, nk = -(-n // block_q), -(-n // block_kv)
     q_edges = np.arange(nq + 1, dtype=np.int64) * block_q

@@ -8,7 +8,6 @@ they answer (`keep`, `pair_counts`, `tile_aligned`, ...) is `svg_lib.core.masks.
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 
@@ -35,14 +34,6 @@ def _diagonal_pairs(a0, a1, b0, b1, lo, hi):
     upper = 1 - lo - b0
     lower = -hi - b0
     return (ramp_sum(a1 + upper) - ramp_sum(a0 + upper)) - (ramp_sum(a1 + lower) - ramp_sum(a0 + lower))
-
-
-FAR_ABOVE = 4.0  # a mask keeping more than this many times the density asked for says why (DensityFloorWarning)
-
-
-class DensityFloorWarning(UserWarning):
-    """The mask keeps far more than the density asked for: the sink and the band's minimum width
-    (one lane tile, 128 tokens) keep a share of the pairs that no smaller density can lower."""
 
 
 def _band_pairs(a0, a1, b0, b1, w):
@@ -89,17 +80,7 @@ class SVGMask(Mask):
         width = n * (1.0 - math.sqrt(max(0.0, 1.0 - d_video)))
         width = min(-(-math.ceil(width - 1e-9) // LANES) * LANES, n)
         sink = geometry.frame_tokens if first_frame_sink else 0
-        mask = cls(geometry, width, sink, float(density))
-        kept = mask.pair_density
-        if kept > FAR_ABOVE * density:
-            floor = cls(geometry, min(LANES, n), sink).pair_density
-            parts = ([f"the first-frame sink ({sink:,} keys every query sees)"] if sink else []) + \
-                [f"the band's minimum width ({LANES} tokens, one lane tile)"]
-            warnings.warn(f"density {density:g} asks for {density:.2%} of the pairs but the mask keeps {kept:.1%} at "
-                          f"{n:,} tokens: {' and '.join(parts)} keep{'' if sink else 's'} {floor:.1%} whatever the density; the smallest "
-                          f"density that means something at this size is about {floor:.2g}", DensityFloorWarning,
-                          stacklevel=2)
-        return mask
+        return cls(geometry, width, sink, float(density))
 
     @classmethod
     def temporal(cls, geometry: VideoGeometry, density: float, first_frame_sink: bool = True) -> "TemporalMask":
