@@ -80,6 +80,24 @@ INSTALL_HINT = ('pip install -e ".[tpu-compile]"  (from the repository root; `ma
                 "`make lab` does not). It pins libtpu to the version the installed jax expects.")
 
 
+class MissingCompiler(RuntimeError):
+    """The TPU compiler (the libtpu wheel) is needed and not installed; the message is one line
+    naming what to install. The command line prints it as it is, without a traceback."""
+
+
+def libtpu_requirement() -> str:
+    """The libtpu this svg_lib's `tpu-compile` extra pins ("libtpu==0.0.42.*"), read from the
+    installed package's metadata; "libtpu" where that is not available."""
+    try:
+        requires = metadata.requires("svg_lib") or []
+    except metadata.PackageNotFoundError:
+        requires = []
+    for line in requires:
+        if line.replace(" ", "").startswith("libtpu"):
+            return line.split(";")[0].strip()
+    return "libtpu"
+
+
 def has_libtpu() -> bool:
     """True when the libtpu wheel (the TPU compiler) is installed."""
     return importlib.util.find_spec("libtpu") is not None
@@ -88,8 +106,14 @@ def has_libtpu() -> bool:
 def require_libtpu() -> None:
     """Raise a RuntimeError that says how to install libtpu, if it is missing."""
     if not has_libtpu():
-        raise RuntimeError("compiling for TPU on this machine needs the TPU compiler from the libtpu "
-                           f"wheel, which is not installed. Install it with: {INSTALL_HINT}")
+        raise MissingCompiler(missing_compiler_message("compiling for TPU on this machine"))
+
+
+def missing_compiler_message(what: str) -> str:
+    """One line: `what` needs libtpu, which is missing, and the pip command that installs it."""
+    return (f"{what} needs the TPU compiler (the libtpu wheel), which is not installed: pip install "
+            f"'{libtpu_requirement()}' (the version the installed jax expects), or pip install -e '.[tpu-compile]' "
+            "from the repository root")
 
 
 def allow_shared_libtpu() -> None:

@@ -214,3 +214,41 @@ def test_output_path_checks(tmp_path):
             output_file(str(read_only / "x.json"))
         with pytest.raises(argparse.ArgumentTypeError, match="refuses new files"):
             output_folder(str(read_only / "report"))
+
+
+# -- cost without the TPU compiler: the committed cycles where they exist, else what to install --
+
+@pytest.fixture
+def without_libtpu(monkeypatch, tmp_path):
+    """As on a machine without the libtpu wheel: nothing compiles, and nothing is cached yet."""
+    import svg_lib.environment as environment
+    import svg_lib.tpu.cost as cost
+
+    monkeypatch.setattr(environment, "has_libtpu", lambda: False)  # what require_libtpu asks
+    monkeypatch.setattr(cost, "has_libtpu", lambda: False)
+    monkeypatch.setenv("SVG_LIB_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("argv", [["--preset", "blog"], ["--preset", "blog", "--sweep", "--backward"],
+                                  ["--preset", "small"], ["--preset", "blog", "--target", "v5e"]])
+def test_cost_without_libtpu_reads_the_committed_cycles(without_libtpu, capsys, argv):
+    from svg_lib.tpu.cost import load_reference
+
+    code, out, err = run(capsys, "cost", *argv)
+    assert code == 0, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "libtpu, is not installed: these are the committed cycles of " + load_reference()["date"] in err
+    assert "cost model" in out and "b3" in out
+    code, out, err = run(capsys, "cost", *argv, "--json")
+    assert code == 0 and json.loads(out)["cycles_from"] == "committed reference"
+
+
+@pytest.mark.parametrize("argv", [["--preset", "blog", "--block-q", "1024"], ["--preset", "blog", "--target", "v4"],
+                                  ["--preset", "small", "--head-dim", "64"]])
+def test_cost_without_libtpu_and_without_committed_cycles_says_what_to_install(without_libtpu, capsys, argv):
+    code, out, err = run(capsys, "cost", *argv)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith("python -m svg_lib cost: error: simulating ")
+    assert "pip install 'libtpu==0.0.42.*'" in err and "pip install -e '.[tpu-compile]'" in err
+    assert "the committed reference has v5e 512 x 256, v5e 3328 x 1536, v6e 512 x 256, v6e 3328 x 1536)" in err

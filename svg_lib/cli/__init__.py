@@ -21,6 +21,7 @@ from svg_lib import __version__
 from svg_lib.cli import bench, cost, frontier, lower, plan, report, sharded, tune, vmem
 from svg_lib.cli import compile as compile_command  # the module, not the builtin
 from svg_lib.cli.common import PROG, Command, _Parser
+from svg_lib.environment import MissingCompiler
 
 COMMANDS: tuple[Command, ...] = tuple(m.COMMAND for m in (plan, bench, lower, compile_command, tune, cost, vmem,
                                                           sharded, report, frontier))
@@ -55,5 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args))
     except ValueError as err:  # UsageError, or the library refusing a value it was given
+        print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except MissingCompiler as err:  # the TPU compiler is needed and not installed: what to install
         print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
         return 2

@@ -39,6 +39,7 @@ from pathlib import Path
 from svg_lib import cache as cache_files  # `cache` is a parameter name here
 from svg_lib.attention import b3_mask
 from svg_lib.chips import check_target
+from svg_lib.environment import MissingCompiler, has_libtpu, missing_compiler_message
 from svg_lib.core.masks import check_block_size
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles
 from svg_lib.problem import BenchConfig, check_block_kv_compute, check_method, resolve_problem
@@ -199,6 +200,13 @@ def tile_cost(target: str = "v6e", config: BenchConfig | None = None, *, block_q
     path = _cache_path(_cache_key(target, block_q, block_kv, block_kv_compute, head_dim, kernels, kinds, v, per_row))
     if path.exists() and not refresh:
         return TileCost.from_json(json.loads(path.read_text()), from_cache=True, cache_path=str(path))
+    if not has_libtpu():  # nothing to compile with: the committed cycles where they exist, else what to install
+        committed = committed_tile_cost(target, block_q, block_kv, block_kv_compute, head_dim, kernels, kinds)
+        if committed is None:
+            raise MissingCompiler(missing_compiler_message(
+                f"simulating {target} cycles at {block_q} x {block_kv} tiles (compute {block_kv_compute}, head_dim "
+                f"{head_dim}; the committed reference has {reference_tiles(kernels)})"))
+        return committed
     probes = probes_for(block_q, block_kv, block_kv_compute, head_dim, kernels,
                         [k for k in kinds if k != BLOCKS_KIND], per_row)
     rows = run_probes(probes, target)
@@ -329,6 +337,13 @@ def backward_tile_cost(target: str = "v6e", *, block_q: int, block_kv: int, bloc
     path = _cache_path(key)
     if path.exists() and not refresh:
         return BackwardCost(**json.loads(path.read_text()))
+    if not has_libtpu():  # the committed backward cycles where they cover this, else what to install
+        committed = load_backward_reference()["costs"].get((target, block_q, block_kv))
+        if committed is not None and (committed.block_kv_compute, committed.head_dim) == (block_kv_compute, head_dim) \
+                and all(k in committed.per_step.get("svg_lib_dq", {}) for k in kinds):
+            return committed
+        raise MissingCompiler(missing_compiler_message(
+            f"simulating the backward's {target} cycles at {block_q} x {block_kv} tiles"))
     # Splash's masked backward is left out: its mask-function probes simulate cheaper than its mask-free
     # ones at 512 x 256 (1,163 against 1,378 cycles for the fused kernel, v6e), so they do not measure a
     # masked tile, and its dq kernel's masked probe overflows the default scoped VMEM at the blog's tiles
@@ -368,6 +383,30 @@ def save_reference(groups: dict, path: Path = REFERENCE_FILE, note: str = "") ->
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")
     return path
+
+
+def committed_tile_cost(target: str, block_q: int, block_kv: int, block_kv_compute: int, head_dim: int = 128,
+                        kernels=COST_KERNELS, kinds=TILE_KINDS) -> TileCost | None:
+    """The committed reference's cycles (group "after", the kernels as they are) for these tiles, or
+    None where it has none with this compute slice, head_dim and every kernel asked for; what it
+    lacks of `kinds` stays unprobed (Splash's block-mask body on a v5e is named in `unsimulated`).
+    Its `cache_path` is the reference file, so a caller can say where the numbers came from."""
+    cost = load_reference()["groups"]["after"].get((target, block_q, block_kv))
+    if cost is None or (cost.block_kv_compute, cost.head_dim) != (block_kv_compute, head_dim):
+        return None
+    if any(k not in cost.per_step for k in kernels):
+        return None
+    if "splash" in kernels and BLOCKS_KIND in kinds and BLOCKS_KIND not in cost.per_step["splash"]:
+        cost.unsimulated.setdefault(BLOCKS_KIND, "not in the committed reference (the static profile could not "
+                                                 "simulate it on this chip)")
+    return cost
+
+
+def reference_tiles(kernels=COST_KERNELS) -> str:
+    """The committed reference's (chip, block_q x block_kv) entries that hold every one of `kernels`, as words."""
+    group = load_reference()["groups"]["after"]
+    keys = sorted(key for key, cost in group.items() if all(k in cost.per_step for k in kernels))
+    return ", ".join(f"{t} {bq} x {bkv}" for t, bq, bkv in keys)
 
 
 def load_reference(path: Path = REFERENCE_FILE) -> dict:
