@@ -35,7 +35,7 @@ from svg_lib.core.planner import plan_tiles
 from svg_lib.kernels.reference import masked_softmax_times_v, reference_attention
 from svg_lib.kernels.splash import splash_mask_form
 from svg_lib.memory.budget import check_memory
-from svg_lib.problem import BLOG_SWEEP_V6E_MS, BLOG_V6E_MS, DEFAULT_METHODS, PRESETS, BenchConfig
+from svg_lib.problem import BLOG_SWEEP_V6E_MS, BLOG_V6E_MS, DEFAULT_METHODS, PRESETS, BenchConfig, check_method
 from svg_lib.runtime import Runtime, default_interpret, detect_runtime
 
 # Above this many heads x tokens^2 score elements, interpret mode runs for hours (the small
@@ -49,6 +49,7 @@ def blog_figure(config: BenchConfig, method: str) -> float | None:
     The figures are for the blog's own configuration (BQ 3328, BKV 1536); for B2 on the
     blog's problem with BKV 1536 and a BQ from its sweep, the sweep's figure is used.
     """
+    check_method(method, METHODS)
     if method == "b2" and config.is_blog_problem and config.block_kv == 1536:
         if config.block_q in BLOG_SWEEP_V6E_MS:
             return BLOG_SWEEP_V6E_MS[config.block_q]
@@ -63,6 +64,7 @@ def method_tiles(config: BenchConfig, method: str, plan=None, b3_plan=None) -> d
     visited tile); b3: the plan
     of the tile-aligned mask. `plan` / `b3_plan` may be passed in to avoid replanning.
     """
+    check_method(method, METHODS)
     n, bq, bkv = config.tokens, config.block_q, config.block_kv
     nq, nk = -(-n // bq), -(-n // bkv)
     if method == "reference":
