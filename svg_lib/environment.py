@@ -14,7 +14,7 @@ import re
 from importlib import metadata
 
 # distribution -> oldest version svg_lib is tested with
-FLOORS = {"numpy": "2.1", "matplotlib": "3.10", "ipywidgets": "7.7", "jax": "0.7.2"}
+FLOORS = {"numpy": "2.1", "matplotlib": "3.10", "ipywidgets": "7.7", "tqdm": "4.67", "jax": "0.7.2"}
 
 
 def version_tuple(version: str) -> tuple[int, ...]:

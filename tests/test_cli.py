@@ -252,3 +252,20 @@ def test_cost_without_libtpu_and_without_committed_cycles_says_what_to_install(w
     assert err.startswith("python -m svg_lib cost: error: simulating ")
     assert "pip install 'libtpu==0.0.42.*'" in err and "pip install -e '.[tpu-compile]'" in err
     assert "the committed reference has v5e 512 x 256, v5e 3328 x 1536, v6e 512 x 256, v6e 3328 x 1536)" in err
+
+
+def test_quiet_silences_progress_bars_only(capsys, monkeypatch):
+    from svg_lib.progress import QUIET_ENV, bar, is_quiet, set_quiet
+
+    monkeypatch.delenv(QUIET_ENV, raising=False)
+    code, out, err = run(capsys, "plan", "--preset", "tiny", "--json", "--quiet")
+    assert code == 0 and json.loads(out)["tokens"] == 384  # results print as ever
+    assert is_quiet() and bar(total=3, show=True).disable  # the run set it for every bar of the process
+    code, _, _ = run(capsys, "plan", "--preset", "tiny", "--json")
+    assert code == 0 and not is_quiet() and not bar(total=3, show=True).disable and bar(total=3, show=False).disable
+    monkeypatch.setenv(QUIET_ENV, "1")
+    assert is_quiet() and bar(total=3).disable
+    set_quiet(False)
+    for command in commands():  # every command takes it
+        code, out, _ = run(capsys, command.name, "--help")
+        assert code == 0 and "--quiet" in out

@@ -412,3 +412,23 @@ def test_plan_rejects_bad_block_sizes(bad):
         plan_tiles(mask, bad, 128)
     with pytest.raises(ValueError, match=r"block_kv.*multiple of 128"):
         plan_tiles(mask, 128, bad)
+
+
+def test_a_large_plan_counted_a_band_of_rows_at_a_time_is_the_same_plan(monkeypatch):
+    # plans of PROGRESS_TOKENS or more count their pairs in bands of query tiles (to show a bar); the
+    # result must not depend on it: the same mask planned whole and in bands gives equal tables
+    import svg_lib.core.planner as planner
+    from svg_lib.progress import set_quiet
+
+    mask = SVGMask.spatial(VideoGeometry(21, 16, 30), 0.35)  # 10,080 tokens, 79 x 40 tiles
+    whole = planner.plan_tiles(mask, 128, 256)
+    monkeypatch.setattr(planner, "PROGRESS_TOKENS", 1000)
+    set_quiet(True)
+    try:
+        banded = planner.plan_tiles(mask, 128, 256)
+    finally:
+        set_quiet(False)
+    assert np.array_equal(whole.classes, banded.classes)
+    assert np.array_equal(whole.tables.schedule, banded.tables.schedule) and whole.steps == banded.steps
+    assert np.array_equal(whole.tables.schedule_t, banded.tables.schedule_t)
+    assert whole.stats == banded.stats

@@ -20,8 +20,9 @@ import sys
 from svg_lib import __version__
 from svg_lib.cli import bench, cost, frontier, lower, plan, report, sharded, tune, vmem
 from svg_lib.cli import compile as compile_command  # the module, not the builtin
-from svg_lib.cli.common import PROG, Command, _Parser
+from svg_lib.cli.common import PROG, Command, _Parser, add_common_arguments
 from svg_lib.environment import MissingCompiler
+from svg_lib.progress import set_quiet
 
 COMMANDS: tuple[Command, ...] = tuple(m.COMMAND for m in (plan, bench, lower, compile_command, tune, cost, vmem,
                                                           sharded, report, frontier))
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     for command in commands():
         command_parser = sub.add_parser(command.name, help=command.help, description=command.help)
         command.add_arguments(command_parser)
+        add_common_arguments(command_parser)
         command_parser.set_defaults(_run=command.run)
     return parser
 
@@ -53,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as stop:  # --help, --version and argparse errors: return instead of exiting
         return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    set_quiet(args.quiet)  # every command's progress bars (svg_lib.progress), for this run
     try:
         return int(args._run(args))
     except ValueError as err:  # UsageError, or the library refusing a value it was given

@@ -4,12 +4,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 from dataclasses import dataclass
 from typing import Callable
 
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.problem import DEFAULT_METHODS, BenchConfig, get_preset
+from svg_lib.progress import is_quiet
 from svg_lib.tools.bench import check_methods
 
 PROG = "python -m svg_lib"
@@ -33,6 +35,20 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+# -- flags every command has -----------------------------------------------------------------
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """What every command takes: --quiet (no progress bars; results and errors are printed as ever)."""
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress bars or progress lines on stderr (results and errors still print)")
+
+
+def say(line: str) -> None:
+    """A progress line on stderr, unless --quiet."""
+    if not is_quiet():
+        print(line, file=sys.stderr, flush=True)
 
 
 # -- problem flags shared by every command ---------------------------------------------------

@@ -19,6 +19,7 @@ from svg_lib.cli.common import (
 )
 from svg_lib.environment import INSTALL_HINT, has_libtpu, libtpu_version
 from svg_lib.problem import PALLAS_METHODS
+from svg_lib.progress import write
 from svg_lib.tpu.compiler import check_targets, compile_all
 from svg_lib.tpu.lowering import splash_note
 
@@ -69,8 +70,8 @@ def _compile_run(args: argparse.Namespace) -> int:
         print(splash_note(config, methods), flush=True)
     reports = []
     for one in configs:
-        reports += compile_all(one, methods, targets, progress=lambda r: print(r.line(), flush=True),
-                               check_estimate=not args.no_estimate_check)
+        reports += compile_all(one, methods, targets, progress=lambda r: write(r.line()),
+                               check_estimate=not args.no_estimate_check, bar=True)
     failed = [f"{r.method} {r.block_q}x{r.block_kv} on {r.target}" for r in reports if not r.ok]
     print(f"{len(reports) - len(failed)} of {len(reports)} compiled"
           + (f"; FAILED: {', '.join(failed)}" if failed else "")

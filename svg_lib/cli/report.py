@@ -6,6 +6,7 @@ import sys
 
 from svg_lib.cli.common import Command, UsageError, output_folder
 from svg_lib.problem import PRESETS
+from svg_lib.progress import is_quiet, write
 from svg_lib.tools.report import default_config, run_report
 
 
@@ -22,8 +23,8 @@ def _report_run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
     config = PRESETS[args.preset] if args.preset else default_config()
-    data = run_report(args.out, config=config, repeats=args.repeats,
-                      progress=lambda line: print(line, file=sys.stderr, flush=True))
+    data = run_report(args.out, config=config, repeats=args.repeats, bar=True,
+                      progress=lambda line: is_quiet() or write(line, sys.stderr))
     print(f"{data['evidence']}: wrote {args.out}/report.md (share it, with report.json and report.png)")
     return 0
 

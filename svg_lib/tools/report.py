@@ -37,6 +37,7 @@ from svg_lib.kernels.tolerances import tolerance
 from svg_lib.layers.profiling import bound_pass_rate
 from svg_lib.layers.synthetic import structured_qkv
 from svg_lib.problem import PRESETS, BenchConfig
+from svg_lib.progress import bar as progress_bar
 from svg_lib.runtime import default_interpret, detect_runtime
 from svg_lib.tools.bench import run_benchmark
 from svg_lib.tpu.cost import BLOCKS_KIND, cost_model, filled_from, load_reference
@@ -120,20 +121,38 @@ def modelled_cycles(config: BenchConfig, target: str | None) -> dict | None:
             "versions": reference["versions"], "evidence": reference["evidence"]}
 
 
+REPORT_STEPS = len(METHODS) + 3  # each stage timed, the adversarial inputs, the pass rates, the files
+
+
 def run_report(out_dir, *, config: BenchConfig | None = None, repeats: int = 3, warmup: int = 1, seed: int = 0,
-               progress=None) -> dict:
+               progress=None, bar: bool = False) -> dict:
     """Run the report's steps (see the module docstring) and write report.json, report.md and report.png
-    into `out_dir`. Returns the JSON object."""
+    into `out_dir`. Returns the JSON object. `progress(line)` gets a line per step; `bar` shows a
+    progress bar (`svg_lib.progress`: stderr, silenced by --quiet) naming the step that runs."""
     runtime = detect_runtime()
     config = config or default_config(runtime)
-    say = progress or (lambda line: None)
+    shown = progress_bar(total=REPORT_STEPS, desc="report", show=bar)
+
+    def say(line):
+        if progress is not None:
+            progress(line)
+        if line.split(":")[0] in METHODS:  # a stage's timing is done
+            shown.update(1)
+            shown.set_description(f"report: timing B0-B3 ({shown.n} of {len(METHODS)} done)")
+
     started = time.perf_counter()
     say(f"report: {runtime.banner()}; {config.describe()}")
+    shown.set_description("report: timing B0-B3")
     bench = run_benchmark(config, METHODS, repeats=repeats, warmup=warmup, seed=seed, progress=say)
     say("report: adversarial inputs (scores at their bound) through dense and B3")
+    shown.set_description("report: adversarial inputs through dense and B3")
     adversarial = adversarial_rows()
+    shown.update(1)
     say("report: the bounded max's pass rate")
+    shown.set_description("report: the bounded max's pass rate")
     rates = pass_rates(config, seed=seed)
+    shown.update(1)
+    shown.set_description("report: writing report.json, report.md, report.png")
     target = runtime.tpu_generation
     model = modelled_cycles(config, target if runtime.compiled else None)
     # where nothing ran on a TPU, the reader still sees what the model predicts for the blog's v6e
@@ -153,6 +172,8 @@ def run_report(out_dir, *, config: BenchConfig | None = None, repeats: int = 3, 
     figure.savefig(out / "report.png", dpi=110)
     import matplotlib.pyplot as plt
     plt.close(figure)
+    shown.update(1)
+    shown.close()
     say(f"report: wrote {out / 'report.json'}, report.md and report.png")
     return data
 
