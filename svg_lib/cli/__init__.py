@@ -15,6 +15,7 @@ a command: write that module and add it to `COMMANDS` below. `run` reports bad i
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 from svg_lib import __version__
@@ -51,11 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     Bad input gives one line on stderr and status 2, never a traceback.
     """
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as stop:  # --help, --version and argparse errors: return instead of exiting
         return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
     set_quiet(args.quiet)  # every command's progress bars (svg_lib.progress), for this run
+    args._command_line = f"{PROG} {shlex.join(argv)}"  # as typed: what a report records
     try:
         return int(args._run(args))
     except ValueError as err:  # UsageError, or the library refusing a value it was given

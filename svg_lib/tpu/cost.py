@@ -385,6 +385,23 @@ def save_reference(groups: dict, path: Path = REFERENCE_FILE, note: str = "") ->
     return path
 
 
+# MXUs per TensorCore assumed to turn simulated cycles into time, where a figure must show both (the
+# report's plot; the frontier's table assumes the same): the v6e's static profile runs a 3328 x 1536 x 128
+# q k^T at 462K FLOP a cycle, more than the 2 MXUs of chips.TARGETS can, so 4 are assumed there
+# (918 TFLOP/s at 1.75 GHz); the v5e's 4 agree with TARGETS (197 TFLOP/s at 1.50 GHz). An assumption:
+# every figure that uses it prints the clock.
+ASSUMED_MXUS = {"v5e": 4, "v6e": 4}
+
+
+def assumed_clock_hz(chip: str) -> float | None:
+    """The clock at which `ASSUMED_MXUS[chip]` MXUs reach the chip's bf16 peak; None for a chip with
+    no assumption (then simulated cycles stay cycles)."""
+    t = check_target(chip)
+    if chip not in ASSUMED_MXUS:
+        return None
+    return t.bf16_tflops * 1e12 / (2 * ASSUMED_MXUS[chip] * t.mxu ** 2 * t.tensor_cores)
+
+
 def committed_tile_cost(target: str, block_q: int, block_kv: int, block_kv_compute: int, head_dim: int = 128,
                         kernels=COST_KERNELS, kinds=TILE_KINDS) -> TileCost | None:
     """The committed reference's cycles (group "after", the kernels as they are) for these tiles, or
