@@ -65,7 +65,7 @@ def check_dtype(dtype) -> str:
     ValueError listing them. Takes a name, a numpy or a jax dtype."""
     name = _dtype_name(dtype)
     if name not in _DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r}; the kernels take {' or '.join(_DTYPES)}")
+        raise ValueError(f"unsupported dtype {name!r}; the kernels take {' or '.join(_DTYPES)}")
     return name
 
 
