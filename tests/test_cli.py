@@ -269,3 +269,13 @@ def test_quiet_silences_progress_bars_only(capsys, monkeypatch):
     for command in commands():  # every command takes it
         code, out, _ = run(capsys, command.name, "--help")
         assert code == 0 and "--quiet" in out
+
+
+def test_a_density_the_mask_cannot_honour_is_one_warning_line(capsys):
+    code, out, err = run(capsys, "plan", "--preset", "tiny", "--density", "0.001", "--json")
+    assert code == 0 and json.loads(out)["pair_density"] > 0.7
+    assert err.startswith("python -m svg_lib plan: warning: density 0.001 asks for 0.10% of the pairs but the mask "
+                          "keeps 72.4% at 384 tokens") and len(err.strip().splitlines()) == 1
+    assert err.strip().endswith("the smallest density that means something at this size is about 0.72")
+    code, out, err = run(capsys, "plan", "--preset", "tiny", "--json")  # 0.35: nothing to say
+    assert code == 0 and err == ""

@@ -17,11 +17,13 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import warnings
 
 from svg_lib import __version__
 from svg_lib.cli import bench, cost, frontier, lower, plan, report, sharded, tune, vmem
 from svg_lib.cli import compile as compile_command  # the module, not the builtin
 from svg_lib.cli.common import PROG, Command, _Parser, add_common_arguments
+from svg_lib.core.masks import DensityFloorWarning
 from svg_lib.environment import MissingCompiler
 from svg_lib.progress import set_quiet
 
@@ -60,7 +62,16 @@ def main(argv: list[str] | None = None) -> int:
     set_quiet(args.quiet)  # every command's progress bars (svg_lib.progress), for this run
     args._command_line = f"{PROG} {shlex.join(argv)}"  # as typed: what a report records
     try:
-        return int(args._run(args))
+        with warnings.catch_warnings():  # svg_lib's own warnings as one line each, like its errors
+            shown = warnings.showwarning
+
+            def one_line(message, category, filename, lineno, file=None, line=None):
+                if issubclass(category, DensityFloorWarning):
+                    print(f"{PROG} {args.command}: warning: {message}", file=sys.stderr, flush=True)
+                else:
+                    shown(message, category, filename, lineno, file, line)
+            warnings.showwarning = one_line
+            return int(args._run(args))
     except ValueError as err:  # UsageError, or the library refusing a value it was given
         print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
         return 2
