@@ -405,13 +405,19 @@ def test_plan_needs_a_mask(not_a_mask):
         plan_tiles(not_a_mask, 128, 128)
 
 
-@pytest.mark.parametrize("bad", [0, 100, 129, -128, 128.0, True])
+@pytest.mark.parametrize("bad", [0, 100, 129, -128, 128.5, True])
 def test_plan_rejects_bad_block_sizes(bad):
     mask = SVGMask.spatial(VideoGeometry(2, 8, 8), 0.5)
     with pytest.raises(ValueError, match=r"block_q.*multiple of 128"):
         plan_tiles(mask, bad, 128)
     with pytest.raises(ValueError, match=r"block_kv.*multiple of 128"):
         plan_tiles(mask, 128, bad)
+
+
+def test_plan_refuses_an_integral_float_block_as_a_float():
+    mask = SVGMask.spatial(VideoGeometry(2, 8, 8), 0.5)
+    with pytest.raises(ValueError, match=r"^block_kv must be an int, got 128.0 \(a float\); pass the int 128$"):
+        plan_tiles(mask, 128, 128.0)
 
 
 def test_a_large_plan_counted_a_band_of_rows_at_a_time_is_the_same_plan(monkeypatch):
