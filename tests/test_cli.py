@@ -244,7 +244,7 @@ def test_cost_without_libtpu_reads_the_committed_cycles(without_libtpu, capsys, 
 
 
 @pytest.mark.parametrize("argv", [["--preset", "blog", "--block-q", "1024"], ["--preset", "blog", "--target", "v4"],
-                                  ["--preset", "small", "--head-dim", "64"]])
+                                  ["--preset", "small", "--head-dim", "64"], ["--preset", "blog", "--refresh"]])
 def test_cost_without_libtpu_and_without_committed_cycles_says_what_to_install(without_libtpu, capsys, argv):
     code, out, err = run(capsys, "cost", *argv)
     assert code == 2 and out == ""

@@ -201,7 +201,8 @@ def tile_cost(target: str = "v6e", config: BenchConfig | None = None, *, block_q
     if path.exists() and not refresh:
         return TileCost.from_json(json.loads(path.read_text()), from_cache=True, cache_path=str(path))
     if not has_libtpu():  # nothing to compile with: the committed cycles where they exist, else what to install
-        committed = committed_tile_cost(target, block_q, block_kv, block_kv_compute, head_dim, kernels, kinds)
+        committed = None if refresh else committed_tile_cost(target, block_q, block_kv, block_kv_compute, head_dim,
+                                                             kernels, kinds)
         if committed is None:
             raise MissingCompiler(missing_compiler_message(
                 f"simulating {target} cycles at {block_q} x {block_kv} tiles (compute {block_kv_compute}, head_dim "
