@@ -24,17 +24,19 @@ def is_quiet() -> bool:
     return _state["quiet"] or os.environ.get(QUIET_ENV, "") not in ("", "0")
 
 
-def bar(iterable=None, *, total: int | None = None, desc: str = "", unit: str = "step", show: bool = True):
+def bar(iterable=None, *, total: int | None = None, desc: str = "", unit: str = "step", show: bool = True,
+        delay: float = 1.0):
     """A tqdm bar over `iterable` (or over `total` steps, advanced by `.update(n)`), on stderr.
 
     `desc` says what runs; change it as the work moves on with `.set_description(...)`, and add
     the current item with `.set_postfix_str(...)`. With `show` False, or when quiet, the bar is
     tqdm's disabled one: the same methods, nothing printed. It is left on screen only while it
-    runs (`leave=False`), so that what a command prints stays as it was."""
+    runs (`leave=False`), so that what a command prints stays as it was, and appears only once the
+    work has taken `delay` seconds (a plan of a million SVG tokens takes under one)."""
     from tqdm.auto import tqdm
 
     return tqdm(iterable, total=total, desc=desc, unit=unit, file=sys.stderr, leave=False,
-                disable=not show or is_quiet(), dynamic_ncols=True)
+                disable=not show or is_quiet(), dynamic_ncols=True, delay=delay)
 
 
 def write(line: str, file=None) -> None:
