@@ -14,7 +14,7 @@ import re
 from importlib import metadata
 
 # distribution -> oldest version svg_lib is tested with
-FLOORS = {"numpy": "2.1", "matplotlib": "3.10", "ipywidgets": "7.7", "jax": "0.7.2"}
+FLOORS = {"numpy": "2.1", "matplotlib": "3.10", "ipywidgets": "7.7", "tqdm": "4.67", "jax": "0.7.2"}
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
@@ -53,11 +53,17 @@ def check_environment(installed=None) -> None:
     found = problems(installed)
     if not found:
         return
-    names = " ".join(f'"{n}>={FLOORS[n]}"' for n in FLOORS if any(line.startswith(n + " ") for line in found))
+    wanted = [n for n in FLOORS if any(line.startswith(n + " ") for line in found)]
+    names = " ".join(f'"{n}>={FLOORS[n]}"' for n in wanted)
+    if "jax" not in wanted:  # only what is missing: nothing about jax or TPUs when jax is fine
+        raise ImportError("svg_lib cannot start: " + "; ".join(found) + f". Run: pip install {names} "
+                          "(then restart the kernel).")
+    others = " ".join(f'"{n}>={FLOORS[n]}"' for n in wanted if n != "jax")
     raise ImportError(
         "svg_lib cannot start: " + "; ".join(found) + ". On a machine without a TPU run: "
         f"pip install {names}. On a TPU runtime (Colab, a TPU VM) upgrade jax with the libtpu that belongs "
-        "to it: pip install -U \"jax[tpu]>=" + FLOORS["jax"] + "\" (then restart the kernel).")
+        "to it: pip install -U \"jax[tpu]>=" + FLOORS["jax"] + "\"" + (f" {others}" if others else "")
+        + " (then restart the kernel).")
 
 
 def installed_version(name: str) -> str | None:
@@ -74,6 +80,24 @@ INSTALL_HINT = ('pip install -e ".[tpu-compile]"  (from the repository root; `ma
                 "`make lab` does not). It pins libtpu to the version the installed jax expects.")
 
 
+class MissingCompiler(RuntimeError):
+    """The TPU compiler (the libtpu wheel) is needed and not installed; the message is one line
+    naming what to install. The command line prints it as it is, without a traceback."""
+
+
+def libtpu_requirement() -> str:
+    """The libtpu this svg_lib's `tpu-compile` extra pins ("libtpu==0.0.42.*"), read from the
+    installed package's metadata; "libtpu" where that is not available."""
+    try:
+        requires = metadata.requires("svg_lib") or []
+    except metadata.PackageNotFoundError:
+        requires = []
+    for line in requires:
+        if line.replace(" ", "").startswith("libtpu"):
+            return line.split(";")[0].strip()
+    return "libtpu"
+
+
 def has_libtpu() -> bool:
     """True when the libtpu wheel (the TPU compiler) is installed."""
     return importlib.util.find_spec("libtpu") is not None
@@ -82,8 +106,14 @@ def has_libtpu() -> bool:
 def require_libtpu() -> None:
     """Raise a RuntimeError that says how to install libtpu, if it is missing."""
     if not has_libtpu():
-        raise RuntimeError("compiling for TPU on this machine needs the TPU compiler from the libtpu "
-                           f"wheel, which is not installed. Install it with: {INSTALL_HINT}")
+        raise MissingCompiler(missing_compiler_message("compiling for TPU on this machine"))
+
+
+def missing_compiler_message(what: str) -> str:
+    """One line: `what` needs libtpu, which is missing, and the pip command that installs it."""
+    return (f"{what} needs the TPU compiler (the libtpu wheel), which is not installed: pip install "
+            f"'{libtpu_requirement()}' (the version the installed jax expects), or pip install -e '.[tpu-compile]' "
+            "from the repository root")
 
 
 def allow_shared_libtpu() -> None:

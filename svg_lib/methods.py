@@ -93,14 +93,15 @@ MASKED_METHODS = tuple(n for n, m in METHODS.items() if m.needs_mask)
 
 
 def check_method(name, among=None, *, what: str = "method") -> Method:
-    """The record of method `name`, or a ValueError naming the bad value and the valid ones.
+    """The record of method `name`, or a ValueError naming the bad value and the valid ones (worded
+    as `problem.check_method`, which checks any name against a list and returns the name).
 
     `among`: the names this caller accepts (default: every method)."""
     allowed = tuple(METHODS) if among is None else tuple(among)
     if not isinstance(name, str) or name not in allowed:
-        close = [m for m in allowed if isinstance(name, str) and m == name.lower()]
-        hint = f" (names are lower case: {close[0]!r})" if close else ""
-        raise ValueError(f"unknown {what} {name!r}{hint}; choose one of {', '.join(allowed)}")
+        close = [m for m in allowed if isinstance(name, str) and m == name.strip().lower()]
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown {what} {name!r}{hint}; valid: {', '.join(allowed)}")
     return METHODS[name]
 
 

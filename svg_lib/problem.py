@@ -15,6 +15,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from svg_lib import methods
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.masks import LANES, Mask, check_block_size
 from svg_lib.core.svg_masks import SVGMask
@@ -43,8 +44,30 @@ BLOG_MULTICHIP_MS = {"before": 75.64, "after": 46.81}
 BLOG_END_TO_END = {"720p": (1.28, None, 0.555), "1080p": (1.49, 24.66, None), "1440p": (1.69, 24.05, 0.882)}
 
 DEFAULT_METHODS = ("splash_dense", "dense", "splash", "b1", "b2", "b3")
-PALLAS_METHODS = ("dense", "splash_dense", "splash", "b1", "b2", "b3")
+PALLAS_METHODS = methods.PALLAS_METHODS
 _DTYPES = ("float32", "bfloat16")
+
+
+def check_method(method, allowed=PALLAS_METHODS, what: str = "method") -> str:
+    """`method` if it is one of `allowed`, else a one-line ValueError listing the valid names.
+
+    The one place a method name is checked (the memory estimates, the cost model, the tuner,
+    the command lines call it with their own `allowed`), so that a misspelt name ("B2", "b5",
+    "") is refused, never estimated as some other kernel."""
+    if isinstance(method, str) and method in allowed:
+        return method
+    close = [m for m in allowed if isinstance(method, str) and m == method.strip().lower()]
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ValueError(f"unknown {what} {method!r}{hint}; valid: {', '.join(allowed)}")
+
+
+def check_dtype(dtype) -> str:
+    """The name of `dtype` ("float32" or "bfloat16", what the kernels support), else a one-line
+    ValueError listing them. Takes a name, a numpy or a jax dtype."""
+    name = _dtype_name(dtype)
+    if name not in _DTYPES:
+        raise ValueError(f"unsupported dtype {name!r}; the kernels take {' or '.join(_DTYPES)}")
+    return name
 
 
 def _dtype_name(dtype) -> str:
@@ -92,9 +115,7 @@ class BenchConfig:
         check_block_size("block_kv", self.block_kv)
         if self.block_kv_compute is not None:
             check_block_kv_compute(self.block_kv, self.block_kv_compute, self.block_q)
-        dtype = _dtype_name(self.dtype)
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
+        dtype = check_dtype(self.dtype)
         object.__setattr__(self, "dtype", dtype)  # always the name, so the config is JSON-ready
 
     @classmethod

@@ -182,6 +182,9 @@ def test_progress_is_reported_per_method(result):
 def test_bad_arguments_raise(tiny):
     with pytest.raises(ValueError, match="unknown method"):
         run_benchmark(tiny, ("b4",))
+    for f in (blog_figure, method_tiles):  # no None, no tile counts for a method that does not exist
+        with pytest.raises(ValueError, match=r"^unknown method 'B3' \(did you mean 'b3'\?\); valid: reference, "):
+            f(tiny, "B3")
     with pytest.raises(ValueError, match="repeats"):
         run_benchmark(tiny, ("b3",), repeats=0)
     with pytest.raises(TypeError, match="BenchConfig"):

@@ -163,3 +163,119 @@ def test_cost_reads_the_problem_flags_into_one_config(monkeypatch, capsys):
     assert (config.heads, config.block_q, config.density, config.block_kv) == (3, 1024, 0.2, 256)
     assert main(["cost", "--block-q", "100"]) == 2
     assert "multiple of 128" in capsys.readouterr().err
+
+
+# -- output paths: every flag that writes a file is checked when the flags are read ------------
+
+WRITERS = [("report", "--out", []), ("frontier", "--plot", []), ("bench", "--json", ["--preset", "tiny"]),
+           ("lower", "--json", ["--preset", "tiny"]), ("compile", "--json", ["--preset", "tiny"]),
+           ("tune", "--json", ["--preset", "tiny"]), ("vmem", "--json", []), ("sharded", "--json", [])]
+
+
+@pytest.mark.parametrize("command, flag, extra", WRITERS)
+def test_an_unwritable_output_is_refused_before_any_work(tmp_path, capsys, monkeypatch, command, flag, extra):
+    import dataclasses
+
+    import svg_lib.cli as cli
+
+    ran = []  # no command may start: the path is refused while the flags are read
+    monkeypatch.setattr(cli, "COMMANDS", tuple(dataclasses.replace(c, run=lambda args: ran.append(args) or 0)
+                                               for c in cli.COMMANDS))
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    missing = tmp_path / "missing"
+    for path, words in ((a_file / "x.out", ["a_file", "is a file, not a folder"]),
+                        (missing / "x.out", ["missing", "does not exist"] if flag != "--out" else None)):
+        if words is None:  # a missing report folder is created: it is writable
+            continue
+        code, out, err = run(capsys, command, *extra, flag, str(path))
+        assert code == 2 and out == "" and ran == []
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+        assert err.startswith(f"python -m svg_lib {command}: error: argument {flag}: cannot write")
+        for word in words:
+            assert word in err
+    assert not missing.exists()
+
+
+def test_output_path_checks(tmp_path):
+    import argparse
+
+    from svg_lib.cli.common import output_file, output_folder
+
+    assert output_file(str(tmp_path / "new.json")) == str(tmp_path / "new.json")
+    assert output_folder(str(tmp_path / "new" / "deeper")) == str(tmp_path / "new" / "deeper")
+    assert list(tmp_path.iterdir()) == []  # checking writes nothing that stays
+    with pytest.raises(argparse.ArgumentTypeError, match="is a folder; give a file name in it"):
+        output_file(str(tmp_path))
+    if os.geteuid() != 0:  # root may write anywhere
+        read_only = tmp_path / "read_only"
+        read_only.mkdir(mode=0o555)
+        with pytest.raises(argparse.ArgumentTypeError, match="refuses new files"):
+            output_file(str(read_only / "x.json"))
+        with pytest.raises(argparse.ArgumentTypeError, match="refuses new files"):
+            output_folder(str(read_only / "report"))
+
+
+# -- cost without the TPU compiler: the committed cycles where they exist, else what to install --
+
+@pytest.fixture
+def without_libtpu(monkeypatch, tmp_path):
+    """As on a machine without the libtpu wheel: nothing compiles, and nothing is cached yet."""
+    import svg_lib.environment as environment
+    import svg_lib.instruments.tpu.cost as cost
+
+    monkeypatch.setattr(environment, "has_libtpu", lambda: False)  # what require_libtpu asks
+    monkeypatch.setattr(cost, "has_libtpu", lambda: False)
+    monkeypatch.setenv("SVG_LIB_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("argv", [["--preset", "blog"], ["--preset", "blog", "--sweep", "--backward"],
+                                  ["--preset", "small"], ["--preset", "blog", "--target", "v5e"]])
+def test_cost_without_libtpu_reads_the_committed_cycles(without_libtpu, capsys, argv):
+    from svg_lib.instruments.tpu.cost import load_reference
+
+    code, out, err = run(capsys, "cost", *argv)
+    assert code == 0, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "libtpu, is not installed: these are the committed cycles of " + load_reference()["date"] in err
+    assert "cost model" in out and "b3" in out
+    code, out, err = run(capsys, "cost", *argv, "--json")
+    assert code == 0 and json.loads(out)["cycles_from"] == "committed reference"
+
+
+@pytest.mark.parametrize("argv", [["--preset", "blog", "--block-q", "1024"], ["--preset", "blog", "--target", "v4"],
+                                  ["--preset", "small", "--head-dim", "64"], ["--preset", "blog", "--refresh"]])
+def test_cost_without_libtpu_and_without_committed_cycles_says_what_to_install(without_libtpu, capsys, argv):
+    code, out, err = run(capsys, "cost", *argv)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith("python -m svg_lib cost: error: simulating ")
+    assert "pip install 'libtpu==0.0.42.*'" in err and "pip install -e '.[tpu-compile]'" in err
+    assert "the committed reference has v5e 512 x 256, v5e 3328 x 1536, v6e 512 x 256, v6e 3328 x 1536)" in err
+
+
+def test_quiet_silences_progress_bars_only(capsys, monkeypatch):
+    from svg_lib.progress import QUIET_ENV, bar, is_quiet, set_quiet
+
+    monkeypatch.delenv(QUIET_ENV, raising=False)
+    code, out, err = run(capsys, "plan", "--preset", "tiny", "--json", "--quiet")
+    assert code == 0 and json.loads(out)["tokens"] == 384  # results print as ever
+    assert is_quiet() and bar(total=3, show=True).disable  # the run set it for every bar of the process
+    code, _, _ = run(capsys, "plan", "--preset", "tiny", "--json")
+    assert code == 0 and not is_quiet() and not bar(total=3, show=True).disable and bar(total=3, show=False).disable
+    monkeypatch.setenv(QUIET_ENV, "1")
+    assert is_quiet() and bar(total=3).disable
+    set_quiet(False)
+    for command in commands():  # every command takes it
+        code, out, _ = run(capsys, command.name, "--help")
+        assert code == 0 and "--quiet" in out
+
+
+def test_a_density_the_mask_cannot_honour_is_one_warning_line(capsys):
+    code, out, err = run(capsys, "plan", "--preset", "tiny", "--density", "0.001", "--json")
+    assert code == 0 and json.loads(out)["pair_density"] > 0.7
+    assert err.startswith("python -m svg_lib plan: warning: density 0.001 asks for 0.10% of the pairs but the mask "
+                          "keeps 72.4% at 384 tokens") and len(err.strip().splitlines()) == 1
+    assert err.strip().endswith("the smallest density that means something at this size is about 0.72")
+    code, out, err = run(capsys, "plan", "--preset", "tiny", "--json")  # 0.35: nothing to say
+    assert code == 0 and err == ""

@@ -119,8 +119,10 @@ def test_model_sums_step_costs():
 def test_model_needs_the_plan():
     with pytest.raises(ValueError, match="needs its plan"):
         step_kinds("b2")
-    with pytest.raises(ValueError, match="unknown method"):
+    with pytest.raises(ValueError, match=r"^unknown method 'b9'; valid: splash_dense, dense, b1, b2, b3$"):
         step_kinds("b9", plan_tiles(MASK, 128, 128))
+    with pytest.raises(ValueError, match=r"^unknown method 'B3' \(did you mean 'b3'\?\)"):
+        step_kinds("B3")  # checked before it asks for the plan
 
 
 def test_tile_cost_refuses_bad_input():

@@ -406,7 +406,7 @@ def test_import_time_floors_agree_with_pyproject(pyproject):
 
 
 def test_import_check_names_the_package_and_the_fix():
-    from svg_lib.environment import check_environment, problems, version_tuple
+    from svg_lib.environment import FLOORS, check_environment, problems, version_tuple
 
     assert version_tuple("0.7.2") == (0, 7, 2) and version_tuple("2.1.3+cpu") == (2, 1, 3)
     assert version_tuple("0.10.0rc1") == (0, 10, 0) and version_tuple("0.10.2") > version_tuple("0.7.2")
@@ -424,3 +424,14 @@ def test_import_check_names_the_package_and_the_fix():
         check_environment(installed(old="jax"))
     with pytest.raises(ImportError, match=r"numpy is not installed.*pip install \"numpy>=2\.1\""):
         check_environment(installed(missing="numpy"))
+    # only what is missing is named: no jax upgrade, no TPU runtime, when only a plotting package is absent
+    for missing in ("matplotlib", "ipywidgets"):
+        with pytest.raises(ImportError) as err:
+            check_environment(installed(missing=missing))
+        message = str(err.value)
+        assert message == (f"svg_lib cannot start: {missing} is not installed (svg_lib needs {missing}>="
+                           f"{FLOORS[missing]}). Run: pip install \"{missing}>={FLOORS[missing]}\" (then restart "
+                           "the kernel).")
+        assert "jax" not in message and "TPU" not in message
+    with pytest.raises(ImportError, match=r"jax\[tpu\]>=0\.7\.2\" \"numpy>=2\.1\""):
+        check_environment(lambda name: {"jax": "0.6.2", "numpy": "1.26"}.get(name, "99.0"))

@@ -453,7 +453,7 @@ def test_up_and_down_bracket_balanced():
 
 # -- bad input -------------------------------------------------------------------------------
 
-BAD_BLOCKS = [0, 100, 129, -128, 128.0, True]
+BAD_BLOCKS = [0, 100, 129, -128, 128.5, True]
 
 
 @pytest.mark.parametrize("bad", BAD_BLOCKS)
@@ -477,6 +477,16 @@ def test_bad_block_sizes_raise(bad):
         check_block_size("block_q", bad)
 
 
+@pytest.mark.parametrize("bad", [128.0, np.float64(256.0)])
+def test_integral_float_block_sizes_are_refused_as_floats(bad):
+    # 128.0 is a multiple of 128 and must not be told it is not; it is refused for being a float
+    message = rf"block_q must be an int, got {float(bad)!r} \(a float\); pass the int {int(bad)}$"
+    with pytest.raises(ValueError, match=message):
+        check_block_size("block_q", bad)
+    with pytest.raises(ValueError, match=message):
+        SVGMask.spatial(VideoGeometry(2, 8, 8), 0.5).tile_aligned(bad, 128)
+
+
 def test_block_size_hint_names_valid_neighbours():
     with pytest.raises(ValueError, match=r"128 and 256"):
         check_block_size("block_q", 129)
@@ -490,6 +500,35 @@ def test_block_size_hint_names_valid_neighbours():
 def test_bad_density_raises(density):
     with pytest.raises(ValueError, match="density"):
         SVGMask.spatial(VideoGeometry(2, 8, 8), density)
+
+
+def test_a_plan_of_a_density_far_below_what_the_mask_keeps_says_why():
+    import warnings
+
+    import re
+
+    from svg_lib.core.masks import DensityFloorWarning, density_floor_note
+    from svg_lib.core.planner import plan_tiles
+
+    g = VideoGeometry(3, 8, 16)  # 384 tokens: a 128-token sink and the 128-wide band keep 0.72 of the pairs
+    mask = SVGMask.spatial(g, 0.001)
+    with pytest.warns(DensityFloorWarning) as record:
+        plan_tiles(mask, 128, 128)
+    message = str(record[0].message)
+    assert record[0].filename == __file__  # points at the caller's line
+    assert message == density_floor_note(mask)
+    assert f"keeps {mask.pair_density:.1%}" in message and "72.4%" in message
+    assert "first-frame sink (128 keys" in message and "minimum width (128 tokens" in message
+    assert message.endswith("the smallest density that means something at this size is about 0.72")
+    assert re.search(r"the band's minimum width .* keeps 55\.7%.*about 0\.56$",
+                     density_floor_note(SVGMask.spatial(g, 0.001, first_frame_sink=False)))
+    assert density_floor_note(SVGMask.spatial(VideoGeometry(21, 45, 80), 0.001)).endswith("about 0.051")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no word where the mask keeps about what was asked
+        plan_tiles(SVGMask.spatial(VideoGeometry(21, 45, 80), 0.35), 3328, 1536)
+        plan_tiles(SVGMask.spatial(g, 0.35), 128, 128)  # 0.72 at 0.35: twice the ask, as the tiny problem always is
+        plan_tiles(mask.tile_aligned(128, 128), 128, 128)  # a rounded mask asked for no density
+    assert density_floor_note(SVGMask.spatial(g, 0.35)) is None
 
 
 def test_density_too_low_for_the_text_tokens():

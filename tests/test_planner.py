@@ -405,10 +405,36 @@ def test_plan_needs_a_mask(not_a_mask):
         plan_tiles(not_a_mask, 128, 128)
 
 
-@pytest.mark.parametrize("bad", [0, 100, 129, -128, 128.0, True])
+@pytest.mark.parametrize("bad", [0, 100, 129, -128, 128.5, True])
 def test_plan_rejects_bad_block_sizes(bad):
     mask = SVGMask.spatial(VideoGeometry(2, 8, 8), 0.5)
     with pytest.raises(ValueError, match=r"block_q.*multiple of 128"):
         plan_tiles(mask, bad, 128)
     with pytest.raises(ValueError, match=r"block_kv.*multiple of 128"):
         plan_tiles(mask, 128, bad)
+
+
+def test_plan_refuses_an_integral_float_block_as_a_float():
+    mask = SVGMask.spatial(VideoGeometry(2, 8, 8), 0.5)
+    with pytest.raises(ValueError, match=r"^block_kv must be an int, got 128.0 \(a float\); pass the int 128$"):
+        plan_tiles(mask, 128, 128.0)
+
+
+def test_a_large_plan_counted_a_band_of_rows_at_a_time_is_the_same_plan(monkeypatch):
+    # plans of PROGRESS_TOKENS or more count their pairs in bands of query tiles (to show a bar); the
+    # result must not depend on it: the same mask planned whole and in bands gives equal tables
+    import svg_lib.core.planner as planner
+    from svg_lib.progress import set_quiet
+
+    mask = SVGMask.spatial(VideoGeometry(21, 16, 30), 0.35)  # 10,080 tokens, 79 x 40 tiles
+    whole = planner.plan_tiles(mask, 128, 256)
+    monkeypatch.setattr(planner, "PROGRESS_TOKENS", 1000)
+    set_quiet(True)
+    try:
+        banded = planner.plan_tiles(mask, 128, 256)
+    finally:
+        set_quiet(False)
+    assert np.array_equal(whole.classes, banded.classes)
+    assert np.array_equal(whole.tables.schedule, banded.tables.schedule) and whole.steps == banded.steps
+    assert np.array_equal(whole.tables.schedule_t, banded.tables.schedule_t)
+    assert whole.stats == banded.stats

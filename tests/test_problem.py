@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 
 from svg_lib import SVGMask, VideoGeometry
-from svg_lib.problem import PRESETS, BenchConfig, get_preset, resolve_problem
+from svg_lib.problem import PALLAS_METHODS, PRESETS, BenchConfig, check_dtype, check_method, get_preset, resolve_problem
 from svg_lib.instruments.tools.tuner import tune
 from svg_lib.instruments.tpu.cost import TileCost, cost_model
 
@@ -34,6 +34,26 @@ def test_a_preset_is_checked_like_any_config():
         dataclasses.replace(PRESETS["tiny"], density=1.5)
     with pytest.raises(ValueError, match="multiple of 128"):
         dataclasses.replace(PRESETS["tiny"], block_q=100)
+
+
+def test_a_config_refuses_float_blocks_and_unsupported_dtypes_in_one_line():
+    with pytest.raises(ValueError, match=r"^block_q must be an int, got 128.0 \(a float\); pass the int 128$"):
+        dataclasses.replace(PRESETS["tiny"], block_q=128.0)
+    with pytest.raises(ValueError, match=r"^unsupported dtype 'float16'; the kernels take float32 or bfloat16$"):
+        dataclasses.replace(PRESETS["tiny"], dtype="float16")
+
+
+def test_check_method_names_the_valid_ones():
+    assert check_method("b3") == "b3"
+    assert check_method("b3", ("b2", "b3"), "stage") == "b3"
+    for bad in ("b5", "", None, " b2", "reference"):
+        with pytest.raises(ValueError, match=rf"^unknown method {bad!r}.*; valid: {', '.join(PALLAS_METHODS)}$"):
+            check_method(bad)
+    with pytest.raises(ValueError, match=r"did you mean 'b2'"):
+        check_method("B2")
+    with pytest.raises(ValueError, match=r"^unknown stage 'b1'; valid: b2, b3$"):
+        check_method("b1", ("b2", "b3"), "stage")
+    assert check_dtype("float32") == "float32"
 
 
 def test_resolve_problem_takes_a_config_or_a_mask_with_its_fields():

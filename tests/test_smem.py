@@ -63,6 +63,13 @@ def test_unknown_generation_is_an_error():
         estimate_smem({"t": (4,)}, "v9")
 
 
+def test_unknown_method_is_an_error():
+    plan = plan_tiles(SVGMask.spatial(VideoGeometry(2, 8, 16), 0.5), 128, 128)
+    with pytest.raises(ValueError, match=r"^unknown method 'b5'; valid: dense, splash_dense, splash, b1, b2, b3$"):
+        check_schedule_fits(plan, method="b5", heads=1)
+    assert check_schedule_fits(plan, method="b2", heads=1).fits
+
+
 def test_build_attention_refuses_an_overflowing_schedule_before_any_kernel(monkeypatch):
     """1440p at density 0.35 with 256 x 256 tiles: 1,182 x 516 steps do not fit; the error says
     so with the sizes and the capacity, and names larger blocks that fit."""

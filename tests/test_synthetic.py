@@ -130,3 +130,11 @@ def test_sliding_tiles_suit_3d_local_heads_and_not_temporal_ones(budget_table):
     assert rows["local3d", "sliding"]["recall"] > rows["local3d", "b2"]["recall"] + 0.05
     assert rows["local3d", "sliding"]["rel_l2"] < rows["local3d", "b2"]["rel_l2"]
     assert rows["temporal", "b2"]["recall"] > rows["temporal", "sliding"]["recall"] + 0.2
+
+
+def test_computed_mask_refuses_unknown_methods_and_kinds():
+    mask = SVGMask.spatial(VideoGeometry(2, 8, 16), 0.35)
+    with pytest.raises(ValueError, match=r"^unknown method 'b5'; valid: dense, splash_dense, splash, b1, b2, b3$"):
+        computed_mask(mask, "spatial", "b5", 128, 128)
+    with pytest.raises(ValueError, match=r"^unknown head kind 'local3d'; valid: spatial, temporal$"):
+        computed_mask(mask, "local3d", "b2", 128, 128)  # was silently the temporal head's

@@ -180,6 +180,30 @@ def test_unknown_generation():
         estimate_vmem("b2", **BLOG, generation="v9")
 
 
+@pytest.mark.parametrize("method, message", [
+    ("b5", r"unknown method 'b5'; valid: dense, splash_dense, splash, b1, b2, b3$"),
+    ("B2", r"unknown method 'B2' \(did you mean 'b2'\?\); valid: dense, "),
+    ("", r"unknown method ''; valid: "),
+    (None, r"unknown method None; valid: "),
+])
+def test_unknown_method_is_refused_not_estimated(method, message):
+    with pytest.raises(ValueError, match=message):
+        estimate_vmem(method, **BLOG)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "int8", jnp.float16, "bf16"])
+def test_unsupported_dtype_is_refused(dtype):
+    args = {**BLOG, "dtype": dtype}
+    with pytest.raises(ValueError, match=r"unsupported dtype .*; the kernels take float32 or bfloat16$"):
+        estimate_vmem("b2", **args)
+    assert estimate_vmem("b2", **{**BLOG, "dtype": jnp.bfloat16}).dtype == "bfloat16"
+
+
+def test_integral_float_block_is_refused_as_a_float():
+    with pytest.raises(ValueError, match=r"got 3328.0 \(a float\); pass the int 3328$"):
+        estimate_vmem("b2", **{**BLOG, "block_q": 3328.0})
+
+
 @pytest.mark.skipif(jax.devices()[0].platform == "tpu", reason="checks the plan off TPU")
 def test_offline_generation_is_v6e():
     # no TPU here: plans are made for the blog's chip

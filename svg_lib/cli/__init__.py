@@ -15,12 +15,17 @@ a command: write that module and add it to `COMMANDS` below. `run` reports bad i
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
+import warnings
 
 from svg_lib import __version__
 from svg_lib.cli import bench, cost, frontier, lower, plan, report, sharded, tune, vmem
 from svg_lib.cli import compile as compile_command  # the module, not the builtin
-from svg_lib.cli.common import PROG, Command, _Parser
+from svg_lib.cli.common import PROG, Command, _Parser, add_common_arguments
+from svg_lib.core.masks import DensityFloorWarning
+from svg_lib.environment import MissingCompiler
+from svg_lib.progress import set_quiet
 
 COMMANDS: tuple[Command, ...] = tuple(m.COMMAND for m in (plan, bench, lower, compile_command, tune, cost, vmem,
                                                           sharded, report, frontier))
@@ -38,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     for command in commands():
         command_parser = sub.add_parser(command.name, help=command.help, description=command.help)
         command.add_arguments(command_parser)
+        add_common_arguments(command_parser)
         command_parser.set_defaults(_run=command.run)
     return parser
 
@@ -48,12 +54,27 @@ def main(argv: list[str] | None = None) -> int:
     Bad input gives one line on stderr and status 2, never a traceback.
     """
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as stop:  # --help, --version and argparse errors: return instead of exiting
         return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    set_quiet(args.quiet)  # every command's progress bars (svg_lib.progress), for this run
+    args._command_line = f"{PROG} {shlex.join(argv)}"  # as typed: what a report records
     try:
-        return int(args._run(args))
+        with warnings.catch_warnings():  # svg_lib's own warnings as one line each, like its errors
+            shown = warnings.showwarning
+
+            def one_line(message, category, filename, lineno, file=None, line=None):
+                if issubclass(category, DensityFloorWarning):
+                    print(f"{PROG} {args.command}: warning: {message}", file=sys.stderr, flush=True)
+                else:
+                    shown(message, category, filename, lineno, file, line)
+            warnings.showwarning = one_line
+            return int(args._run(args))
     except ValueError as err:  # UsageError, or the library refusing a value it was given
+        print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except MissingCompiler as err:  # the TPU compiler is needed and not installed: what to install
         print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
         return 2

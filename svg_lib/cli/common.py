@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
+import tempfile
 from dataclasses import dataclass
 from typing import Callable
 
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.problem import DEFAULT_METHODS, BenchConfig, get_preset
+from svg_lib.progress import is_quiet
 from svg_lib.instruments.tools.bench import check_methods
 
 PROG = "python -m svg_lib"
@@ -31,6 +35,20 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+# -- flags every command has -----------------------------------------------------------------
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """What every command takes: --quiet (no progress bars; results and errors are printed as ever)."""
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress bars or progress lines on stderr (results and errors still print)")
+
+
+def say(line: str) -> None:
+    """A progress line on stderr, unless --quiet."""
+    if not is_quiet():
+        print(line, file=sys.stderr, flush=True)
 
 
 # -- problem flags shared by every command ---------------------------------------------------
@@ -116,6 +134,51 @@ def methods_from_args(args: argparse.Namespace, default=DEFAULT_METHODS) -> tupl
         return check_methods([m.strip() for m in args.methods.split(",") if m.strip()])
     except ValueError as err:
         raise UsageError(f"--methods: {err}") from None
+
+
+# -- output paths, checked when the flags are read (before any work) --------------------------
+
+def _probe_folder(folder: str) -> str | None:
+    """Why files cannot be written into the existing folder `folder`, or None when they can (tried,
+    not asked: os.access says yes to root even on a read-only mount)."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".svg_lib-write-check-"):
+            return None
+    except OSError as err:
+        return err.strerror or type(err).__name__
+
+
+def output_file(path: str) -> str:
+    """An argparse `type` for a flag naming a file to write: its folder exists and takes files.
+
+    A bad path is refused while the flags are read, in one line, before any work is done."""
+    folder = os.path.dirname(path) or "."
+    if os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{path!r} is a folder; give a file name in it")
+    if not os.path.isdir(folder):
+        what = "is a file, not a folder" if os.path.exists(folder) else "does not exist (create it first)"
+        raise argparse.ArgumentTypeError(f"cannot write {path!r}: the folder {folder!r} {what}")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise argparse.ArgumentTypeError(f"cannot write {path!r}: the file is read-only")
+    why = _probe_folder(folder)
+    if why:
+        raise argparse.ArgumentTypeError(f"cannot write {path!r}: the folder {folder!r} refuses new files ({why})")
+    return path
+
+
+def output_folder(path: str) -> str:
+    """An argparse `type` for a flag naming a folder to write into (created if missing): the folder,
+    or its nearest existing parent, must be a folder that takes files."""
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise argparse.ArgumentTypeError(f"cannot write into {path!r}: {existing!r} is a file, not a folder")
+    why = _probe_folder(existing)
+    if why:
+        raise argparse.ArgumentTypeError(f"cannot write into {path!r}: the folder {existing!r} refuses new files "
+                                         f"({why})")
+    return path
 
 
 def write_json(path: str, data: dict) -> None:

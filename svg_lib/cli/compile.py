@@ -14,10 +14,12 @@ from svg_lib.cli.common import (
     add_config_arguments,
     config_from_args,
     methods_from_args,
+    output_file,
     write_json,
 )
 from svg_lib.environment import INSTALL_HINT, has_libtpu, libtpu_version
 from svg_lib.problem import PALLAS_METHODS
+from svg_lib.progress import write
 from svg_lib.instruments.tpu.compiler import check_targets, compile_all
 from svg_lib.instruments.tpu.lowering import splash_note
 
@@ -33,7 +35,7 @@ def _compile_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compile at each of these query blocks in turn (instead of --block-q's one)")
     parser.add_argument("--no-estimate-check", action="store_true",
                         help="compile even where the VMEM estimate says the blocks will not fit")
-    parser.add_argument("--json", metavar="PATH", help="also write the reports as JSON to PATH")
+    parser.add_argument("--json", metavar="PATH", type=output_file, help="also write the reports as JSON to PATH")
 
 
 def _compile_run(args: argparse.Namespace) -> int:
@@ -68,8 +70,8 @@ def _compile_run(args: argparse.Namespace) -> int:
         print(splash_note(config, methods), flush=True)
     reports = []
     for one in configs:
-        reports += compile_all(one, methods, targets, progress=lambda r: print(r.line(), flush=True),
-                               check_estimate=not args.no_estimate_check)
+        reports += compile_all(one, methods, targets, progress=lambda r: write(r.line()),
+                               check_estimate=not args.no_estimate_check, bar=True)
     failed = [f"{r.method} {r.block_q}x{r.block_kv} on {r.target}" for r in reports if not r.ok]
     print(f"{len(reports) - len(failed)} of {len(reports)} compiled"
           + (f"; FAILED: {', '.join(failed)}" if failed else "")

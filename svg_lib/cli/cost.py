@@ -5,12 +5,13 @@ import argparse
 import copy
 import dataclasses
 import json
+import sys
 
 from svg_lib.chips import DEFAULT_TARGET, TARGETS
 from svg_lib.cli.common import Command, add_problem_arguments, config_from_args
 from svg_lib.problem import BLOG_SWEEP_V6E_MS
-from svg_lib.instruments.tpu.cost import (BLOG_RATIOS, EVIDENCE, MODEL_METHODS, backward_tile_cost, cost_model, filled_from, tile_cost,
-                              training_model)
+from svg_lib.instruments.tpu.cost import (BLOG_RATIOS, EVIDENCE, MODEL_METHODS, REFERENCE_FILE, backward_tile_cost, cost_model,
+                              filled_from, load_reference, tile_cost, training_model)
 from svg_lib.instruments.tpu.probes import BLOCKS_KIND, FAILING_KIND
 
 BLOG_SWEEP_BQ = (1024, 3328, 4864)
@@ -64,13 +65,20 @@ def _cost_run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     bq, bkv = config.block_q, config.block_kv
     cost = tile_cost(args.target, config, refresh=args.refresh)
+    committed = cost.cache_path == str(REFERENCE_FILE)  # no libtpu here: the committed cycles, said so
+    if committed:
+        reference = load_reference()
+        print(f"(the TPU compiler, libtpu, is not installed: these are the committed cycles of {reference['date']}, "
+              f"libtpu {reference['versions']['libtpu']}, from svg_lib/data/{REFERENCE_FILE.name}; install libtpu "
+              "to simulate other tiles)", file=sys.stderr)
     # B0 with padded keys runs Splash's block-mask body; where that was not simulated, the model
     # prices it at Splash's mask-free body, a lower bound (printed below)
     b0_lower_bound = BLOCKS_KIND in cost.unsimulated
     cost = filled_from(cost, blocks_as_free=True) if b0_lower_bound else cost
     model = cost_model(config, cost)
     failing = cost_model(config, cost, pass_rate=0.0) if FAILING_KIND in cost.per_step.get("svg_lib", {}) else None
-    out = {"evidence": EVIDENCE, "problem": config.to_json(), "preset": config.name, "target": args.target,
+    out = {"evidence": EVIDENCE, "cycles_from": "committed reference" if committed else "this machine's compiler",
+           "problem": config.to_json(), "preset": config.name, "target": args.target,
            "tile_cost": cost.to_json(), "b0_lower_bound": b0_lower_bound, "model": model,
            "model_no_tile_bounded": failing, "blog_ratios": BLOG_RATIOS}
     sweep = {}

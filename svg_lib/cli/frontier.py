@@ -9,13 +9,13 @@ import argparse
 import json
 import time
 
-from svg_lib.cli.common import Command
+from svg_lib.cli.common import Command, output_file
 from svg_lib.instruments.tools.frontier import DEFAULT_MASKS, MASKS, frontier, plot, table
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", type=int, default=64, help="query rows sampled for recall (default 64)")
-    parser.add_argument("--plot", default="frontier.png", metavar="PATH", help="where to draw the Pareto plot")
+    parser.add_argument("--plot", default="frontier.png", metavar="PATH", type=output_file, help="where to draw the Pareto plot")
     parser.add_argument("--masks", default=",".join(DEFAULT_MASKS), metavar="LIST",
                         help=f"comma-separated mask families of {','.join(MASKS)} (default {','.join(DEFAULT_MASKS)}; "
                              "semantic adds a few minutes of k-means on a CPU)")
@@ -30,7 +30,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.rows < 1:
         raise ValueError(f"--rows must be a positive number of query rows, got {args.rows}")
     start = time.perf_counter()
-    result = frontier(rows=args.rows, masks=masks)
+    result = frontier(rows=args.rows, masks=masks, bar=True)
     plot(result, args.plot)
     result["plot"] = str(args.plot)
     result["seconds"] = time.perf_counter() - start

@@ -4,13 +4,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from svg_lib.cli.common import Command, UsageError
+from svg_lib.cli.common import Command, UsageError, output_folder
 from svg_lib.problem import PRESETS
-from svg_lib.instruments.tools.report import default_config, run_report
+from svg_lib.progress import is_quiet, write
+from svg_lib.instruments.tools.report import default_config, issues_url, run_report
 
 
 def _report_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="svg_lib_report", metavar="DIR",
+    parser.add_argument("--out", default="svg_lib_report", metavar="DIR", type=output_folder,
                         help="folder for report.json, report.md and report.png (default svg_lib_report)")
     parser.add_argument("--preset", choices=tuple(PRESETS),
                         help="problem size (default: blog on a TPU, walkthrough elsewhere, where the kernels "
@@ -22,9 +23,10 @@ def _report_run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
     config = PRESETS[args.preset] if args.preset else default_config()
-    data = run_report(args.out, config=config, repeats=args.repeats,
-                      progress=lambda line: print(line, file=sys.stderr, flush=True))
-    print(f"{data['evidence']}: wrote {args.out}/report.md (share it, with report.json and report.png)")
+    data = run_report(args.out, config=config, repeats=args.repeats, bar=True, command=args._command_line,
+                      progress=lambda line: is_quiet() or write(line, sys.stderr))
+    print(f"{data['evidence']}: wrote {args.out}/report.md, report.json and report.png; send all three to "
+          f"{issues_url()}")
     return 0
 
 

@@ -9,7 +9,7 @@ import argparse
 import dataclasses
 import json
 
-from svg_lib.cli.common import Command, UsageError
+from svg_lib.cli.common import Command, UsageError, output_file
 from svg_lib.environment import INSTALL_HINT, has_libtpu
 from svg_lib.layers.multichip import PLACEMENTS
 from svg_lib.problem import PRESETS, get_preset
@@ -25,7 +25,7 @@ def _sharded_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-q", type=int, default=None, help="default: the preset's")
     parser.add_argument("--block-kv", type=int, default=None, help="default: the preset's")
     parser.add_argument("--topology", default="v6e:2x4")
-    parser.add_argument("--json", metavar="PATH", help="also write the reports as JSON")
+    parser.add_argument("--json", metavar="PATH", type=output_file, help="also write the reports as JSON")
 
 
 def _sharded_run(args: argparse.Namespace) -> int:

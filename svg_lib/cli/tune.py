@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from svg_lib.chips import TARGETS, check_target
-from svg_lib.cli.common import PROG, Command, UsageError, add_problem_arguments, problem_values, write_json
+from svg_lib.cli.common import PROG, Command, UsageError, add_problem_arguments, output_file, problem_values, write_json
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.masks import LANES
 from svg_lib.environment import INSTALL_HINT, has_libtpu
@@ -40,7 +40,7 @@ def _tune_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", metavar="NAME",
                         help=f"also compile each candidate for this TPU ({', '.join(TARGETS)}) with libtpu and "
                              "drop those the compiler refuses")
-    parser.add_argument("--json", metavar="PATH", help="also write the result as JSON to PATH")
+    parser.add_argument("--json", metavar="PATH", type=output_file, help="also write the result as JSON to PATH")
     parser.add_argument("--force", action="store_true",
                         help="run even when interpret mode would take hours (e.g. --preset blog on a CPU)")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from svg_lib.cli.common import Command, UsageError
+from svg_lib.cli.common import Command, UsageError, output_file
 from svg_lib.environment import INSTALL_HINT, has_libtpu
 from svg_lib.memory.vmem import SPLASH_METHODS
 from svg_lib.instruments.tpu.checks import largest_block_q, verify_against_compiler
@@ -20,7 +20,7 @@ def _vmem_arguments(parser: argparse.ArgumentParser) -> None:
                         help="block_q x block_kv pairs")
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     parser.add_argument("--block-kv-compute", nargs="+", type=int, default=None)
-    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--json", metavar="PATH", type=output_file, help="write the results here")
 
 
 def _vmem_run(args: argparse.Namespace) -> int:

@@ -30,7 +30,10 @@ BRUTE_FORCE_LIMIT_TOKENS = 32_768  # generic pair counting walks every pair; kee
 
 
 def check_block_size(name: str, value) -> int:
-    """Validate one block size: a positive multiple of 128 (the TPU lane width)."""
+    """Validate one block size: a positive int multiple of 128 (the TPU lane width); a float,
+    even 128.0, is refused as not an int (every block size passes through here)."""
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        raise ValueError(f"{name} must be an int, got {float(value)!r} (a float); pass the int {int(value)}")
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0 or value % LANES:
         hint = ""
         if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value > 0:
@@ -40,6 +43,43 @@ def check_block_size(name: str, value) -> int:
         raise ValueError(f"{name} must be a positive multiple of {LANES} (the TPU lane width), "
                          f"got {value!r}{hint}")
     return int(value)
+
+
+FAR_ABOVE = 4.0  # a mask keeping more than this many times the density asked for says why (DensityFloorWarning)
+
+
+class DensityFloorWarning(UserWarning):
+    """The mask keeps far more than the density asked for: the sink and the band's minimum width
+    (one lane tile, 128 tokens) keep a share of the pairs that no smaller density can lower."""
+
+
+def density_floor_note(mask) -> str | None:
+    """Why a band mask (an `SVGMask`: `density`, `band_width`, `sink_tokens`) keeps over FAR_ABOVE
+    times the density it was asked for, in one line; None when it keeps about what was asked, or
+    for a mask without a requested density. The floor is what the same sink with the narrowest band
+    (one lane tile) keeps: no smaller density can lower it."""
+    density = getattr(mask, "density", None)
+    if density is None or not hasattr(mask, "band_width") or not hasattr(mask, "sink_tokens"):
+        return None
+    kept = mask.pair_density
+    if kept <= FAR_ABOVE * density:
+        return None
+    n, sink = mask.tokens, mask.sink_tokens
+    floor = type(mask)(mask.geometry, min(LANES, n), sink).pair_density
+    parts = ([f"the first-frame sink ({sink:,} keys every query sees)"] if sink else []) + \
+        [f"the band's minimum width ({LANES} tokens, one lane tile)"]
+    return (f"density {density:g} asks for {density:.2%} of the pairs but the mask keeps {kept:.1%} at {n:,} tokens: "
+            f"{' and '.join(parts)} keep{'' if sink else 's'} {floor:.1%} whatever the density; the smallest density "
+            f"that means something at this size is about {floor:.2g}")
+
+
+def warn_density_floor(mask, stacklevel: int = 3) -> None:
+    """Warn (DensityFloorWarning) with `density_floor_note(mask)` where there is one."""
+    note = density_floor_note(mask)
+    if note:
+        import warnings
+
+        warnings.warn(note, DensityFloorWarning, stacklevel=stacklevel)
 
 
 def _content_key(array) -> tuple:

@@ -18,7 +18,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from svg_lib.core.masks import Mask, check_block_size
+from svg_lib.core.masks import Mask, check_block_size, warn_density_floor
+from svg_lib.progress import bar as progress_bar
+
+PROGRESS_TOKENS = 2**20  # plans of this many tokens or more show a progress bar (svg_lib.progress)
 
 EMPTY, PARTIAL, FULL = 0, 1, 2  # the same codes as Splash attention's block classes
 CLASS_NAMES = {EMPTY: "empty", PARTIAL: "partial", FULL: "full"}
@@ -150,11 +153,22 @@ def plan_tiles(mask: Mask, block_q: int, block_kv: int) -> TilePlan:
         raise TypeError(f"plan_tiles needs an svg_lib Mask (e.g. SVGMask.spatial(...)), got {type(mask).__name__}")
     block_q = check_block_size("block_q", block_q)
     block_kv = check_block_size("block_kv", block_kv)
+    warn_density_floor(mask)  # a band mask keeping far more than the density asked for says why
     n = mask.tokens
     nq, nk = -(-n // block_q), -(-n // block_kv)
     q_edges = np.arange(nq + 1, dtype=np.int64) * block_q
     k_edges = np.arange(nk + 1, dtype=np.int64) * block_kv
-    counts = np.asarray(mask.pair_counts(q_edges, k_edges), np.int64)
+    if n < PROGRESS_TOKENS:
+        counts = np.asarray(mask.pair_counts(q_edges, k_edges), np.int64)
+    else:  # a million tokens or more: minutes; counted a band of query tiles at a time, with a bar
+        step = max(1, -(-nq // 64))
+        with progress_bar(total=nq, desc=f"plan: counting kept pairs of {nq:,} x {nk:,} tiles ({n:,} tokens)",
+                          unit="row") as shown:
+            parts = []
+            for i in range(0, nq, step):
+                parts.append(np.asarray(mask.pair_counts(q_edges[i:i + step + 1], k_edges), np.int64))
+                shown.update(min(step, nq - i))
+        counts = np.concatenate(parts, axis=0)
     rows = np.asarray(mask.real_tokens_in(q_edges), np.int64)  # real query rows per query tile
     cols = np.asarray(mask.real_tokens_in(k_edges), np.int64)  # real keys per key tile
     areas = rows[:, None] * cols[None, :]

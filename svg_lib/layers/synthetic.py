@@ -39,6 +39,7 @@ from svg_lib.core.sliding import SlidingTileMask
 from svg_lib.kernels.reference import reference_attention
 from svg_lib.layers.profiling import sample_rows
 from svg_lib.layers.routing import svg_attention
+from svg_lib.problem import PALLAS_METHODS, check_method
 
 KINDS = ("spatial", "temporal", "local3d")
 
@@ -152,6 +153,8 @@ def computed_mask(mask: SVGMask, kind: str, method: str, block_q: int, block_kv:
     tile-aligned mask (rounded in the order the kernel sees), mapped back to frame-major for a
     temporal head.
     """
+    check_method(method, PALLAS_METHODS)
+    check_method(kind, ("spatial", "temporal"), "head kind")
     if method == "b3":
         rounded = mask.tile_aligned(block_q, block_kv)
         if kind == "spatial":

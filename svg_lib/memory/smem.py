@@ -66,8 +66,9 @@ from svg_lib.core.masks import TileAlignedMask
 from svg_lib.core.svg_masks import SVGMask
 from svg_lib.core.planner import plan_tiles
 from svg_lib.environment import installed_version
-from svg_lib.methods import PLANNED_METHODS, check_method
+from svg_lib.methods import METHODS, PLANNED_METHODS
 from svg_lib.memory.vmem import tpu_memory
+from svg_lib.problem import PALLAS_METHODS, check_method
 
 KiB, MiB = 2**10, 2**20
 WORD = 4                 # SMEM holds 32-bit words; scalar prefetch wants int32
@@ -181,6 +182,7 @@ def check_schedule_fits(plan, *, method: str, heads: int, kinds: int = 1, steps:
     `suggest(block_q, block_kv) -> SmemEstimate | None` estimates another block size (None
     when it cannot be planned); by default the plan's mask is planned again at larger blocks.
     """
+    check_method(method, PALLAS_METHODS)
     nq = plan.grid[0]
     steps = plan.steps if steps is None else steps
     estimate = schedule_smem(heads, kinds * nq, steps, generation, head_order=head_order)
@@ -261,7 +263,7 @@ def smem_table(geometries: dict, density: float = 0.35, blocks=((512, 512), (332
         mask = SVGMask.spatial(geometry, density)
         for bq, bkv in blocks:
             for method in methods:
-                plan = plan_tiles(check_method(method, PLANNED_METHODS).computed_mask(mask, bq, bkv), bq, bkv)
+                plan = plan_tiles(METHODS[check_method(method, PLANNED_METHODS)].computed_mask(mask, bq, bkv), bq, bkv)
                 forms = schedule_forms(1, plan.grid[0], plan.steps, generation)
                 row = {"geometry": name, "tokens": geometry.tokens, "block_q": bq, "block_kv": bkv,
                        "method": method, "rows": plan.grid[0], "steps": plan.steps}

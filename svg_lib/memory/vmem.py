@@ -69,7 +69,7 @@ from dataclasses import dataclass
 
 from svg_lib.chips import TARGETS
 from svg_lib.core.masks import LANES, check_block_size
-from svg_lib.problem import check_block_kv_compute
+from svg_lib.problem import PALLAS_METHODS, check_block_kv_compute, check_dtype, check_method
 from svg_lib.runtime import detect_runtime
 
 MiB = 2**20
@@ -243,6 +243,9 @@ def estimate_vmem(method: str, block_q: int, block_kv: int, head_dim: int, dtype
     of dense, b1, b2 or b3 is named with its pass: "b3:dq", "b3:dkv", or "b3:fused", which holds a
     whole head's dq and so needs `q_len`, the padded query count (`svg_lib.kernels.backward`).
     """
+    if not (isinstance(method, str) and ":" in method):
+        check_method(method, PALLAS_METHODS)
+    check_dtype(dtype)
     block_q = check_block_size("block_q", block_q)
     block_kv = check_block_size("block_kv", block_kv)
     block_kv_compute = check_block_kv_compute(block_kv, block_kv_compute, block_q)

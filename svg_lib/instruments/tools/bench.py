@@ -52,6 +52,7 @@ def blog_figure(config: BenchConfig, method: str) -> float | None:
     The figures are for the blog's own configuration (BQ 3328, BKV 1536); for B2 on the
     blog's problem with BKV 1536 and a BQ from its sweep, the sweep's figure is used.
     """
+    check_method(method)
     if method == BLOG_SWEEP_METHOD and config.is_blog_problem and config.block_kv == 1536:
         if config.block_q in BLOG_SWEEP_V6E_MS:
             return BLOG_SWEEP_V6E_MS[config.block_q]

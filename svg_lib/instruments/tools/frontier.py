@@ -47,6 +47,7 @@ from svg_lib.layers.profiling import sample_rows
 from svg_lib.layers.semantic import plan_from_orders, plan_keep, semantic_plan, tile_budget
 from svg_lib.layers.synthetic import KINDS, computed_mask, structured_qkv
 from svg_lib.problem import BLOG_V6E_MS, get_preset
+from svg_lib.progress import bar as progress_bar
 from svg_lib.instruments.tpu.cost import EVIDENCE, load_reference, model_cycles
 
 TILES = ((512, 256), (3328, 1536))
@@ -150,20 +151,26 @@ def mask_points(name, knob, g, p, rows, q, k, block_q, block_kv, cache=None):
     raise ValueError(f"unknown mask family {name!r}; known: {MASKS}")
 
 
-def frontier(rows: int = 64, masks=DEFAULT_MASKS, chips=CHIPS, tiles=TILES, knobs=None, heads: int | None = None) -> dict:
+def frontier(rows: int = 64, masks=DEFAULT_MASKS, chips=CHIPS, tiles=TILES, knobs=None, heads: int | None = None,
+             bar: bool = False) -> dict:
     """Every (mask, tile size, knob) point with its recall, computed density and predicted ms per chip.
 
     Returns {"points": [...], "best": {chip: {mask: {target: point or None}}}, "calibration": {...},
-    "dense_ms": {chip: ms}}. `knobs`: {mask: values} overriding `KNOBS` (a small grid for tests)."""
+    "dense_ms": {chip: ms}}. `knobs`: {mask: values} overriding `KNOBS` (a small grid for tests).
+    `bar`: a progress bar naming the point being computed (`svg_lib.progress`: stderr, --quiet)."""
     blog = get_preset("blog")
     heads = heads or blog.heads
     costs = probed_costs(chips, tiles)
     g, p, r, q, k = planted_heads(rows)
     points, cache = [], {}
+    shown = progress_bar(total=len(tiles) * sum(len((knobs or {}).get(n, KNOBS[n])) for n in masks), desc="frontier",
+                         unit="point", show=bar)
     for name in masks:
         for block_q, block_kv in tiles:
             for knob in (knobs or {}).get(name, KNOBS[name]):
+                shown.set_description(f"frontier: {name} at {block_q} x {block_kv}, knob {knob}")
                 got = mask_points(name, knob, g, p, r, q, k, block_q, block_kv, cache)
+                shown.update(1)
                 if got is None:
                     continue
                 recall, plans, density = got
@@ -176,6 +183,7 @@ def frontier(rows: int = 64, masks=DEFAULT_MASKS, chips=CHIPS, tiles=TILES, knob
                                    knob=list(knob) if isinstance(knob, tuple) else knob, density=density,
                                    recall=float(np.mean(recall)), recall_per_head=dict(zip(KINDS, map(float, recall))),
                                    ms=ms))
+    shown.close()
     best = {chip: {name: {t: cheapest(points, chip, t, mask=name) for t in TARGET_RECALLS}
                    for name in masks} for chip in chips}
     out = dict(points=points, best=best, evidence=EVIDENCE, rows=int(r.size), geometry=str(g), heads=heads,

@@ -14,7 +14,11 @@ report, on whatever jax finds:
    committed reference has its tiles (`tpu.cost`), and divides one by the other: nanoseconds per
    simulated cycle, per method. Equal across methods means the model ranks them as the chip does;
    the ratio to the chip's clock says how much the static profile leaves out;
-5. writes `report.json`, `report.md` and `report.png` into one folder.
+5. writes `report.json` (with svg_lib's version and commit, jax, jaxlib and libtpu, the chip and its
+   device kind, the UTC date and the command line: `provenance`), `report.png` (time per stage, measured
+   and simulated, one axis per chip, with the case study's figures where the chip is a v6e:
+   `stage_figure`) and `report.md` (the page, the plot embedded, and where to send all three:
+   `issues_url`) into one folder.
 
 On a TPU it runs the blog's problem compiled; elsewhere the walkthrough's in interpret mode, and
 every page says which. Sizes are the caller's to change (`config`).
@@ -22,21 +26,27 @@ every page says which. Sizes are the caller's to change (`config`).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from svg_lib.attention import b3_mask, build_attention
+from svg_lib.chips import MXUS_FOR_CLOCK, clock_hz
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.svg_masks import SVGMask
+from svg_lib.environment import installed_version
 from svg_lib.instruments.adversarial import CASES, adversarial_heads
 from svg_lib.kernels.reference import attention_float64
 from svg_lib.kernels.tolerances import tolerance
 from svg_lib.layers.profiling import bound_pass_rate
 from svg_lib.layers.synthetic import structured_qkv
-from svg_lib.problem import PRESETS, BenchConfig
+from svg_lib.problem import BLOG_V6E_MS, PRESETS, BenchConfig
+from svg_lib.progress import bar as progress_bar
 from svg_lib.runtime import default_interpret, detect_runtime
 from svg_lib.instruments.tools.bench import run_benchmark
 from svg_lib.instruments.tpu.cost import BLOCKS_KIND, cost_model, filled_from, load_reference
@@ -47,6 +57,48 @@ ADVERSARIAL_METHODS = ("dense", "b3")
 ADVERSARIAL_HEAD_DIMS = (64, 128, 256)
 ADVERSARIAL_DTYPES = ("float32", "bfloat16")
 PLANTED_KINDS = ("spatial", "temporal", "local3d")
+
+
+PACKAGE = Path(__file__).resolve().parents[1]
+TEMPLATE = "tpu-report.md"  # .github/ISSUE_TEMPLATE/tpu-report.md asks for the three files
+
+
+def issues_url() -> str:
+    """Where to send a report: the repository's new-issue page with the TPU report template, from the
+    REPOSITORY_URL file of the checkout svg_lib runs from; the words "the repository's issues page"
+    where there is none (an installed wheel) or it still holds its placeholder."""
+    path = PACKAGE.parent / "REPOSITORY_URL"
+    url = path.read_text().strip() if path.is_file() else ""
+    if not url.startswith(("https://", "http://")):
+        return "the repository's issues page"
+    base = url.removesuffix(".git").rstrip("/")
+    return f"{base}/issues/new?template={TEMPLATE}"
+
+
+def git_commit() -> str | None:
+    """The commit svg_lib's checkout is at ("+ local changes" when its files differ), or None when
+    svg_lib does not run from a git checkout or git is missing."""
+    try:
+        head = subprocess.run(["git", "-C", str(PACKAGE), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(PACKAGE), "status", "--porcelain", "--untracked-files=no", "--",
+                                "."], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + (" + local changes" if dirty.stdout.strip() else "")
+
+
+def provenance(runtime, command: str | None = None) -> dict:
+    """What a reader of a report needs to reproduce it: versions, commit, chip, date, command line."""
+    return {"svg_lib": installed_version("svg-lib"), "git_commit": git_commit(),
+            "jax": installed_version("jax"), "jaxlib": installed_version("jaxlib"),
+            "libtpu": installed_version("libtpu"), "platform": runtime.platform,
+            "chip": runtime.tpu_generation, "device_kind": runtime.device_kind,
+            "device_count": runtime.device_count, "python": sys.version.split()[0],
+            "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": command if command is not None else " ".join(sys.argv)}
 
 
 def default_config(runtime=None) -> BenchConfig:
@@ -120,20 +172,39 @@ def modelled_cycles(config: BenchConfig, target: str | None) -> dict | None:
             "versions": reference["versions"], "evidence": reference["evidence"]}
 
 
+REPORT_STEPS = len(METHODS) + 3  # each stage timed, the adversarial inputs, the pass rates, the files
+
+
 def run_report(out_dir, *, config: BenchConfig | None = None, repeats: int = 3, warmup: int = 1, seed: int = 0,
-               progress=None) -> dict:
+               progress=None, bar: bool = False, command: str | None = None) -> dict:
     """Run the report's steps (see the module docstring) and write report.json, report.md and report.png
-    into `out_dir`. Returns the JSON object."""
+    into `out_dir`. Returns the JSON object. `progress(line)` gets a line per step; `bar` shows a
+    progress bar (`svg_lib.progress`: stderr, silenced by --quiet) naming the step that runs.
+    `command`: the command line to record (default: this process's `sys.argv`)."""
     runtime = detect_runtime()
     config = config or default_config(runtime)
-    say = progress or (lambda line: None)
+    shown = progress_bar(total=REPORT_STEPS, desc="report", show=bar)
+
+    def say(line):
+        if progress is not None:
+            progress(line)
+        if line.split(":")[0] in METHODS:  # a stage's timing is done
+            shown.update(1)
+            shown.set_description(f"report: timing B0-B3 ({shown.n} of {len(METHODS)} done)")
+
     started = time.perf_counter()
     say(f"report: {runtime.banner()}; {config.describe()}")
+    shown.set_description("report: timing B0-B3")
     bench = run_benchmark(config, METHODS, repeats=repeats, warmup=warmup, seed=seed, progress=say)
     say("report: adversarial inputs (scores at their bound) through dense and B3")
+    shown.set_description("report: adversarial inputs through dense and B3")
     adversarial = adversarial_rows()
+    shown.update(1)
     say("report: the bounded max's pass rate")
+    shown.set_description("report: the bounded max's pass rate")
     rates = pass_rates(config, seed=seed)
+    shown.update(1)
+    shown.set_description("report: writing report.json, report.md, report.png")
     target = runtime.tpu_generation
     model = modelled_cycles(config, target if runtime.compiled else None)
     # where nothing ran on a TPU, the reader still sees what the model predicts for the blog's v6e
@@ -141,7 +212,8 @@ def run_report(out_dir, *, config: BenchConfig | None = None, repeats: int = 3, 
     calibration = None
     if model is not None:
         calibration = {r["method"]: r["median_ms"] * 1e6 / model["cycles"][r["method"]] for r in bench.rows}
-    data = {"evidence": f"{bench.mode} on {bench.device}", "runtime": dataclasses.asdict(runtime),
+    data = {"evidence": f"{bench.mode} on {bench.device}", "provenance": provenance(runtime, command),
+            "runtime": dataclasses.asdict(runtime),
             "mode": bench.mode, "config": config.to_json(), "bench": bench.to_json(), "adversarial": adversarial,
             "pass_rates": rates, "model": model, "model_for_blog_v6e": None if model else predicted,
             "ns_per_simulated_cycle": calibration, "seconds": time.perf_counter() - started}
@@ -149,19 +221,89 @@ def run_report(out_dir, *, config: BenchConfig | None = None, repeats: int = 3, 
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(data, indent=1) + "\n")
     (out / "report.md").write_text(markdown(data, bench))
-    figure = bench.plot()
+    figure = stage_figure(data)
     figure.savefig(out / "report.png", dpi=110)
     import matplotlib.pyplot as plt
     plt.close(figure)
+    shown.update(1)
+    shown.close()
     say(f"report: wrote {out / 'report.json'}, report.md and report.png")
     return data
 
 
+def stage_series(data: dict) -> list[dict]:
+    """The plot's axes, one per chip: {"title", "series": {label: [ms per METHODS stage or None]}}.
+
+    This device's axis holds the measured medians and, where the committed reference has this chip
+    and these tiles, the static profile's simulated cycles at the chip's assumed clock
+    (`chips.clock_hz`), and on a v6e the case study's milliseconds. Where nothing ran on a
+    TPU, a second axis holds what the static profile simulates for the blog's problem on a v6e, beside
+    the case study's figures for that same problem and chip."""
+    rows = {r["method"]: r for r in data["bench"]["rows"]}
+    platform, kind = data["runtime"]["platform"], data["runtime"]["device_kind"]
+    device = kind if kind.lower() == platform else f"{platform} {kind}"
+    config = BenchConfig.from_json(data["config"])
+    measured = {f"measured ({data['mode']})": [rows[m]["median_ms"] if m in rows else None for m in METHODS]}
+    axes = [{"title": f"{device}: {config.tokens:,} tokens x {config.heads} heads, {config.block_q} x "
+                      f"{config.block_kv}", "series": measured}]
+
+    def simulated(model):
+        hz = clock_hz(model["target"]) if model["target"] in MXUS_FOR_CLOCK else None
+        if hz is None:
+            return {}
+        label = f"simulated (static profile at an assumed {hz / 1e9:.2f} GHz)"
+        return {label: [model["cycles"][m] / hz * 1e3 for m in METHODS]}
+
+    case_study = {"case study (blog, measured on a v6e)": [BLOG_V6E_MS.get(m) for m in METHODS]}
+    if data["model"]:
+        axes[0]["series"].update(simulated(data["model"]))
+        if data["model"]["target"] == "v6e" and config.is_blog_problem:
+            axes[0]["series"].update(case_study)
+    elif data["model_for_blog_v6e"]:
+        blog = PRESETS["blog"]
+        axes.append({"title": f"TPU v6e, not this machine: the blog's {blog.tokens:,} tokens x {blog.heads} heads, "
+                              f"{blog.block_q} x {blog.block_kv}",
+                     "series": {**simulated(data["model_for_blog_v6e"]), **case_study}})
+    return axes
+
+
+def stage_figure(data: dict):
+    """Time per stage (B0-B3), one axis per chip, every series in ms on that axis (`stage_series`)."""
+    import matplotlib.pyplot as plt
+
+    axes_data = stage_series(data)
+    fig, axes = plt.subplots(1, len(axes_data), figsize=(6.5 * len(axes_data), 4.2), layout="constrained",
+                             squeeze=False)
+    colors = {"measured": "#0072b2", "simulated": "#009e73", "case": "#e69f00"}  # one color per kind of number
+    x = np.arange(len(METHODS))
+    for ax, one in zip(axes[0], axes_data):
+        width = 0.8 / len(one["series"])
+        for i, (label, values) in enumerate(one["series"].items()):
+            shown = [(xi + (i - (len(one["series"]) - 1) / 2) * width, v) for xi, v in zip(x, values) if v is not None]
+            bars = ax.bar([p for p, _ in shown], [v for _, v in shown], width, label=label,
+                          color=colors[label.split()[0]])
+            ax.bar_label(bars, fmt="%.1f", fontsize=7)
+        top = max(v for values in one["series"].values() for v in values if v is not None)
+        ax.set_ylim(0, top * 1.35)  # room for the legend above the bars
+        ax.set_xticks(x, [LABELS[m] for m in METHODS], fontsize=8)
+        ax.set_ylabel("ms per attention call")
+        ax.set_title(one["title"], fontsize=9)
+        ax.legend(loc="upper right", fontsize=7)
+    fig.suptitle(f"svg_lib report: {data['evidence']}, jax {data['runtime']['jax_version']}", fontsize=10)
+    return fig
+
+
 def markdown(data: dict, bench) -> str:
-    """The page to share: what ran where, the timings beside the model, the checks."""
+    """The page to share: what ran where, the timings beside the model, the checks, where to send it."""
     compiled = data["mode"] == "compiled"
+    p = data.get("provenance") or {}
     lines = [f"# svg_lib report: {bench.device}, {data['mode']}", "",
              f"jax {data['runtime']['jax_version']}; problem: {bench.config.describe()}.", ""]
+    if p:
+        lines += [f"svg_lib {p['svg_lib']} (commit {p['git_commit'] or 'unknown'}), jax {p['jax']}, jaxlib "
+                  f"{p['jaxlib']}, libtpu {p['libtpu'] or 'not installed'}; chip {p['chip'] or 'none'} "
+                  f"({p['device_kind']}); {p['date_utc']}; command: `{p['command']}`", ""]
+    lines += ["![Time per stage, measured and simulated, one axis per chip](report.png)", ""]
     if not compiled:
         lines += ["No TPU here: the kernels ran in interpret mode on the CPU, so the timings say nothing about a "
                   "TPU (they follow the tiles visited only roughly). Run this on a TPU and share the folder.", ""]
@@ -195,4 +337,5 @@ def markdown(data: dict, bench) -> str:
         lines.append(f"| {name} | " + " | ".join(f"{np.mean(rates[name][m]):.2f}" for m in ("dense", "b1", "b2", "b3"))
                      + " |")
     lines += ["", f"planted heads: one each of {', '.join(rates['planted_kinds'])}.", ""]
-    return "\n".join(lines)
+    lines += [f"Send report.json, report.md and report.png to {issues_url()} (a new issue, template \"TPU report\")."]
+    return "\n".join(lines) + "\n"

@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ from svg_lib.environment import libtpu_version, require_libtpu
 from svg_lib.memory.smem import SmemOverflowError
 from svg_lib.memory.vmem import MiB, estimate_vmem
 from svg_lib.problem import check_block_kv_compute, get_preset, resolve_problem
+from svg_lib.progress import bar as progress_bar
 from svg_lib.runtime import default_interpret, detect_runtime
 from svg_lib.instruments.tools.tune_result import TuneResult
 from svg_lib.instruments.tpu.compiler import compile_verdict
@@ -282,46 +282,26 @@ def _cache_file(key: dict) -> Path:
 
 # -- progress --------------------------------------------------------------------------------
 
-def _in_notebook() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
-
-
 class _Progress:
-    """An ipywidgets bar in a notebook kernel, else one rewritten stderr line; silent when off."""
+    """`svg_lib.progress.bar` (tqdm on stderr, its widget in a notebook; `--quiet` silences it), or
+    the caller's `(done, total, text)` callable; silent when off."""
 
-    def __init__(self, total: int, enabled):
-        self.total, self.bar, self.enabled = total, None, bool(enabled)
+    def __init__(self, total: int, enabled, desc: str = "tune"):
+        self.total, self.enabled = total, bool(enabled)
         self.callback = enabled if callable(enabled) else None
-        if self.enabled and self.callback is None and _in_notebook():
-            try:
-                import ipywidgets
-                from IPython.display import display
-            except ImportError:
-                pass
-            else:
-                self.bar = ipywidgets.IntProgress(value=0, min=0, max=max(total, 1), description="tune")
-                self.bar.add_class("svg-tune-progress")
-                display(self.bar)
+        self.bar = progress_bar(total=total, desc=desc, unit="size", show=self.enabled and self.callback is None)
 
     def update(self, done: int, text: str) -> None:
         if not self.enabled:
             return
         if self.callback is not None:
             self.callback(done, self.total, text)
-        elif self.bar is not None:
-            self.bar.value = done
-            self.bar.description = f"{done}/{self.total}"
         else:
-            print(f"\rtune {done}/{self.total}: {text}".ljust(60), end="", file=sys.stderr, flush=True)
+            self.bar.update(done - self.bar.n)
+            self.bar.set_postfix_str(text)
 
     def close(self) -> None:
-        if self.enabled and self.callback is None and self.bar is None:
-            print(file=sys.stderr, flush=True)
+        self.bar.close()
 
 
 # -- tune ----------------------------------------------------------------------------------
@@ -355,7 +335,7 @@ def tune(problem, *, heads: int | None = None, head_dim: int | None = None, meth
     used: the candidates are. q, k, v: `[heads, mask.tokens, head_dim]` standard normal in `dtype`.
     `candidates`: a list of `(block_q, block_kv[, block_kv_compute])`; None uses
     `default_candidates(mask.tokens)`.
-    `progress`: True (a bar in a notebook, a line on stderr elsewhere), False, or a callable
+    `progress`: True (a tqdm bar on stderr, its widget in a notebook; `--quiet` silences it), False, or a callable
     `(done, total, text)`. With `cache`, a result stored for the same device kind, jax version,
     problem, candidates, repeats and warm-up is returned at once (`from_cache=True`).
     `target` (e.g. "v6e"): also compile each candidate for that TPU (libtpu) and drop those the
@@ -412,7 +392,7 @@ def tune(problem, *, heads: int | None = None, head_dim: int | None = None, meth
     keys = jax.random.split(jax.random.key(seed), 3)
     shape = (heads, mask.tokens, head_dim)
     q, k, v = (jax.random.normal(kk, shape, dtype) for kk in keys)
-    bar = _Progress(len(valid), progress)
+    bar = _Progress(len(valid), progress, f"tune: timing {method}")
     rows = []
     try:
         for done, (bq, bkv, bkvc) in enumerate(valid):
@@ -457,7 +437,7 @@ def _compile_filter(valid, rejected, mask, *, method, heads, head_dim, dtype, ta
     """The candidates of `valid` that the TPU compiler accepts for `target`; the others are
     appended to `rejected` with the compiler's reason."""
     kept = []
-    bar = _Progress(len(valid), progress)
+    bar = _Progress(len(valid), progress, f"tune: compiling the candidates for {target}")
     try:
         for done, (bq, bkv, bkvc) in enumerate(valid):
             bar.update(done, f"compile {bq} x {bkv} for {target}")

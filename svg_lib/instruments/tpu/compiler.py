@@ -31,6 +31,7 @@ from svg_lib.chips import DEFAULT_TARGET, TARGETS, KiB, MiB, TpuTarget, check_ta
 from svg_lib.environment import libtpu_version, require_libtpu
 from svg_lib.memory.vmem import check_fits, estimate_vmem
 from svg_lib.problem import PALLAS_METHODS, check_block_kv_compute
+from svg_lib.progress import bar as progress_bar
 from svg_lib.instruments.tpu.errors import classify_error, first_lines, refusal_summary
 from svg_lib.instruments.tpu.lowering import (
     build_failure_stage,
@@ -221,11 +222,12 @@ def compile_for_tpu(config, method: str, target: str = DEFAULT_TARGET, *, check_
 
 
 def compile_all(config, methods=None, targets=(DEFAULT_TARGET,), progress=None, *,
-                check_estimate: bool = True) -> list[CompileReport]:
+                check_estimate: bool = True, bar: bool = False) -> list[CompileReport]:
     """`compile_for_tpu` for every method (default: every Pallas kernel) and target, method by method.
 
     Each method is built for each target in turn, so that its VMEM limit is that chip's
     (Splash's mask info takes tens of seconds to build at the blog's size). `progress(report)` is called as each one finishes.
+    `bar`: show a progress bar (`svg_lib.progress`: stderr, silenced by --quiet) naming what compiles now.
     """
     methods = check_methods(PALLAS_METHODS if methods is None else methods, "compile")
     targets = check_targets(targets)
@@ -236,6 +238,7 @@ def compile_all(config, methods=None, targets=(DEFAULT_TARGET,), progress=None, 
     compute = check_block_kv_compute(config.block_kv, config.block_kv_compute, config.block_q)
     reports = []
     asked = None  # what build_attention gives the current method's kernel as vmem_limit_bytes
+    shown = progress_bar(total=len(methods) * len(targets), desc="compile", unit="kernel", show=bar)
 
     def report(method, spec, facts, **fields):
         values = dict(stage=None, refused_by=None, error=None, summary=None, build_s=None, compile_s=None,
@@ -248,6 +251,7 @@ def compile_all(config, methods=None, targets=(DEFAULT_TARGET,), progress=None, 
                           vmem_capacity=spec.vmem_bytes, device_kind=spec.device_kind,
                           libtpu=version)
         reports.append(r)
+        shown.update(1)
         if progress is not None:
             progress(r)
 
@@ -269,6 +273,7 @@ def compile_all(config, methods=None, targets=(DEFAULT_TARGET,), progress=None, 
             # built for this target, so its VMEM limit (and Splash's raised default) is this chip's;
             # building is cheap except Splash's mask info at large sizes
             asked = None if method.startswith("splash") else facts["vmem_limit_bytes"]
+            shown.set_description(f"compile: {method} at {config.block_q} x {config.block_kv} for {spec.name}")
             start = time.perf_counter()
             try:
                 fn, build_s = build_for_tpu(config, method, spec.name)
@@ -280,6 +285,7 @@ def compile_all(config, methods=None, targets=(DEFAULT_TARGET,), progress=None, 
             report(method, spec, facts, build_s=build_s,
                    **compile_verdict(fn, [(config.shape, config.dtype)] * 3, spec.name))
             del fn
+    shown.close()
     return reports
 
 

@@ -40,6 +40,7 @@ from svg_lib import cache as cache_files  # `cache` is a parameter name here
 from svg_lib.attention import b3_mask
 from svg_lib.methods import BASELINE, METHODS, check_method
 from svg_lib.chips import check_target
+from svg_lib.environment import MissingCompiler, has_libtpu, missing_compiler_message
 from svg_lib.core.masks import check_block_size
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles
 from svg_lib.problem import BenchConfig, check_block_kv_compute, resolve_problem
@@ -200,6 +201,14 @@ def tile_cost(target: str = "v6e", config: BenchConfig | None = None, *, block_q
     path = _cache_path(_cache_key(target, block_q, block_kv, block_kv_compute, head_dim, kernels, kinds, v, per_row))
     if path.exists() and not refresh:
         return TileCost.from_json(json.loads(path.read_text()), from_cache=True, cache_path=str(path))
+    if not has_libtpu():  # nothing to compile with: the committed cycles where they exist, else what to install
+        committed = None if refresh else committed_tile_cost(target, block_q, block_kv, block_kv_compute, head_dim,
+                                                             kernels, kinds)
+        if committed is None:
+            raise MissingCompiler(missing_compiler_message(
+                f"simulating {target} cycles at {block_q} x {block_kv} tiles (compute {block_kv_compute}, head_dim "
+                f"{head_dim}; the committed reference has {reference_tiles(kernels)})"))
+        return committed
     probes = probes_for(block_q, block_kv, block_kv_compute, head_dim, kernels,
                         [k for k in kinds if k != BLOCKS_KIND], per_row)
     rows = run_probes(probes, target)
@@ -330,6 +339,13 @@ def backward_tile_cost(target: str = "v6e", *, block_q: int, block_kv: int, bloc
     path = _cache_path(key)
     if path.exists() and not refresh:
         return BackwardCost(**json.loads(path.read_text()))
+    if not has_libtpu():  # the committed backward cycles where they cover this, else what to install
+        committed = load_backward_reference()["costs"].get((target, block_q, block_kv))
+        if committed is not None and (committed.block_kv_compute, committed.head_dim) == (block_kv_compute, head_dim) \
+                and all(k in committed.per_step.get("svg_lib_dq", {}) for k in kinds):
+            return committed
+        raise MissingCompiler(missing_compiler_message(
+            f"simulating the backward's {target} cycles at {block_q} x {block_kv} tiles"))
     # Splash's masked backward is left out: its mask-function probes simulate cheaper than its mask-free
     # ones at 512 x 256 (1,163 against 1,378 cycles for the fused kernel, v6e), so they do not measure a
     # masked tile, and its dq kernel's masked probe overflows the default scoped VMEM at the blog's tiles
@@ -357,6 +373,31 @@ def backward_tile_cost(target: str = "v6e", *, block_q: int, block_kv: int, bloc
 # set of results (svg_lib/data/cost_reference.json, written by tools/forward-reference.py) that notebooks
 # read; `tile_cost` recomputes any of them on this machine.
 REFERENCE_FILE = Path(__file__).resolve().parents[2] / "data" / "cost_reference.json"
+
+
+
+def committed_tile_cost(target: str, block_q: int, block_kv: int, block_kv_compute: int, head_dim: int = 128,
+                        kernels=COST_KERNELS, kinds=TILE_KINDS) -> TileCost | None:
+    """The committed reference's cycles (group "after", the kernels as they are) for these tiles, or
+    None where it has none with this compute slice, head_dim and every kernel asked for; what it
+    lacks of `kinds` stays unprobed (Splash's block-mask body on a v5e is named in `unsimulated`).
+    Its `cache_path` is the reference file, so a caller can say where the numbers came from."""
+    cost = load_reference()["groups"]["after"].get((target, block_q, block_kv))
+    if cost is None or (cost.block_kv_compute, cost.head_dim) != (block_kv_compute, head_dim):
+        return None
+    if any(k not in cost.per_step for k in kernels):
+        return None
+    if "splash" in kernels and BLOCKS_KIND in kinds and BLOCKS_KIND not in cost.per_step["splash"]:
+        cost.unsimulated.setdefault(BLOCKS_KIND, "not in the committed reference (the static profile could not "
+                                                 "simulate it on this chip)")
+    return cost
+
+
+def reference_tiles(kernels=COST_KERNELS) -> str:
+    """The committed reference's (chip, block_q x block_kv) entries that hold every one of `kernels`, as words."""
+    group = load_reference()["groups"]["after"]
+    keys = sorted(key for key, cost in group.items() if all(k in cost.per_step for k in kernels))
+    return ", ".join(f"{t} {bq} x {bkv}" for t, bq, bkv in keys)
 
 
 def load_reference(path: Path = REFERENCE_FILE) -> dict:
@@ -416,7 +457,7 @@ def step_kinds(method: str, plan=None, b3_plan=None, *, tokens: int | None = Non
     predicate; b2: full tiles free, partial tiles masked; b3: the tile-aligned plan, whose
     masked tiles mask only key padding. Idle steps pad each row to the plan's `steps`.
     """
-    record = check_method(method, MODEL_METHODS, what="method of the cost model")
+    record = check_method(method, MODEL_METHODS)
     if not record.planned:  # every tile
         p = plan if plan is not None else b3_plan
         nq, nk = p.classes.shape
@@ -474,7 +515,7 @@ def model_cycles(method: str, cost: TileCost, plan=None, b3_plan=None, heads: in
     the activations, which a plan does not know: 1 prices every tile at the bounded body, 0 at the
     failing one (`failing_delta` more per body step). Splash has no bound: its cost does not move."""
     kinds = step_kinds(method, plan, b3_plan)
-    kernel = check_method(method, MODEL_METHODS, what="method of the cost model").family
+    kernel = check_method(method, MODEL_METHODS).family
     per_step = cost.per_step[kernel]
     missing = [k for k in kinds if k not in ("rows", *per_step)]
     if missing:
@@ -517,7 +558,7 @@ def backward_step_kinds(method: str, plan=None, b3_plan=None) -> dict:
     padded with idle steps to the longest. Dense and splash_dense: every tile, no idle step. B3's
     masked tiles mask only key padding, priced here as SVG-masked ones (the probe there is; an upper
     bound, on a handful of tiles)."""
-    record = check_method(method, MODEL_METHODS, what="method of the cost model")
+    record = check_method(method, MODEL_METHODS)
     if not record.planned:
         p = plan if plan is not None else b3_plan
         nq, nk = p.classes.shape
