@@ -14,6 +14,7 @@ import math
 import jax
 import numpy as np
 
+from svg_lib.chips import TARGETS
 from svg_lib.teaching.exercises.common import CheckResult, _Case, _Fail, _call, _finish, _fmt
 from svg_lib.teaching.yourcode import Hints
 
@@ -197,8 +198,6 @@ def blocks_line(shape, block, *, operands: int = 3, itemsize: int = 4, chip: str
     """What a blocked elementwise call costs in steps and VMEM: grid steps, bytes of one step's blocks,
     and the VMEM Pallas reserves for them (two buffers per operand, so the next step's DMA overlaps this
     step's compute) against `chip`'s default scoped VMEM."""
-    from svg_lib.chips import TARGETS
-
     grid = (math.ceil(shape[0] / block[0]), math.ceil(shape[1] / block[1]))
     one = block[0] * block[1] * itemsize
     reserved = 2 * operands * one
