@@ -99,3 +99,10 @@ def test_notebook_runs_the_learners_piece():
     assert any("The cells below run your scaled_add" in t for t in run["outputs"])
     # the cells after the check call the piece at sizes the checker never uses: the demo, the ragged 300 columns
     assert "((64, 512), (16, 256))" in run["probe"] and "((8, 300), (8, 100))" in run["probe"], run["probe"]
+
+
+def test_svg_libs_piece_compiles_for_a_tpu(tpu_compiler):
+    """svg_lib's scaled_add (what the notebook runs until the learner's passes) compiles for a v6e."""
+    kernel = functools.partial(p00.scaled_add, alpha=0.5, block=(16, 256), interpret=False)
+    compiled, _ = tpu_compiler.compile_fn(kernel, [((64, 512), "float32")] * 2, target="v6e")
+    assert compiled is not None

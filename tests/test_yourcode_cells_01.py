@@ -100,3 +100,14 @@ def test_notebook_runs_the_learners_body():
     assert any("The cells below run your tile body" in t for t in run["outputs"])
     assert any("the kernel with the tile body above" in t and "matches reference_attention" in t for t in run["outputs"])
     assert run["probe"].strip() == "True", run["probe"]  # the kernel at the knobs' tiles traced the learner's body
+
+
+def test_the_given_kernel_compiles_for_a_tpu(tpu_compiler):
+    """With svg_lib's body, the kernel the learner's body runs in compiles for a v6e (compile-only: the
+    Mosaic compiler checks its [block_q, 1] scratch, the transposed k and VMEM), at the walkthrough's tiles."""
+    import functools
+
+    kernel = functools.partial(p01.flash_attention_with_body, body=p01.tile_body, block_q=256, block_kv=128,
+                               interpret=False)
+    compiled, _ = tpu_compiler.compile_fn(kernel, [((1, 2520, 128), "bfloat16")] * 3, target="v6e")
+    assert compiled is not None
