@@ -14,7 +14,9 @@ import inspect
 
 import numpy as np
 
+from svg_lib.attention import build_attention
 from svg_lib.core.masks import Mask, RoundingReport, TileAlignedMask, check_block_size
+from svg_lib.problem import get_preset
 from svg_lib.teaching.exercises.common import CheckResult, _finish
 from svg_lib.teaching.exercises.e4_balanced_rounding import _check_rounding_case, _rounding_case, _rounding_cases
 from svg_lib.teaching.yourcode import Hints
@@ -89,8 +91,6 @@ def tile_aligned_with(mask: Mask, block_q: int, block_kv: int, rounding) -> Tile
 def b3_builder(rounding):
     """`builder(config) -> f(q, k, v)`: B3 on `rounding`'s tiles for a BenchConfig (the explorer's `kernels`)."""
     def build(config):
-        from svg_lib.attention import build_attention
-
         aligned = tile_aligned_with(config.mask(), config.block_q, config.block_kv, rounding)
         return build_attention(aligned, method="b3", heads=config.heads, tokens=config.tokens,
                                head_dim=config.head_dim, dtype=config.dtype, block_q=config.block_q,
@@ -105,8 +105,6 @@ def check_rounding(fn, mask: Mask | None = None, block_q: int | None = None, blo
     The hidden cases: the notebook's `mask` at `block_q` x `block_kv` (its knobs) first, the case
     study's mask at its 3328 x 1536 tiles, then E4's (designed ties, tiles cut short by the
     sequence's end, random SVG masks)."""
-    from svg_lib.problem import get_preset
-
     cases = []
     if mask is not None:
         cases.append(_rounding_case(f"this notebook's mask, {mask.tokens:,} tokens, {block_q} x {block_kv} tiles",
