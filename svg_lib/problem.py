@@ -207,8 +207,15 @@ PRESETS: dict[str, BenchConfig] = {
 }
 
 
-def get_preset(name: str) -> BenchConfig:
-    """Look up a preset by name (one of `PRESETS`: tiny, walkthrough, routing, small, blog)."""
+def get_preset(name: str, **overrides) -> BenchConfig:
+    """Look up a preset by name (one of `PRESETS`: tiny, walkthrough, routing, small, blog).
+
+    With `overrides` (e.g. `get_preset("walkthrough", block_q=512, density=0.25)`) it is
+    `BenchConfig.from_preset(name, **overrides)`: the fields are checked like any config's, and a
+    preset with a changed field loses its name.
+    """
+    if overrides:
+        return BenchConfig.from_preset(name, **overrides)
     try:
         return PRESETS[name]
     except (KeyError, TypeError):

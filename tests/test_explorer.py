@@ -165,3 +165,64 @@ def test_bad_sliding_arguments():
         mask_explorer(cube=(0, 4, 16))
     explorer = mask_explorer(head_kind="sliding tiles", cube=(1, 8, 16), window=(3, 1, 1))
     assert explorer.mask.tile == (1, 8, 16) and explorer.plan.stats["tiles_visited"] == 18
+
+
+def test_the_explorer_prices_its_tiles_per_chip(explorer):
+    """Beside the counts: VMEM per chip with its fit, SMEM, and B1-B3's simulated time on a v5e and a v6e."""
+    from svg_lib.instruments.tpu.cost import load_reference, model_cycles
+    from svg_lib.chips import clock_hz
+
+    p = explorer.prices
+    assert set(p["vmem"]) == set(p["source"]) == {"v5e", "v6e"} and set(p["ms"]) == {"b1", "b2", "b3"}
+    html = explorer.stats.value
+    for needle in ("v5e ms (simulated)", "v6e ms (simulated)", "VMEM (B1-B3, bfloat16)", "SMEM (schedule)",
+                   "a simulation", f"{p['ms']['b3']['v6e']:.3f}"):
+        assert needle in html, needle
+    assert all(f"{e.total / 2**20:.1f} of {e.budget / 2**20:.0f} MiB fits" in html for e in p["vmem"].values())
+    # 128 x 128 was not probed: below the smallest probed tile, so an extrapolation, with its fit error shown
+    assert p["source"] == {"v5e": "extrapolated", "v6e": "extrapolated"} and "misses them by up to" in html
+    # a probed size: the price is the committed probe's model, exactly
+    explorer.block_q.value, explorer.block_kv.value = 512, 256
+    p = explorer.prices
+    assert p["source"] == {"v5e": "probed", "v6e": "probed"}
+    b3_plan = plan_tiles(explorer_module.b3_mask(explorer.plan.mask, 512, 256), 512, 256)
+    for chip in ("v5e", "v6e"):
+        cost = load_reference()["groups"]["after"][(chip, 512, 256)]
+        assert p["ms"]["b3"][chip] == model_cycles("b3", cost, explorer.plan, b3_plan) / clock_hz(chip) * 1e3
+    # more heads, more time: the price follows the explorer's heads
+    many = mask_explorer(VideoGeometry(6, 8, 16), block_q=512, block_kv=256, heads=4)
+    assert many.prices["ms"]["b2"]["v6e"] == pytest.approx(4 * p["ms"]["b2"]["v6e"])
+
+
+def test_prices_reach_the_case_studys_size_without_an_n_by_n_array():
+    from svg_lib.problem import get_preset
+    from svg_lib.teaching.explorer import price_facts, tile_prices
+
+    blog = get_preset("blog")
+    exact = blog.mask()
+    plan = plan_tiles(exact, 2048, 1024)      # not probed, inside the probed range: interpolated
+    prices = tile_prices(plan, plan_tiles(explorer_module.b3_mask(exact, 2048, 1024), 2048, 1024), heads=blog.heads)
+    assert prices["source"] == {"v5e": "interpolated", "v6e": "interpolated"}
+    assert 0 < prices["fit_error"]["v6e"] < 0.25 and prices["fit_error"]["v5e"] < 1e-9   # v5e: two probes, a line
+    assert all(prices["ms"]["b3"][c] < prices["ms"]["b2"][c] for c in ("v5e", "v6e"))   # fewer tiles, no masks
+    facts = dict(price_facts(prices))
+    assert "interpolated from 4 probed tile sizes" in facts["predicted ms"] and "a line through both" in facts["predicted ms"]
+
+
+def test_run_and_time_times_a_learners_kernel(explorer, monkeypatch):
+    import svg_lib.teaching.explorer as module
+
+    built = []
+
+    def builder(config):
+        built.append(config)
+        return lambda q, k, v: q          # a stand-in kernel: what matters is that it is the one timed
+
+    monkeypatch.setattr(module, "run_benchmark", lambda config, methods, **kw: type(
+        "R", (), {"table": lambda self: f"svg_lib's {', '.join(methods)}", "rows": []})())
+    mine = mask_explorer(VideoGeometry(6, 8, 16), block_q=128, block_kv=128, methods=("b3",), kernels={"b3": builder})
+    mine.run_and_time(repeats=1)
+    assert len(built) == 1 and built[0].block_q == 128 and set(mine.your_ms) == {"b3"}
+    assert "your b3: median" in mine.run_output.value and "svg_lib&#x27;s b3" in mine.run_output.value
+    with pytest.raises(ValueError, match="kernels must map methods"):
+        mask_explorer(kernels={"b9": builder})

@@ -29,6 +29,20 @@ def test_from_preset_keeps_the_name_only_while_nothing_changed():
         BenchConfig.from_preset("small", tiles=3)
 
 
+def test_get_preset_takes_overrides_checked_like_from_preset():
+    walk = get_preset("walkthrough", block_q=512, block_kv=128, density=0.25)
+    assert walk == BenchConfig.from_preset("walkthrough", block_q=512, block_kv=128, density=0.25)
+    assert (walk.block_q, walk.block_kv, walk.density, walk.name) == (512, 128, 0.25, None)
+    assert walk.geometry == get_preset("walkthrough").geometry and get_preset("walkthrough").block_q == 256
+    assert get_preset("walkthrough", block_q=256).name == "walkthrough"   # the preset's own value
+    with pytest.raises(ValueError, match="multiple of 128"):
+        get_preset("walkthrough", block_q=100)
+    with pytest.raises(ValueError, match="unknown BenchConfig field"):
+        get_preset("walkthrough", bq=512)
+    with pytest.raises(ValueError, match="unknown preset"):
+        get_preset("nope", block_q=128)
+
+
 def test_a_preset_is_checked_like_any_config():
     with pytest.raises(ValueError, match="density"):
         dataclasses.replace(PRESETS["tiny"], density=1.5)

@@ -21,15 +21,20 @@ import html
 import io
 
 from svg_lib.attention import METHODS, b3_mask
+from svg_lib.chips import clock_hz
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.masks import BRUTE_FORCE_LIMIT_TOKENS, LANES, Mask, check_block_size
 from svg_lib.core.svg_masks import SVGMask
 from svg_lib.core.sliding import SlidingTileMask
 from svg_lib.core.planner import plan_tiles
+from svg_lib.memory.smem import schedule_smem
+from svg_lib.memory.vmem import MiB, estimate_vmem
 from svg_lib.problem import BenchConfig
 from svg_lib.runtime import detect_runtime
 from svg_lib.teaching.plots import plot_mask, plot_tile_map
 from svg_lib.instruments.tools.bench import run_benchmark
+from svg_lib.instruments.tpu.cost import model_cycles
+from svg_lib.instruments.tpu.interpolate import extrapolated, fit_costs, interpolated_cost
 
 # The CSS class of each part, by attribute name on the explorer: what a browser test looks for.
 CSS_CLASSES = {
@@ -50,6 +55,45 @@ DEFAULT_GEOMETRY = VideoGeometry(6, 8, 16)  # 768 tokens: 6 x 6 tiles of 128, al
 # Sliding tiles on DEFAULT_GEOMETRY: 2 x 4 x 16 cubes are 128 tokens (one tile of 128, no padding),
 # 3 x 2 x 1 of them; a window of 3 frames of cubes keeps half the pairs, in whole tiles.
 DEFAULT_CUBE, DEFAULT_WINDOW = (2, 4, 16), (3, 1, 1)
+PRICE_CHIPS = ("v5e", "v6e")   # the chips whose static profile was committed (svg_lib/data/cost_reference.json)
+
+
+def tile_prices(plan, b3_plan=None, *, heads: int = 1, head_dim: int = 128, dtype: str = "bfloat16",
+                chips=PRICE_CHIPS) -> dict:
+    """What a tile size costs on each chip, from the plans alone (no N x N array): B1-B3's VMEM with its
+    fit verdict, the packed schedule's SMEM, and each of B1, B2, B3's predicted milliseconds (`heads`
+    heads), a simulation: the committed static profile where these tiles were probed, elsewhere its
+    interpolation across the probed sizes (`svg_lib.instruments.tpu.interpolate`), whose largest miss on the
+    probed sizes is `fit_error`. `b3_plan`: the tile-aligned plan (None: B3 is not priced)."""
+    bq, bkv = plan.block_q, plan.block_kv
+    out = {"vmem": {}, "smem": schedule_smem(heads, plan.grid[0], plan.steps, chips[-1]), "ms": {}, "source": {},
+           "fit_error": {}, "dtype": dtype}
+    methods = ("b1", "b2") + (("b3",) if b3_plan is not None else ())
+    for chip in chips:
+        out["vmem"][chip] = estimate_vmem("b2", bq, bkv, head_dim, dtype, generation=chip)
+        cost = interpolated_cost(chip, bq, bkv)
+        fit = fit_costs(chip)
+        probed = (bq, bkv) in fit.probed
+        out["source"][chip] = ("probed" if probed else "extrapolated" if extrapolated(chip, bq, bkv)
+                               else "interpolated")
+        out.setdefault("probed_sizes", {})[chip] = len(fit.probed)
+        out["fit_error"][chip] = 0.0 if probed else max(fit.fit_error[("svg_lib", k)]
+                                                         for k in ("free", "svg_masked", "rows"))
+        for m in methods:
+            out["ms"].setdefault(m, {})[chip] = model_cycles(m, cost, plan, b3_plan, heads) / clock_hz(chip) * 1e3
+    return out
+
+
+def price_facts(prices: dict) -> list:
+    """`tile_prices` as (label, text) rows for the explorer's table."""
+    vmem = ", ".join(f"{chip} {e.total / MiB:.1f} of {e.budget / MiB:.0f} MiB {'fits' if e.fits else 'DOES NOT FIT'}"
+                     for chip, e in prices["vmem"].items())
+    how = "; ".join(f"{chip} {src}" + ("" if src == "probed" else
+                                       f" from {prices['probed_sizes'][chip]} probed tile sizes "
+                                       + ("(a line through both)" if prices['probed_sizes'][chip] == 2 else
+                                          f"(the fit misses them by up to {prices['fit_error'][chip]:.1%})")) for chip, src in prices["source"].items())
+    return [(f"VMEM (B1-B3, {prices['dtype']})", vmem), ("SMEM (schedule)", f"{prices['smem'].total / 1024:.1f} KiB"),
+            ("predicted ms", "a simulation (the compiler's static profile, clock assumed), not a measurement: " + how)]
 
 
 def _png(fig, dpi=80) -> bytes:
@@ -74,11 +118,13 @@ class _SampledView(Mask):
         raise ValueError("sampled view: no exact pair counts")
 
 
-def _stats_html(rows, facts) -> str:
+def _stats_html(rows, facts, extra_cols=()) -> str:
     """A small HTML table: facts (label, value) on top, then one row per method."""
-    head = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th><td colspan='3'>{html.escape(v)}</td></tr>"
-                   for k, v in facts)
-    cols = "<tr><th>method</th><th>tiles visited</th><th>tiles masked</th><th>grid steps</th></tr>"
+    span = 3 + len(extra_cols)
+    head = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th><td colspan='{span}'>{html.escape(v)}</td>"
+                   "</tr>" for k, v in facts)
+    cols = ("<tr><th>method</th><th>tiles visited</th><th>tiles masked</th><th>grid steps</th>"
+            + "".join(f"<th>{html.escape(c)}</th>" for c in extra_cols) + "</tr>")
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
     return f"<table class='svg-stats-table'>{head}{cols}{body}</table>"
 
@@ -91,8 +137,9 @@ def _explorer_class():
         """The explorer widget; see `mask_explorer`. Attributes are the controls and the state."""
 
         def __init__(self, geometry, density, block_q, block_kv, head_kind, methods, heads, head_dim, dtype,
-                     cube, window):
+                     cube, window, kernels=None):
             g = geometry
+            self.kernels = dict(kernels or {})   # method -> builder(config) -> f(q, k, v): the learner's kernels
             self.heads, self.head_dim, self.dtype = heads, head_dim, dtype
             slider = dict(continuous_update=False, style={"description_width": "initial"})
             self.frames = widgets.IntSlider(value=g.frames, min=1, max=max(32, g.frames), description="frames",
@@ -137,6 +184,7 @@ def _explorer_class():
             self.error = None         # the last input the library refused, as text
             self.figure = None        # the last Figure drawn (closed; kept for tests and savefig)
             self.last_result = None   # BenchResult of the last "Run and time"
+            self.your_ms = {}         # method -> median ms of the learner's kernel (`kernels`) in the last run
             self.updates = 0          # how many times update() redrew
 
             controls = [self.frames, self.height, self.width, self.density, self.block_q, self.block_kv,
@@ -289,16 +337,25 @@ def _explorer_class():
             rows = [("B1 naive", f"{s['tiles_visited']:,}", f"{s['tiles_visited']:,}", f"{s['grid_steps']:,}"),
                     ("B2 full/edge", f"{s['tiles_visited']:,}", f"{s['tiles_masked']:,}", f"{s['grid_steps']:,}"),
                     b3_row]
+            p = self.plan
+            b3_plan = None if s["b3_tiles_visited"] is None else self._b3_plan()
+            self.prices = tile_prices(p, b3_plan, heads=self.heads, head_dim=self.head_dim, dtype=self.dtype or "bfloat16")
+            facts += price_facts(self.prices)
+            chips = list(self.prices["vmem"])
+            rows = [row + tuple(f"{self.prices['ms'][m][c]:.3f}" if m in self.prices["ms"] else "-" for c in chips)
+                    for row, m in zip(rows, ("b1", "b2", "b3"))]
             if self.frame_major_plan is not None:
                 fm = self.frame_major_plan
                 rows.append(("B2 frame-major (in-kernel)", f"{int(fm.visited.sum()):,}",
-                             f"{int(fm.needs_mask.sum()):,}", f"{fm.grid[0] * fm.steps:,}"))
-            return _stats_html(rows, facts)
+                             f"{int(fm.needs_mask.sum()):,}", f"{fm.grid[0] * fm.steps:,}") + ("-",) * len(chips))
+            return _stats_html(rows, facts, [f"{c} ms (simulated)" for c in chips])
+
+        def _b3_plan(self):
+            p = self.plan
+            return plan_tiles(b3_mask(p.mask, p.block_q, p.block_kv), p.block_q, p.block_kv)
 
         def _b3_steps(self) -> str:
-
-            p = self.plan
-            b3 = plan_tiles(b3_mask(p.mask, p.block_q, p.block_kv), p.block_q, p.block_kv)
+            b3 = self._b3_plan()
             return f"{b3.grid[0] * b3.steps:,}"
 
         # -- running the kernels ---------------------------------------------------------
@@ -337,16 +394,19 @@ def _explorer_class():
                                  self.block_kv.value, dtype=dtype)
             self.run_button.disabled = True
             self.run_output.value = f"<i>running {', '.join(methods)} ...</i>"
+            yours = [m for m in methods if m in self.kernels]
             try:
                 result = run_benchmark(config, methods, repeats=repeats, warmup=1)
+                self.your_ms = {m: _time_kernel(self.kernels[m](config), config, repeats) for m in yours}
             except ValueError as err:  # e.g. a tile configuration that overflows VMEM
                 self.run_output.value = f"<b>could not run:</b> {html.escape(str(err))}"
                 return None
             finally:
                 self.run_button.disabled = False
-            extra = ""
+            extra = "".join(f"\nyour {m}: median {ms:.2f} ms over {repeats} calls (the table's {m} is svg_lib's)"
+                            for m, ms in self.your_ms.items())
             if self.head_kind.value == "temporal":
-                extra = "\n(temporal head: timed on the band its permuted tokens see; the permutation is not timed)"
+                extra += "\n(temporal head: timed on the band its permuted tokens see; the permutation is not timed)"
             self.last_result = result
             self.run_output.value = f"<pre>{html.escape(result.table() + extra)}</pre>"
             return result
@@ -354,9 +414,27 @@ def _explorer_class():
     return MaskExplorer
 
 
+def _time_kernel(fn, config, repeats: int) -> float:
+    """Median ms of `fn(q, k, v)` on `config`'s standard-normal inputs, after one untimed call."""
+    import time
+
+    import jax
+    import numpy as np
+
+    q, k, v = (jax.random.normal(key, config.shape, config.dtype) for key in jax.random.split(jax.random.key(0), 3))
+    jax.block_until_ready(fn(q, k, v))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(q, k, v))
+        times.append((time.perf_counter() - start) * 1e3)
+    return float(np.median(times))
+
+
 def mask_explorer(geometry: VideoGeometry | None = None, density: float = 0.35, block_q: int = 128,
                   block_kv: int = 128, head_kind: str = "spatial", methods=("b1", "b2", "b3"), heads: int = 1,
-                  head_dim: int = 128, dtype: str | None = None, cube=DEFAULT_CUBE, window=DEFAULT_WINDOW):
+                  head_dim: int = 128, dtype: str | None = None, cube=DEFAULT_CUBE, window=DEFAULT_WINDOW,
+                  kernels: dict | None = None):
     """A widget to explore a mask's tile plan: sliders for frames, height, width, density,
     block_q, block_kv (steps of 128) and a spatial / temporal / sliding tiles toggle.
 
@@ -368,7 +446,10 @@ def mask_explorer(geometry: VideoGeometry | None = None, density: float = 0.35, 
     table of tiles visited and masked by B1, B2, B3, the pair density and B3's budget error,
     redrawn on every change. "Run and time" times the selected `methods` on this device with
     `run_benchmark` (`heads` x tokens x `head_dim`; dtype None: bfloat16 on a TPU, float32 in
-    interpret mode), refusing more than RUN_LIMIT_TOKENS tokens off a TPU.
+    interpret mode), refusing more than RUN_LIMIT_TOKENS tokens off a TPU. `kernels` ({method:
+    builder}, e.g. notebook 06's B3 on the learner's rounding): each selected method found there is
+    also timed as `builder(config)(q, k, v)` and shown as "your <method>". Beside the counts: VMEM per
+    chip with its fit, SMEM and the simulated time on a v5e and a v6e (`tile_prices`).
 
     Returns the widget (an ipywidgets VBox). Drive it from code: set `.frames.value` etc. (or
     call `.update()`), read `.plan`, `.mask`, `.stats.value`, `.tile_map.value` (PNG bytes),
@@ -392,5 +473,10 @@ def mask_explorer(geometry: VideoGeometry | None = None, density: float = 0.35, 
     bad = [m for m in methods if m not in METHODS or m == "reference"]
     if bad:
         raise ValueError(f"unknown method(s) {bad}; choose from {', '.join(m for m in METHODS if m != 'reference')}")
+    kernels = dict(kernels or {})
+    bad = [m for m, b in kernels.items() if m not in METHODS or m == "reference" or not callable(b)]
+    if bad:
+        raise ValueError(f"kernels must map methods ({', '.join(m for m in METHODS if m != 'reference')}) to a "
+                         f"builder(config) -> f(q, k, v); check {bad}")
     return _explorer_class()(geometry, float(density), int(block_q), int(block_kv), head_kind, methods, heads,
-                             head_dim, dtype, sliding.tile, sliding.window)
+                             head_dim, dtype, sliding.tile, sliding.window, kernels)

@@ -84,6 +84,57 @@ def _rounding_cases(seed: int) -> list[_Case]:
     return cases
 
 
+def _check_rounding_case(fn, case) -> None:
+    """One hidden case of B3's rounding: raise `_Fail` with what is wrong and a hint, or return."""
+    kept, area, budget, ref = (case.data[x] for x in ("kept", "area", "budget", "reference"))
+    got = _call(fn, "balanced_rounding", kept.copy(), area.copy(), budget)
+    try:
+        chosen = np.asarray(got)
+    except Exception:
+        raise _Fail(f"balanced_rounding returned {type(got).__name__}, expected a bool array",
+                    "return one True/False per boundary tile") from None
+    if chosen.shape != kept.shape or (chosen.dtype != bool and chosen.size):
+        kind = "indices" if chosen.dtype.kind in "iu" and chosen.shape != kept.shape else f"dtype {chosen.dtype}"
+        raise _Fail(f"expected a bool array of shape {kept.shape}, got shape {chosen.shape} ({kind})",
+                    "return a keep-whole flag per boundary tile (np.zeros(len(kept), bool), then set the chosen "
+                    "ones), not the indices of the chosen tiles")
+    chosen = chosen.astype(bool)
+    got_pairs, ref_pairs = int(area[chosen].sum()), int(area[ref].sum())
+    ref_gap = abs(ref_pairs - budget)
+    n = kept.size
+    if n and chosen.all() and ref_gap < abs(got_pairs - budget):
+        raise _Fail(f"you keep all {n} boundary tiles whole ({got_pairs:,} pairs) for a budget of {budget:,} pairs",
+                    "rounding every boundary tile up is lossless but computes every pair the edges add; "
+                    "B3 keeps only as many as the budget pays for")
+    if n and not chosen.any() and ref_gap < abs(got_pairs - budget):
+        raise _Fail(f"you drop all {n} boundary tiles (0 pairs) for a budget of {budget:,} pairs",
+                    "rounding every boundary tile down loses every kept pair in them; some tiles should stay")
+    # a prefix of the ranking: every kept tile covers at least the fraction of every dropped one
+    if chosen.any() and (~chosen).any():
+        ki, ai = kept[chosen].astype(object), area[chosen].astype(object)
+        kd, ad = kept[~chosen].astype(object), area[~chosen].astype(object)
+        worst_kept = min(range(ki.size), key=lambda t: (ki[t] / ai[t], t))
+        best_dropped = max(range(kd.size), key=lambda t: (kd[t] / ad[t], -t))
+        if ki[worst_kept] * ad[best_dropped] < kd[best_dropped] * ai[worst_kept]:
+            a_idx = int(np.flatnonzero(chosen)[worst_kept])
+            b_idx = int(np.flatnonzero(~chosen)[best_dropped])
+            hint = ("rank the tiles by the fraction of their pairs the mask keeps, kept / area, and keep the "
+                    "best-covered ones first")
+            if kept[a_idx] > kept[b_idx]:
+                hint += " (the fraction, not the number of kept pairs: tiles at the sequence's end are smaller)"
+            raise _Fail(f"you keep tile {a_idx} ({kept[a_idx]:,} of {area[a_idx]:,} pairs kept, "
+                        f"{kept[a_idx] / area[a_idx]:.1%}) but drop tile {b_idx} ({kept[b_idx]:,} of "
+                        f"{area[b_idx]:,}, {kept[b_idx] / area[b_idx]:.1%})", hint)
+    gap = abs(got_pairs - budget)
+    if gap > ref_gap:
+        side = "above" if got_pairs > budget else "below"
+        fewer_more = "fewer" if got_pairs > budget else "more"
+        raise _Fail(f"your {int(chosen.sum())} kept tiles hold {got_pairs:,} pairs, {gap:,} {side} the budget of "
+                    f"{budget:,}; keeping {fewer_more} tiles of the ranking gets within {ref_gap:,}",
+                    "among all prefixes of the ranking (including the empty one and all of it), take the one "
+                    "whose total area is closest to the budget, on either side of it")
+
+
 def check_balanced_rounding(fn, *, seed: int = 0) -> CheckResult:
     """E4: `fn(kept, area, budget) -> bool [tiles]` chooses the boundary tiles B3 keeps whole.
 
@@ -92,55 +143,6 @@ def check_balanced_rounding(fn, *, seed: int = 0) -> CheckResult:
     prefix of the tiles ranked by kept fraction (ties in any order) whose area is as close to the
     budget as svg_lib's `Mask.tile_aligned(..., policy="balanced")` gets.
     """
-    def run(case):
-        kept, area, budget, ref = (case.data[x] for x in ("kept", "area", "budget", "reference"))
-        got = _call(fn, "balanced_rounding", kept.copy(), area.copy(), budget)
-        try:
-            chosen = np.asarray(got)
-        except Exception:
-            raise _Fail(f"balanced_rounding returned {type(got).__name__}, expected a bool array",
-                        "return one True/False per boundary tile") from None
-        if chosen.shape != kept.shape or (chosen.dtype != bool and chosen.size):
-            kind = "indices" if chosen.dtype.kind in "iu" and chosen.shape != kept.shape else f"dtype {chosen.dtype}"
-            raise _Fail(f"expected a bool array of shape {kept.shape}, got shape {chosen.shape} ({kind})",
-                        "return a keep-whole flag per boundary tile (np.zeros(len(kept), bool), then set the chosen "
-                        "ones), not the indices of the chosen tiles")
-        chosen = chosen.astype(bool)
-        got_pairs, ref_pairs = int(area[chosen].sum()), int(area[ref].sum())
-        ref_gap = abs(ref_pairs - budget)
-        n = kept.size
-        if n and chosen.all() and ref_gap < abs(got_pairs - budget):
-            raise _Fail(f"you keep all {n} boundary tiles whole ({got_pairs:,} pairs) for a budget of {budget:,} pairs",
-                        "rounding every boundary tile up is lossless but computes every pair the edges add; "
-                        "B3 keeps only as many as the budget pays for")
-        if n and not chosen.any() and ref_gap < abs(got_pairs - budget):
-            raise _Fail(f"you drop all {n} boundary tiles (0 pairs) for a budget of {budget:,} pairs",
-                        "rounding every boundary tile down loses every kept pair in them; some tiles should stay")
-        # a prefix of the ranking: every kept tile covers at least the fraction of every dropped one
-        if chosen.any() and (~chosen).any():
-            ki, ai = kept[chosen].astype(object), area[chosen].astype(object)
-            kd, ad = kept[~chosen].astype(object), area[~chosen].astype(object)
-            worst_kept = min(range(ki.size), key=lambda t: (ki[t] / ai[t], t))
-            best_dropped = max(range(kd.size), key=lambda t: (kd[t] / ad[t], -t))
-            if ki[worst_kept] * ad[best_dropped] < kd[best_dropped] * ai[worst_kept]:
-                a_idx = int(np.flatnonzero(chosen)[worst_kept])
-                b_idx = int(np.flatnonzero(~chosen)[best_dropped])
-                hint = ("rank the tiles by the fraction of their pairs the mask keeps, kept / area, and keep the "
-                        "best-covered ones first")
-                if kept[a_idx] > kept[b_idx]:
-                    hint += " (the fraction, not the number of kept pairs: tiles at the sequence's end are smaller)"
-                raise _Fail(f"you keep tile {a_idx} ({kept[a_idx]:,} of {area[a_idx]:,} pairs kept, "
-                            f"{kept[a_idx] / area[a_idx]:.1%}) but drop tile {b_idx} ({kept[b_idx]:,} of "
-                            f"{area[b_idx]:,}, {kept[b_idx] / area[b_idx]:.1%})", hint)
-        gap = abs(got_pairs - budget)
-        if gap > ref_gap:
-            side = "above" if got_pairs > budget else "below"
-            fewer_more = "fewer" if got_pairs > budget else "more"
-            raise _Fail(f"your {int(chosen.sum())} kept tiles hold {got_pairs:,} pairs, {gap:,} {side} the budget of "
-                        f"{budget:,}; keeping {fewer_more} tiles of the ranking gets within {ref_gap:,}",
-                        "among all prefixes of the ranking (including the empty one and all of it), take the one "
-                        "whose total area is closest to the budget, on either side of it")
-
-    return _finish("E4 balanced_rounding", _rounding_cases(seed), run,
+    return _finish("E4 balanced_rounding", _rounding_cases(seed), lambda case: _check_rounding_case(fn, case),
                    "SVG masks at random sizes, no boundary tiles, ties in the ranking and in the distance, "
                    "tiles cut short by the sequence's end")
