@@ -172,3 +172,15 @@ def test_amortized_plan_cycles():
     np.testing.assert_allclose(amortized_plan_cycles(1e6, [1, 5, 40], 40), [25_000, 125_000, 1e6])
     with pytest.raises(ValueError, match="steps"):
         amortized_plan_cycles(1e6, [1], 0)
+
+
+def test_bad_input_is_refused_before_any_work(proxy, plans):
+    with pytest.raises(ValueError, match="features must be"):
+        DenoisingProxy(proxy.x0[:-1], proxy.geometry, KINDS)
+    with pytest.raises(ValueError, match="heads_kinds"):
+        DenoisingProxy(proxy.x0, proxy.geometry, ["content", "diagonal"])
+    q, k = proxy.qk(3)
+    with pytest.raises(ValueError, match="like q_anchor"):
+        token_mean_drift(q, k, q[:2], k)
+    with pytest.raises(ValueError, match="heads x tokens"):
+        tile_mean_drift(plans[0](q, k), q[:, :640], k[:, :640])
