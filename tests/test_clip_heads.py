@@ -93,3 +93,44 @@ def test_bad_input_says_what_would_work(frames, tmp_path):
     np.savez(tmp_path / "other.npz", pictures=frames[:1])
     with pytest.raises(ValueError, match="'frames'"):
         load_clip(tmp_path / "other.npz")
+
+
+# -- the case study's size: 21 x 45 x 80 patches of 16 x 16 pixels --------------------------------
+
+def test_the_case_study_patches_are_small_and_give_the_case_study_geometry():
+    from svg_lib.layers.clip_heads import CASE_PATCHES, load_case_patches
+
+    assert CASE_PATCHES.stat().st_size < 5_000_000
+    with np.load(CASE_PATCHES) as data:
+        assert data["features"].dtype == np.float16 and data["features"].shape == (75_600, 18)
+        assert data["frame_index"].tolist() == list(range(0, 81, 4))
+    features, geometry = load_case_patches()
+    assert geometry == VideoGeometry(21, 45, 80) and geometry.tokens == 75_600
+    np.testing.assert_allclose(features.mean(axis=0), 0, atol=1e-6)
+    np.testing.assert_allclose(features.std(axis=0), 1, atol=1e-6)
+    # real footage: neighbouring patches' colours alike more than random pairs', and the frames move
+    grid = features.reshape(21, 45, 80, 18)
+    rng = np.random.default_rng(0)
+    a, b = (features[rng.integers(0, 75_600, 4096)] for _ in range(2))
+    beside = np.linalg.norm(grid[:, :, 1:, :3] - grid[:, :, :-1, :3], axis=-1).mean()   # mean RGB
+    assert beside < 0.3 * np.linalg.norm(a[:, :3] - b[:, :3], axis=-1).mean()
+    assert np.linalg.norm(grid[1:] - grid[:-1], axis=-1).mean() > 0.2 * np.linalg.norm(a - b, axis=-1).mean()
+
+
+def test_content_heads_at_the_case_study_size_attend_to_look_alike_patches():
+    # sampled query rows only: [rows, 75,600] scores, never 75,600 x 75,600
+    from svg_lib.layers.clip_heads import case_study_qkv, load_case_patches
+
+    q, k, v, geometry = case_study_qkv(["content", "spatial"], head_dim=32, seed=0)
+    assert geometry.tokens == 75_600 and q.shape == k.shape == v.shape == (2, 75_600, 32)
+    features, _ = load_case_patches()
+    rows = np.random.default_rng(1).choice(75_600, 48, replace=False)
+    look = []
+    for h in range(2):  # the appearance distance to the keys attended (the query itself left out), over the mean
+        s = np.asarray(q[h], np.float64)[rows] @ np.asarray(k[h], np.float64).T / np.sqrt(32)
+        s[np.arange(48), rows] = -np.inf
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        dist = np.linalg.norm(features[rows][:, None] - features[None], axis=-1)
+        look.append((p * dist).sum(axis=1).mean() / dist.mean())
+    assert look[0] < 0.75 and look[0] < 0.8 * look[1]     # measured: 0.65 (content) and 0.95 (spatial)
