@@ -19,10 +19,9 @@ those rows, and comes in one of two forms:
 
 Either visits exactly the forward's non-empty tiles, FULL tiles mask-free, PARTIAL tiles masked by
 the same predicate, idle steps on the resident block; dense takes its tiles from program ids.
-Simulated cost per tile (the TPU compiler's static profile, compile-only v6e, libtpu 0.0.42.1,
-bf16, head_dim 128; `svg_lib.instruments.tpu.cost.backward_tile_cost`): at 3328 x 1536 the fused tile costs
-25,388 cycles, 0.97x Splash's fused backward and 1.00x its own five matmuls alone; the split form
-36,086 (a dq step and a dk/dv step).
+The simulated cost per tile of each form, beside Splash's backward and the fused tile's five matmuls
+alone, is `svg_lib/data/backward_cost_reference.json` (the TPU compiler's static profile,
+`svg_lib.instruments.tpu.cost.backward_tile_cost`; `python -m svg_lib cost --backward`, notebook 11).
 
 The dk/dv and fused kernels compute their tile transposed (`s^T = k q^T`, `[block_kv_compute,
 block_q]`): their accumulators are per key, so keys on rows keeps four of the five matmuls in the
@@ -59,8 +58,8 @@ def _dq_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_acc, *, keep, q_st
 
     q_ref, do_ref `[block_q, head_dim]`; k_ref, v_ref `[block_kv, head_dim]`; lse_ref, di_ref
     `[1, block_q]` f32 rows, turned into columns once per chunk. (Blocks `[block_q, 128]`
-    replicated over lanes, like the forward's m and l, cost 37 % more cycles per step by the
-    TPU compiler's static profile: 1,258 against 919 at 512 x 256, v6e, libtpu 0.0.42.1.)
+    replicated over lanes, like the forward's m and l, cost more cycles per step by the TPU
+    compiler's static profile: CONTRIBUTING.md, "Measurements behind the kernels".)
     `keep` as in the forward's tile body.
     """
     block_q = q_ref.shape[0]
@@ -326,8 +325,8 @@ def attention_fused(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, stag
     whole dq, f32 `[nq_pad, head_dim]`, stays in VMEM from the head's first step to its last and
     is written to HBM once, at the head's last step (`write_dq`; hence the key-tile axis is
     "arbitrary": one core walks all of a head's key tiles). Fits where one head's dq does
-    (`estimate_vmem(f"{stage}:fused", ..., q_len=)`): 37.4 MiB at the case study's 76,544 rows
-    (75,600 tokens in whole query tiles), head_dim 128; `with_backward` runs the two-kernel form where it does not.
+    (`estimate_vmem(f"{stage}:fused", ..., q_len=)`, which the case study's size passes at head_dim
+    128); `with_backward` runs the two-kernel form where it does not.
     """
     heads, q_tokens, head_dim = q.shape
     tokens = k.shape[1]

@@ -111,7 +111,7 @@ def pack_schedule(index, step_class):
         entries = jnp.concatenate([entries, jnp.zeros((1,), jnp.uint32)])
     pairs = entries.reshape(-1, 2)  # (even, odd) entries; a reshape, not a strided slice (a gather in older jax)
     words = pairs[:, 0] | (pairs[:, 1] << STEP_BITS)
-    return jax.lax.bitcast_convert_type(words, jnp.int32)  # a tile >= 8,192 sets the sign bit: as in NumPy
+    return jax.lax.bitcast_convert_type(words, jnp.int32)  # a tile index past 2**13 sets the sign bit: as in NumPy
 
 
 def check_budgets(grid, steps: int, steps_t: int) -> tuple[int, int]:

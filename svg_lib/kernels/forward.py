@@ -22,8 +22,8 @@ unspecified (the DMA copies only the array's rows; both interpreters fill it wit
 steps whose block reaches past the end each kernel sets that part to zero in VMEM (`clear_tail`)
 before any tile body reads it, and the bodies see what a zero-padded copy would have given them. The
 part of an output block past the end is never written to HBM. No padded copy of q, k, v or the
-output is made in HBM (at the case study's size, 75,600 tokens and 3328 x 1536 tiles, the padded
-copies were about 749 MiB of temporaries, compile-only v6e).
+output is made in HBM: at the case study's size those copies were hundreds of MiB of temporaries
+(CONTRIBUTING.md, "Measurements behind the kernels").
 
 The bounded max. The running max costs, at every slice of keys, a row max of the scores and a
 rescale of l and acc. A query tile's first step runs that body; then `try_bound` tests, once,
@@ -33,22 +33,17 @@ the tile's later steps subtract the bound instead: exp, the row sum and the two 
 else; if not, the tile keeps the running max to its end without testing again. Decided per query
 tile at run time (tests/test_bounded_max.py counts which body ran and how often the test did), so
 every input gets the exact result, scores of 1e9 at their bound included. How often tiles pass
-depends on the activations (`svg_lib.instruments.tpu.cost` models both). Simulated cycles per step (the
-compiler's static profile, libtpu 0.0.42.1, bf16, head_dim 128, `svg_lib.instruments.tpu.cost`; the floor is
-the tile's two matmuls alone): at the blog's 3328 x 1536 tiles on a v6e the bounded mask-free
-body costs 10,436 (1.01x its floor of 10,326; the running-max body 11,895, 1.15x; the body before
-the bound 13,284, 1.29x; Splash 14,411, 1.40x); on a v5e 20,222 (1.00x of 20,214). At head_dim 128
-a v6e's 256-wide MXU runs `p v` at half its width, so the floor itself is about half the chip's
-peak (a v5e's 128-wide MXUs: near all of it).
+depends on the activations (`svg_lib.instruments.tpu.cost` models both). The compiler's static
+profile prices each body per grid step against its floor, the tile's two matmuls alone; the
+committed figures are `svg_lib/data/cost_reference.json` ("after": these bodies; "running" and
+"before": earlier ones), printed by `python -m svg_lib cost` and notebooks 04 to 06. At head_dim 128 a
+v6e's 256-wide MXU runs `p v` at half its width, so the floor itself is about half the chip's peak
+(a v5e's 128-wide MXUs: near all of it).
 
 Code size. Every `pl.when` branch is compiled, so a kernel carries one copy of the tile body
-per kind it can run, and now two of each (running and bounded). At the blog's tiles (v6e, the
-probe kernels' final VLIW bundles) the two copies of a mask-free body are about 23,700 bundles,
-of an SVG-masked one 31,600, of a padding-masked one 26,300, and the grid loop and pipeline
-around them 1,600. Summed per kernel: dense and B3 ~51,600 (free + padding), B1 ~33,200
-(masked), B2 ~57,000 (free + masked); Splash's forward kernel, one body, 16,050 mask-free.
-(Before the tile body was tuned with the compiler's profile, the issue that asked for it
-measured 25,948 bundles for one mask-free body and 48,932 for one masked body.)
+per kind it can run, and two of each (running and bounded): B2 holds the most (mask-free and
+masked), B1 the least (masked only). The probes record each body's VLIW bundles beside its cycles
+(`TileCost.bundles`, the committed reference).
 """
 from __future__ import annotations
 
@@ -69,11 +64,9 @@ from svg_lib.methods import PLANNED_METHODS, check_method
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 LANES = 128
 # Unroll the key-chunk loop up to this many chunks. Unrolling is not free: each chunk is one
-# more copy of the body in instruction memory. Measured with the TPU compiler's static profile
-# (svg_lib.instruments.tpu.cost, v6e, libtpu 0.0.42.1) on the running-max body as it was before the bounded max
-# and the per-lane sums, at the blog's 3328 x 1536 tiles, 3 chunks of 512, mask-free probe kernel:
-# rolled 6,114 bundles and 14,895 cycles per step, unrolled 14,380 bundles and 13,284 cycles
-# (Splash, unrolled: 16,050 bundles, 14,411 cycles). Three chunks pay; more are left rolled.
+# more copy of the body in instruction memory. The static profile found three unrolled chunks
+# (the blog's tiles) shorter per step than the rolled loop for about twice the code; more are left
+# rolled (CONTRIBUTING.md, "Measurements behind the kernels").
 MAX_UNROLLED_CHUNKS = 3
 NT = (((1,), (1,)), ((), ()))  # dot_general dimensions of a @ b^T: contract both operands' last dims
 NN = (((1,), (0,)), ((), ()))  # a @ b
@@ -206,8 +199,7 @@ BOUND_SLACK = 60.0
 BOUND_MARGIN = 2.0 ** -10
 # The per-query-tile state of the bound (`flag_ref[0]`): the test is made once, after the tile's
 # first step; a tile that fails keeps the running max to its end with no further test (a test at
-# every step cost more than the running body it would save: 12,649-13,716 simulated cycles per step
-# at the blog's tiles on a v6e against 11,895). RUNNING is 0 because the compiler's static profile
+# every step cost more, in the static profile, than the running body it would save). RUNNING is 0 because the compiler's static profile
 # reads scalar-prefetched SMEM as zeros (svg_lib.instruments.tpu.probes) and may read this flag so too: a
 # simulated kernel would then take the failing tile's path, the running max with no test, never a
 # test at every step. (Whether it reads scratch SMEM as zeros was not checked.)
@@ -219,8 +211,8 @@ def key_norm_max(k):
     reduction before the kernel; zero padding rows do not change it).
 
     The kernels take it as a whole-array SMEM input, not as a scalar-prefetched table: those are
-    int32 and Mosaic cannot bitcast a scalar, and a fixed-point int32 row, tried, made the 8-chip
-    routed layer's temporaries grow from 410.6 to 745.4 MiB per chip (compile-only v6e 2x4)."""
+    int32 and Mosaic cannot bitcast a scalar, and a fixed-point int32 row, tried, almost doubled the
+    8-chip routed layer's temporaries per chip (compile-only v6e 2x4)."""
     kf = k.astype(jnp.float32)
     return jnp.sqrt(jnp.max(jnp.sum(kf * kf, axis=-1), axis=-1))
 

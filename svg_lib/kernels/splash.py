@@ -3,13 +3,13 @@
 B0 is Splash with a full mask. "splash" is Splash with the exact SVG mask: as blocks of
 booleans at tutorial sizes, as a computable predicate at large sizes (see
 `splash_mask_form`). Either way Splash classifies blocks by evaluating the mask block by
-block on the host (tens of seconds at 75,600 tokens, never an N x N array). Splash applies
+block on the host (slow at the case study's size, but never an N x N array). Splash applies
 no softmax scale, so the caller passes q already scaled.
 
 Splash's VMEM limit. `make_splash_mha` takes no `vmem_limit_bytes`: its three pallas_calls
 (forward, dq, fused dk/dv) build their own `pltpu.CompilerParams` and run under the chip's
-default scoped VMEM, which the blog's tiles overflow on a v5e (and 6,000 tokens at 3328 x 1536
-on a v6e). A per-jit XLA option (`xla_tpu_scoped_vmem_limit_kib`) raises that default, but
+default scoped VMEM, which the blog's tiles overflow on a v5e (and on a v6e at a few thousand
+tokens). A per-jit XLA option (`xla_tpu_scoped_vmem_limit_kib`) raises that default, but
 jax accepts compiler options only on the outermost jit, so a model that calls attention
 inside its own `jax.jit` could not use it. `with_vmem_limit` puts the limit where the
 caller's jit cannot lose it: in each Splash pallas_call's own `CompilerParams`, so it is part
