@@ -8,12 +8,13 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 from svg_lib import attention, b3_mask, plan_tiles, reference_attention
+from svg_lib.kernels.reference import attention_gradients_float64
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.svg_masks import SVGMask
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, schedule_rows, unpack_schedule
 from svg_lib.kernels.tolerances import tolerance
 from svg_lib.memory.vmem import estimate_vmem
-from test_kernels import EMPTY_TILE_ROW, HOLEY, _races_found_in, needs_race_state, random_qkv
+from helpers import EMPTY_TILE_ROW, HOLEY, needs_race_state, races_found_in, random_qkv
 
 # 315 tokens: padded to 384 queries (3 tiles of 128) and 512 keys (2 tiles of 256), each key
 # tile in 2 slices of 128, so padding, several chunks and non-square tiles are all exercised.
@@ -23,29 +24,6 @@ METHODS = ["dense", "b1", "b2", "b3", "splash_dense", "splash"]
 # float32: the kernels and float64 differ by float32 rounding. bfloat16: q, k, v, do are bf16 and
 # the kernels round p and ds to bf16 before their matmuls (svg_lib/kernels/tolerances.py says why).
 GRAD_TOL = {dtype: tolerance(dtype, "gradients") for dtype in ("float32", "bfloat16")}
-
-
-def grads64(q, k, v, keep, dout):
-    """(dq, dk, dv) of sum(attention(q, k, v) * dout) in float64, keeping pairs where `keep`.
-
-    Written from the softmax's derivative, independently of the kernels: with P the attention
-    weights (0 where masked, rows keeping nothing all 0), dV = P^T dO, dP = dO V^T,
-    dS = P * (dP - rowsum(dP * P)), dQ = dS K / sqrt(D), dK = dS^T Q / sqrt(D).
-    """
-    q, k, v, dout = (np.asarray(jnp.asarray(x, jnp.float32), np.float64) for x in (q, k, v, dout))
-    scale = 1 / math.sqrt(q.shape[-1])
-    s = np.einsum("hqd,hkd->hqk", q, k) * scale
-    if keep is not None:
-        s = np.where(keep[None], s, -np.inf)
-    m = s.max(axis=-1, keepdims=True)
-    e = np.exp(s - np.where(np.isfinite(m), m, 0))
-    total = e.sum(axis=-1, keepdims=True)
-    p = np.where(total > 0, e / np.where(total > 0, total, 1), 0)
-    dv = np.einsum("hqk,hqd->hkd", p, dout)
-    dp = np.einsum("hqd,hkd->hqk", dout, v)
-    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
-    return (np.einsum("hqk,hkd->hqd", ds, k) * scale, np.einsum("hqk,hqd->hkd", ds, q) * scale,
-            dv)
 
 
 def kernel_grads(q, k, v, dout, mask, method, interpret=None, backward=None, **blocks):
@@ -76,7 +54,7 @@ def test_gradients_match_float64(method, dtype):
     dout = random_qkv(4, 2, MASK.tokens, 128, dtype)[0]
     mask = computed_mask(MASK, method)
     got = kernel_grads(q, k, v, dout, None if mask is None else MASK, method)
-    assert_grads_close(got, grads64(q, k, v, None if mask is None else mask.to_dense(), dout), GRAD_TOL[dtype])
+    assert_grads_close(got, attention_gradients_float64(q, k, v, dout, None if mask is None else mask.to_dense()), GRAD_TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -88,7 +66,7 @@ def test_split_backward_matches_float64(method, dtype):
     dout = random_qkv(4, 2, MASK.tokens, 128, dtype)[0]
     mask = computed_mask(MASK, method)
     got = kernel_grads(q, k, v, dout, None if mask is None else MASK, method, backward="split")
-    assert_grads_close(got, grads64(q, k, v, None if mask is None else mask.to_dense(), dout), GRAD_TOL[dtype])
+    assert_grads_close(got, attention_gradients_float64(q, k, v, dout, None if mask is None else mask.to_dense()), GRAD_TOL[dtype])
 
 
 def _pallas_calls(jaxpr):
@@ -155,23 +133,13 @@ def test_the_fused_backward_is_taken_where_one_heads_dq_fits():
         estimate_vmem("b3:fused", 512, 512, 128, jnp.bfloat16)
 
 
-def test_float64_gradients_agree_with_jax_grad_of_the_reference():
-    """The float64 formula above is the derivative jax.grad takes of reference_attention."""
-    q, k, v = random_qkv(5, 1, MASK.tokens, 64, "float32")
-    dout = random_qkv(6, 1, MASK.tokens, 64, "float32")[0]
-    loss = lambda q, k, v: jnp.sum(reference_attention(q, k, v, MASK) * dout)  # noqa: E731
-    want = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
-    for g, w in zip(grads64(q, k, v, MASK.to_dense(), dout), want):
-        np.testing.assert_allclose(g, np.asarray(w), rtol=1e-4, atol=1e-5)
-
-
 def test_a_wrong_mask_is_told_apart():
     """Negative control: B2's gradients are not those of the mask one token narrower."""
     q, k, v = random_qkv(3, 1, MASK.tokens, 128, "float32")
     dout = random_qkv(4, 1, MASK.tokens, 128, "float32")[0]
     narrower = SVGMask(MASK.geometry, MASK.band_width - 1, MASK.sink_tokens)
     got = kernel_grads(q, k, v, dout, MASK, "b2")
-    wrong = grads64(q, k, v, narrower.to_dense(), dout)
+    wrong = attention_gradients_float64(q, k, v, dout, narrower.to_dense())
     assert max(float(np.max(np.abs(np.asarray(g) - w))) for g, w in zip(got, wrong)) > 1e-3
 
 
@@ -186,7 +154,7 @@ def test_rows_that_keep_no_key_get_zero_gradients(mask, method):
     keyless = ~dense.any(axis=1)
     assert keyless.any()
     assert (np.asarray(got[0])[:, keyless] == 0).all(), "a row that keeps no key must get dq = 0"
-    assert_grads_close(got, grads64(q, k, v, dense, dout), GRAD_TOL["float32"])
+    assert_grads_close(got, attention_gradients_float64(q, k, v, dout, dense), GRAD_TOL["float32"])
 
 
 def test_transposed_schedule_visits_each_tile_once_from_the_keys():
@@ -224,11 +192,11 @@ def test_backward_kernels_have_no_races(method, backward):
     q, k, v = random_qkv(3, 1, MASK.tokens, 128, "float32")
     dout = random_qkv(4, 1, MASK.tokens, 128, "float32")[0]
     params = pltpu.InterpretParams(detect_races=True)
-    got, found = _races_found_in(lambda: [np.asarray(g) for g in kernel_grads(q, k, v, dout, MASK, method,
+    got, found = races_found_in(lambda: [np.asarray(g) for g in kernel_grads(q, k, v, dout, MASK, method,
                                                                                  interpret=params, backward=backward)])
     assert not found, f"{method}: the interpreter reported a race in the {backward} backward"
     mask = computed_mask(MASK, method)
-    assert_grads_close(got, grads64(q, k, v, None if mask is None else mask.to_dense(), dout), GRAD_TOL["float32"])
+    assert_grads_close(got, attention_gradients_float64(q, k, v, dout, None if mask is None else mask.to_dense()), GRAD_TOL["float32"])
 
 
 def test_backward_vmem_estimates():
@@ -277,7 +245,7 @@ def test_gradients_with_padding_inside_the_sequence(method):
     q, k, v = random_qkv(11, 1, mask.tokens, 64, "float32")
     dout = random_qkv(12, 1, mask.tokens, 64, "float32")[0]
     got = kernel_grads(q, k, v, dout, mask, method, block_q=128, block_kv=128)
-    assert_grads_close(got, grads64(q, k, v, computed_mask(mask, method, 128, 128).to_dense(), dout),
+    assert_grads_close(got, attention_gradients_float64(q, k, v, dout, computed_mask(mask, method, 128, 128).to_dense()),
                        GRAD_TOL["float32"])
 
 @pytest.mark.parametrize("method", ["b3", "splash"])

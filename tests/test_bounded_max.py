@@ -22,7 +22,8 @@ from svg_lib import SVGMask, VideoGeometry, attention, b3_mask, build_attention
 from svg_lib.kernels import forward
 from svg_lib.instruments.adversarial import CASES, adversarial_heads, adversarial_qkv
 from svg_lib.kernels.tolerances import tolerance
-from test_kernels import HOLEY, attention64
+from helpers import HOLEY
+from svg_lib.kernels.reference import attention_float64
 
 GEOMETRY = VideoGeometry(4, 8, 12, text_tokens=20)  # 404 tokens: q and kv padding at 128 x 128
 MASK = SVGMask.spatial(GEOMETRY, 0.35)
@@ -86,7 +87,7 @@ def test_matches_float64_on_inputs_that_break_a_fixed_max(method, kind, interp):
     qkv = _inputs(kind, MASK.tokens)
     mask = _mask_for(method, MASK)
     got = _run(method, MASK, qkv, _interpret(interp))
-    want = attention64(*qkv, None if mask is None else mask.to_dense())
+    want = attention_float64(*qkv, None if mask is None else mask.to_dense())
     np.testing.assert_allclose(got, want, **_tolerance(qkv), err_msg=f"{method}, {kind}, {interp}")
 
 
@@ -123,7 +124,7 @@ def test_rows_with_no_kept_key_keep_the_running_max(body_counts):
     got = _run("b2", HOLEY, qkv, True)
     empty = ~HOLEY.to_dense().any(axis=1)
     assert (got[:, empty] == 0).all() and body_counts["bounded"] == 0 and body_counts["running"] > 0
-    np.testing.assert_allclose(got, attention64(*qkv, HOLEY.to_dense()), **tolerance("float32"))
+    np.testing.assert_allclose(got, attention_float64(*qkv, HOLEY.to_dense()), **tolerance("float32"))
 
 
 @pytest.mark.parametrize("gap", [forward.BOUND_SLACK - 1.0, forward.BOUND_SLACK + 1.0])
@@ -144,7 +145,7 @@ def test_rows_at_the_edge_of_the_slack(body_counts, gap, interp):
     v = rng.standard_normal((heads, tokens, head_dim))
     qkv = tuple(jnp.asarray(x, jnp.float32) for x in (q, k, v))
     got = _run("dense", None, qkv, _interpret(interp))
-    np.testing.assert_allclose(got, attention64(*qkv), **tolerance("float32"))
+    np.testing.assert_allclose(got, attention_float64(*qkv), **tolerance("float32"))
     switched = body_counts["bounded"] > 0
     assert switched == (gap < forward.BOUND_SLACK), dict(body_counts)
 
@@ -162,7 +163,7 @@ def test_scores_at_their_bound_stay_finite_and_exact(dtype, head_dim):
     margin these tiles keep the running max and match float64 exactly."""
     q, k, v = _adversarial_heads(head_dim, dtype)
     got = _run("dense", None, (q, k, v), True)
-    want = attention64(q, k, v)
+    want = attention_float64(q, k, v)
     for h, case in enumerate(CASES):
         assert np.isfinite(got[h]).all(), case
         np.testing.assert_allclose(got[h], want[h], **tolerance(dtype), err_msg=f"{case}, {dtype}, {head_dim}")
@@ -177,7 +178,7 @@ def test_scores_at_their_bound_in_the_tpu_interpreter(method, head_dim):
     geometry = VideoGeometry(2, 8, 16)  # 256 tokens
     mask = SVGMask.spatial(geometry, 0.35)
     got = _run(method, mask, (q, k, v), _interpret("tpu"))
-    want = attention64(q, k, v, None if method == "dense" else b3_mask(mask, 128, 128).to_dense())
+    want = attention_float64(q, k, v, None if method == "dense" else b3_mask(mask, 128, 128).to_dense())
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, **tolerance("float32"))
 

@@ -1,6 +1,6 @@
 """Tests of the attention kernels behind `svg_lib.attention` (interpret mode on CPU).
 
-Every method is compared with a float64 numpy attention written here, under the mask that
+Every method is compared with the package's float64 attention (`attention_float64`), under the mask that
 method computes: none for the dense baselines, the exact SVG mask for splash / b1 / b2, and
 the tile-aligned (rounded) mask for b3. Sizes are small, tokens never fill whole tiles (so
 q and kv padding is always exercised), and each kernel is built once per configuration and
@@ -20,7 +20,10 @@ from jax.experimental.pallas import tpu as pltpu
 
 from svg_lib import METHODS, Mask, SVGMask, TileAlignedMask, VideoGeometry, attention, b3_mask, build_attention
 from svg_lib.core.planner import EMPTY, plan_tiles
+from svg_lib.kernels.reference import attention_float64
 from svg_lib.kernels.tolerances import tolerance
+
+from helpers import DTYPES, EMPTY_TILE_ROW, HOLEY, needs_race_state, races_found_in, random_qkv
 
 # -- tolerances ----------------------------------------------------------------------------
 # One place per dtype, with the reasons: svg_lib/kernels/tolerances.py (float32: summation order only,
@@ -31,36 +34,6 @@ F32 = TOL["float32"]
 # Two kernels that compute the same masked attention from the same float32 data differ only
 # in float32 summation order.
 SAME_MATH = dict(rtol=2e-6, atol=2e-6)
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-
-
-# -- an independent float64 attention ------------------------------------------------------
-
-def attention64(q, k, v, keep=None):
-    """softmax(q k^T / sqrt(D), over kept keys) v in float64; rows keeping nothing give 0.
-
-    q, k, v `[heads, tokens, head_dim]` (any float dtype, upcast exactly); keep `[tokens, tokens]` bool.
-    """
-    q, k, v = (np.asarray(jnp.asarray(x, jnp.float32), dtype=np.float64) for x in (q, k, v))
-    s = np.einsum("hqd,hkd->hqk", q, k) / math.sqrt(q.shape[-1])
-    if keep is not None:
-        s = np.where(keep[None], s, -np.inf)
-    m = s.max(axis=-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
-    p = np.exp(s - m)
-    l = p.sum(axis=-1, keepdims=True)
-    out = np.einsum("hqk,hkd->hqd", p, v)
-    return np.where(l > 0, out / np.where(l > 0, l, 1.0), 0.0)
-
-
-def random_qkv(seed, heads, tokens, head_dim, dtype, sharpness=2.0):
-    """Gaussian q, k, v; q scaled by `sharpness` so each row's softmax is far from uniform
-    (scores have a standard deviation of about `sharpness`), which makes masks matter."""
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((heads, tokens, head_dim)) * sharpness
-    k = rng.standard_normal((heads, tokens, head_dim))
-    v = rng.standard_normal((heads, tokens, head_dim))
-    return tuple(jnp.asarray(x, dtype=DTYPES[dtype]) for x in (q, k, v))
 
 
 # -- the configurations --------------------------------------------------------------------
@@ -128,7 +101,7 @@ def expected(name, which):
     """float64 attention of case `name` under no mask ("none"), the exact mask or B3's."""
     c = CASES[name]
     mask = {"none": None, "exact": c.mask, "b3": b3_mask(c.mask, c.block_q, c.block_kv)}[which]
-    return attention64(*case_qkv(name), None if mask is None else mask.to_dense())
+    return attention_float64(*case_qkv(name), None if mask is None else mask.to_dense())
 
 
 def expected_for(name, method):
@@ -264,29 +237,11 @@ def test_partial_last_tiles_do_not_leak(method, tpu_interpreter):
         keep = mask.to_dense()
     assert out.shape == q.shape and lse.shape == (2, 1, n)
     assert np.isfinite(np.asarray(lse)).all()
-    np.testing.assert_allclose(np.asarray(out, np.float64), attention64(q, k, v, keep), **F32)
+    np.testing.assert_allclose(np.asarray(out, np.float64), attention_float64(q, k, v, keep), **F32)
 
 
 # -- rows and tiles with nothing kept ------------------------------------------------------
 
-class HoleyBand(Mask):
-    """A band of half-width `width` in which every query row q with q % 7 == 3 keeps nothing:
-    empty rows inside visited, partially kept tiles. Pure arithmetic, so kernels can evaluate it."""
-
-    def __init__(self, tokens, width):
-        self.tokens, self.width = tokens, width
-
-    def keep(self, q, k):
-        n, w = self.tokens, self.width
-        return (q - k <= w) & (k - q <= w) & (q % 7 != 3) & (q < n) & (k < n)
-
-
-HOLEY = HoleyBand(400, 150)
-# 600 tokens in 5x5 tiles of 128: query tile 1 keeps no tile at all, tile (3, 0) is dropped.
-_KEPT = np.ones((5, 5), bool)
-_KEPT[1, :] = False
-_KEPT[3, 0] = False
-EMPTY_TILE_ROW = TileAlignedMask(600, 128, 128, _KEPT)
 
 
 
@@ -309,7 +264,7 @@ def test_rows_with_no_kept_key_give_zeros(method):
     assert (plan_tiles(HOLEY, 128, 128).num_steps > 0).all()
     got, qkv = _run_small(HOLEY, method)
     assert (got[:, empty] == 0).all()
-    np.testing.assert_allclose(got, attention64(*qkv, dense), **F32)
+    np.testing.assert_allclose(got, attention_float64(*qkv, dense), **F32)
 
 
 @pytest.mark.parametrize("method", [
@@ -320,32 +275,10 @@ def test_query_tile_with_no_kept_tile_gives_zeros(method):
     got, qkv = _run_small(EMPTY_TILE_ROW, method)
     assert np.isfinite(got).all()
     assert (got[:, 128:256] == 0).all()
-    np.testing.assert_allclose(got, attention64(*qkv, EMPTY_TILE_ROW.to_dense()), **F32)
+    np.testing.assert_allclose(got, attention_float64(*qkv, EMPTY_TILE_ROW.to_dense()), **F32)
 
 
-# -- race detection ------------------------------------------------------------------------
-# jax 0.10.2's TPU interpreter (jax/_src/pallas/mosaic/interpret/interpret_pallas_call.py)
-# keeps a module-level `races` (a RaceDetectionState) that each kernel run under
-# InterpretParams(detect_races=True) recreates; its `races_found` turns True (and a
-# "RACE DETECTED" report is printed) when two accesses to one buffer are not ordered.
-# The module is private and older jax releases (0.7) keep it elsewhere; where it is
-# missing the two race tests skip; the kernels' outputs are checked by every other test.
-try:
-    _interp = importlib.import_module("jax._src.pallas.mosaic.interpret.interpret_pallas_call")
-except ImportError:
-    _interp = None
-needs_race_state = pytest.mark.skipif(
-    _interp is None, reason=f"jax {jax.__version__} has no jax._src.pallas.mosaic.interpret."
-                            "interpret_pallas_call (the race-detection state of the pinned jax 0.10.2)")
-
-
-def _races_found_in(run):
-    """Run `run()` with a fresh interpreter state; (its result, whether a race was found)."""
-    pltpu.reset_tpu_interpret_mode_state()
-    out = run()  # its outputs are numpy arrays (or blocked on): the kernel has finished
-    assert _interp.races is not None and _interp.races.reads, "the race detector recorded nothing"
-    return out, bool(_interp.races.races_found)
-
+# -- race detection (the detector: tests/helpers.py) -------------------------------------------
 
 @needs_race_state
 def test_race_detector_can_fail():
@@ -361,7 +294,7 @@ def test_race_detector_can_fail():
                           in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
                           scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA((1,))],
                           interpret=pltpu.InterpretParams(detect_races=True))
-    _, found = _races_found_in(lambda: np.asarray(call(x)))
+    _, found = races_found_in(lambda: np.asarray(call(x)))
     assert found
 
 
@@ -370,10 +303,10 @@ def test_race_detector_can_fail():
 @pytest.mark.parametrize("method", ["dense", "b1", "b2", "b3", "splash_dense", "splash"])
 def test_no_races_under_the_tpu_interpreter(method):
     params = pltpu.InterpretParams(detect_races=True)
-    (got, qkv), found = _races_found_in(lambda: _run_small(SMALL, method, heads=1, interpret=params))
+    (got, qkv), found = races_found_in(lambda: _run_small(SMALL, method, heads=1, interpret=params))
     assert not found, f"{method}: the interpreter reported a race"
     mask = None if method in ("dense", "splash_dense") else (b3_mask(SMALL, 128, 128) if method == "b3" else SMALL)
-    np.testing.assert_allclose(got, attention64(*qkv, None if mask is None else mask.to_dense()), **F32)
+    np.testing.assert_allclose(got, attention_float64(*qkv, None if mask is None else mask.to_dense()), **F32)
 
 
 # -- the tile body's two code paths ------------------------------------------------------------
@@ -431,7 +364,7 @@ def test_tile_body_paths_agree_with_float64(body_interpret, head_dim, block_kv, 
     keep = mask.kernel_predicate(256, block_kv) if masked else None
     got = _tile_body_attention(q, k, v, keep, block_q=256, block_kv=block_kv, block_kv_compute=block_kv_compute,
                                body_interpret=body_interpret)
-    want = attention64(q[None], k[None], v[None], mask.to_dense() if masked else None)[0]
+    want = attention_float64(q[None], k[None], v[None], mask.to_dense() if masked else None)[0]
     np.testing.assert_allclose(np.asarray(got, np.float64), want, **F32)
 
 

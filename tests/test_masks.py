@@ -11,7 +11,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from mask_helpers import ArrayMask, tile_view
+from helpers import ArrayMask, tile_view
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.masks import Mask, TileAlignedMask, check_block_size
 from svg_lib.core.svg_masks import PermutedMask, SVGMask, TemporalMask

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from mask_helpers import ArrayMask, tile_view
+from helpers import ArrayMask, tile_view
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.masks import TileAlignedMask
 from svg_lib.core.svg_masks import PermutedMask, SVGMask

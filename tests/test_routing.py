@@ -18,7 +18,7 @@ from svg_lib import (CompileCounter, SVGMask, TemporalMask, VideoGeometry, build
 from svg_lib.core.planner import stack_schedules
 from svg_lib.layers.routing import gather_heads, head_gather_index, permute_heads, plan_kind
 from svg_lib.layers.synthetic import computed_mask
-from test_kernels import _races_found_in, needs_race_state
+from helpers import needs_race_state, races_found_in
 
 # float32 kernels vs float32 reference: summation order only (see tests/test_kernels.py for the derivation)
 F32 = dict(rtol=1e-5, atol=1e-5)
@@ -241,6 +241,6 @@ def test_routed_layers_under_the_tpu_interpreter(in_kernel, mask, qkv, per_kind_
     layer = build(mask, method="b2", heads=HEADS, tokens=GEOMETRY.tokens, head_dim=HEAD_DIM, dtype=jnp.float32,
                   block_q=BLOCK, block_kv=BLOCK, interpret=params)
     flags = np.array(ROUTINGS["mixed"])
-    out, found = _races_found_in(lambda: np.asarray(layer(*qkv, jnp.asarray(flags))))
+    out, found = races_found_in(lambda: np.asarray(layer(*qkv, jnp.asarray(flags))))
     assert not found, "the interpreter reported a race"
     np.testing.assert_allclose(out, expected(flags, per_kind_reference), **F32)
