@@ -294,18 +294,20 @@ def check_b1_kv_map(fn, *, seed: int = 0) -> CheckResult:
         if (third != 0).any():
             raise _Fail(f"your last block index is {int(third[third != 0][0])}, expected 0",
                         "the block spans all of head_dim, so the last block index is always 0")
-        wrong = np.argwhere(tiles != want)
+        idle_steps = np.broadcast_to(plan.step_class == EMPTY, want.shape)
+        wrong_visited, wrong_idle = np.argwhere((tiles != want) & ~idle_steps), np.argwhere((tiles != want) & idle_steps)
+        wrong = wrong_visited if wrong_visited.size else wrong_idle   # visited steps first: they say more
         if wrong.size:
             h, i, s = (int(x) for x in wrong[0])
             got, j = int(tiles[h, i, s]), int(want[h, i, s])
-            idle = plan.step_class[i, s] == EMPTY
+            idle = bool(idle_steps[h, i, s])
             detail = (f"grid step (h={h}, i={i}, s={s}), {'an idle step' if idle else 'a visited step'}: expected key "
                       f"tile {j}, your kv_map returned {got}")
             entry = (int(plan.kv_index[i, s]) << 2) | int(plan.step_class[i, s])
             if got == entry:
                 hint = ("that is the packed entry itself (key tile << 2 | class): decode it with "
                         "schedule_entry(schedule_ref, n), which returns (key tile, class)")
-            elif idle and (tiles[h, i][plan.step_class[i] != EMPTY] == plan.kv_index[i][plan.step_class[i] != EMPTY]).all():
+            elif idle:
                 hint = ("every visited step is right; an idle step must repeat the resident tile, which its entry "
                         "already names: a different tile starts a copy nobody uses")
             elif got == s:
