@@ -22,6 +22,7 @@ from svg_lib.kernels.forward import init_state, online_softmax_tile, plain_inter
 from svg_lib.kernels.reference import reference_attention
 from svg_lib.kernels.tolerances import tolerance
 from svg_lib.teaching.exercises.common import CheckResult, _Case, _Fail, _call, _finish
+from svg_lib.teaching.yourcode import Hints
 
 MASK_FREE, MASKED = 1, 16  # what a recorded step adds per mask-free / masked tile body run (16: counts add up)
 
@@ -54,7 +55,6 @@ STEP_SOLUTION = '''def b1_step(i, s, kv_tile, cls, tile, keep, *, block_q, block
 
 
 def kv_map_hints():
-    from svg_lib.teaching.yourcode import Hints
     return Hints("kv_map", (
         "Grid step (h, i, s) reads entry n = i * steps + s of the packed schedule: row i of the plan holds "
         "`steps` entries, one per step.",
@@ -67,7 +67,6 @@ def kv_map_hints():
 
 
 def step_hints():
-    from svg_lib.teaching.yourcode import Hints
     return Hints("b1_step", (
         "Only a step whose class is not EMPTY computes. `cls` is read from SMEM while the kernel runs, so "
         "the test goes in pl.when(...), not in a Python `if`.",
@@ -289,13 +288,14 @@ def check_b1_kv_map(fn, *, seed: int = 0) -> CheckResult:
         grid = np.indices((heads, nq, steps))
         if (hs != grid[0]).any():
             h, i, s = (int(x) for x in np.argwhere(hs != grid[0])[0])
-            raise _Fail(f"at grid step (h={h}, i={i}, s={s}) your first block index is {int(hs[h, i, s])}, expected the "
-                        f"head, {h}", "the first block index picks the head: return h unchanged")
+            raise _Fail(f"at grid step (h={h}, i={i}, s={s}) your first block index is {int(hs[h, i, s])}, "
+                        f"expected the head, {h}", "the first block index picks the head: return h unchanged")
         if (third != 0).any():
             raise _Fail(f"your last block index is {int(third[third != 0][0])}, expected 0",
                         "the block spans all of head_dim, so the last block index is always 0")
         idle_steps = np.broadcast_to(plan.step_class == EMPTY, want.shape)
-        wrong_visited, wrong_idle = np.argwhere((tiles != want) & ~idle_steps), np.argwhere((tiles != want) & idle_steps)
+        bad = tiles != want
+        wrong_visited, wrong_idle = np.argwhere(bad & ~idle_steps), np.argwhere(bad & idle_steps)
         wrong = wrong_visited if wrong_visited.size else wrong_idle   # visited steps first: they say more
         if wrong.size:
             h, i, s = (int(x) for x in wrong[0])
@@ -329,8 +329,8 @@ def check_b1_kv_map(fn, *, seed: int = 0) -> CheckResult:
 
 def _path_words(code: int) -> str:
     free, masked = code % MASKED, code // MASKED
-    parts = [f"the {name} body" + (f" {n} times" if n > 1 else "") for name, n in (("mask-free", free), ("masked", masked))
-             if n]
+    parts = [f"the {name} body" + (f" {n} times" if n > 1 else "")
+             for name, n in (("mask-free", free), ("masked", masked)) if n]
     return " and ".join(parts) if parts else "nothing"
 
 
@@ -346,9 +346,9 @@ def check_b1_step(fn, *, seed: int = 0) -> CheckResult:
     def run(case):
         mask, bq, bkv = _mask(case), case.data["block_q"], case.data["block_kv"]
         q, k, v = _qkv(case)
-        out, paths, q_starts, k_starts, plan = _call(_learner_run, "your b1_step (inside the kernel)", b1_learner_attention, q, k, v,
-                                                     mask, step=fn, block_q=bq, block_kv=bkv, record=True,
-                                                     hints=_TRACED_HINTS)
+        out, paths, q_starts, k_starts, plan = _call(
+            _learner_run, "your b1_step (inside the kernel)", b1_learner_attention, q, k, v, mask, step=fn,
+            block_q=bq, block_kv=bkv, record=True, hints=_TRACED_HINTS)
         visited = plan.step_class != EMPTY
         expected = np.where(visited, MASKED, 0)
         for h in range(paths.shape[0]):

@@ -8,6 +8,7 @@ from svg_lib.core.planner import FULL, PARTIAL
 from svg_lib.teaching.exercises.e3_b2_dispatch import (MASK_FREE_PATH, MASKED_PATH,  # noqa: F401 (re-exported)
                                                       b2_exercise_attention, check_b2_dispatch)
 from svg_lib.teaching.exercises.p03_b1 import b1_dry_run
+from svg_lib.teaching.yourcode import Hints
 
 
 def library_b2_dispatch(step_class, tile, keep):
@@ -25,7 +26,6 @@ DISPATCH_SOLUTION = '''def b2_dispatch(step_class, tile, keep):
 
 
 def dispatch_hints():
-    from svg_lib.teaching.yourcode import Hints
     return Hints("b2_dispatch", (
         "step_class is read from SMEM while the kernel runs: each branch goes in pl.when(condition), "
         "not in a Python `if`.",
