@@ -5,31 +5,18 @@ later cells run."""
 import pytest
 from jax.experimental import pallas as pl
 
-from svg_lib.core.planner import EMPTY, FULL, PARTIAL
+from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles
+from svg_lib.problem import get_preset
 from svg_lib.teaching.exercises import p04_b2_dispatch
+from test_exercises import e3_b1_dispatch, e3_idle_steps_computed, e3_nothing_masked, e3_python_if
 from yourcode_runner import run_with_pieces
 
 NOTEBOOK = "04_b2_full_edge_tiles.ipynb"
 
 
-def b1_style(step_class, tile, keep):            # every visited step masked
-    pl.when(step_class != EMPTY)(lambda: tile(keep=keep))
-
-
-def never_masked(step_class, tile, keep):        # PARTIAL tiles mask-free too
-    pl.when(step_class != EMPTY)(lambda: tile(keep=None))
-
-
-def idle_masked(step_class, tile, keep):         # "not FULL" includes the idle steps
-    pl.when(step_class == FULL)(lambda: tile(keep=None))
-    pl.when(step_class != FULL)(lambda: tile(keep=keep))
-
-
-def python_if(step_class, tile, keep):
-    if step_class == FULL:
-        tile(keep=None)
-    elif step_class == PARTIAL:
-        tile(keep=keep)
+# the typical wrong answers exercise E3's tests already hold; here through the notebook's module, with the hints
+b1_style, idle_masked, never_masked, python_if = (e3_b1_dispatch, e3_idle_steps_computed, e3_nothing_masked,
+                                                  e3_python_if)
 
 
 @pytest.mark.parametrize("wrong, message", [
@@ -41,6 +28,18 @@ def python_if(step_class, tile, keep):
 def test_dispatch_checker_names_the_mistake(wrong, message, capsys):
     result = p04_b2_dispatch.check_b2_dispatch(wrong)
     assert not result.passed and message in result.message
+
+
+def test_the_dry_run_shows_what_a_dispatch_runs_at_the_case_studys_size():
+    blog = get_preset("blog")
+    plan = plan_tiles(blog.mask(), blog.block_q, blog.block_kv)
+    resident, right = p04_b2_dispatch.b2_dry_run(plan, p04_b2_dispatch.library_b2_dispatch)
+    _, wrong = p04_b2_dispatch.b2_dry_run(plan, b1_style)
+    free, masked = p04_b2_dispatch.MASK_FREE_PATH, p04_b2_dispatch.MASKED_PATH
+    assert (resident == plan.kv_index).all()
+    assert ((right == free) == (plan.step_class == FULL)).all()
+    assert ((right == masked) == (plan.step_class == PARTIAL)).all()
+    assert int((wrong == masked).sum()) == int(plan.visited.sum()) > int((right == masked).sum())
 
 
 def test_the_solution_and_the_library_pass(capsys):
