@@ -23,7 +23,7 @@ MASK_FREE_PATH, MASKED_PATH = 1, 16  # what the exercise kernel records per tile
 
 
 def b2_exercise_attention(q, k, v, mask: Mask, dispatch, *, block_q: int = 128, block_kv: int = 128,
-                          interpret=True):
+                          interpret=True, record: bool = True):
     """The B2 kernel with its dispatch left to `dispatch(step_class, tile, keep)`.
 
     q, k, v `[heads, tokens, head_dim]` float32 (unscaled; scaled by 1/sqrt(head_dim) here).
@@ -32,7 +32,8 @@ def b2_exercise_attention(q, k, v, mask: Mask, dispatch, *, block_q: int = 128, 
     run plus MASKED_PATH (16) per masked run, so 0 means the step computed nothing.
     `dispatch` receives the step's class (EMPTY / PARTIAL / FULL, read from SMEM), `tile`
     (call `tile(keep=None)` for the mask-free body or `tile(keep=keep)` for the masked one) and
-    `keep`, the mask's elementwise predicate.
+    `keep`, the mask's elementwise predicate. With `record=False` nothing is recorded (`paths` is
+    None): the kernel alone, to time it.
     """
     import functools
 
@@ -49,12 +50,14 @@ def b2_exercise_attention(q, k, v, mask: Mask, dispatch, *, block_q: int = 128, 
     q_len, kv_len = nq * block_q, plan.grid[1] * block_kv
     keep = mask.kernel_predicate(block_q, block_kv)
 
-    def kernel(kv_index_ref, step_class_ref, q_ref, k_ref, v_ref, o_ref, path_ref, m_ref, l_ref, acc_ref):
+    def kernel(kv_index_ref, step_class_ref, q_ref, k_ref, v_ref, o_ref, *rest):
+        path_ref, m_ref, l_ref, acc_ref = rest if record else (None, *rest)
         i, s = pl.program_id(1), pl.program_id(2)
 
-        @pl.when((i == 0) & (s == 0))
-        def _():
-            path_ref[...] = jnp.zeros(path_ref.shape, jnp.int32)
+        if record:
+            @pl.when((i == 0) & (s == 0))
+            def _():
+                path_ref[...] = jnp.zeros(path_ref.shape, jnp.int32)
 
         @pl.when(s == 0)
         def _():
@@ -66,7 +69,8 @@ def b2_exercise_attention(q, k, v, mask: Mask, dispatch, *, block_q: int = 128, 
 
         def tile(keep=None):
             body(keep=keep)
-            path_ref[i, s] += MASK_FREE_PATH if keep is None else MASKED_PATH
+            if record:
+                path_ref[i, s] += MASK_FREE_PATH if keep is None else MASKED_PATH
 
         dispatch(step_class_ref[i, s], tile, keep)
 
@@ -91,16 +95,16 @@ def b2_exercise_attention(q, k, v, mask: Mask, dispatch, *, block_q: int = 128, 
                       pl.BlockSpec((None, block_kv, head_dim), kv_map),
                       pl.BlockSpec((None, block_kv, head_dim), kv_map)],
             out_specs=[pl.BlockSpec((None, block_q, head_dim), q_map),
-                       pl.BlockSpec((None, nq, steps), path_map)],
+                       pl.BlockSpec((None, nq, steps), path_map)][:2 if record else 1],
             scratch_shapes=softmax_scratch(block_q, head_dim)),
         out_shape=[jax.ShapeDtypeStruct((heads, q_len, head_dim), q.dtype),
-                   jax.ShapeDtypeStruct((heads, nq, steps), jnp.int32)],
+                   jax.ShapeDtypeStruct((heads, nq, steps), jnp.int32)][:2 if record else 1],
         interpret=interpret,
     )
     qs = q * (1.0 / math.sqrt(head_dim))
-    out, paths = call(kv_index, step_class, jnp.pad(qs, ((0, 0), (0, q_len - tokens), (0, 0))),
+    out, paths = (*call(kv_index, step_class, jnp.pad(qs, ((0, 0), (0, q_len - tokens), (0, 0))),
                       jnp.pad(k, ((0, 0), (0, kv_len - tokens), (0, 0))),
-                      jnp.pad(v, ((0, 0), (0, kv_len - tokens), (0, 0))))
+                      jnp.pad(v, ((0, 0), (0, kv_len - tokens), (0, 0)))), None)[:2]
     return out[:, :tokens], paths, plan
 
 

@@ -1,0 +1,392 @@
+"""Notebook 03's two your-code pieces, B1 written by the learner: the key/value index map that reads
+the packed schedule (`check_b1_kv_map`) and B1's masked step (`check_b1_step`), with the kernel that
+assembles them (`b1_learner_attention`), a dry run of the two pieces at any size (`b1_dry_run`), the
+library's own pieces and the hints.
+
+The references are the planner's tables (`plan_tiles`: `kv_index`, `step_class`) and
+`reference_attention`.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from svg_lib.core.geometry import VideoGeometry
+from svg_lib.core.masks import Mask
+from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles, schedule_entry
+from svg_lib.core.svg_masks import SVGMask
+from svg_lib.kernels.forward import finish as finish_tile
+from svg_lib.kernels.forward import init_state, online_softmax_tile, plain_interpreter, softmax_scratch
+from svg_lib.kernels.reference import reference_attention
+from svg_lib.kernels.tolerances import tolerance
+from svg_lib.teaching.exercises.common import CheckResult, _Case, _Fail, _call, _finish
+from svg_lib.teaching.yourcode import Hints
+
+MASK_FREE, MASKED = 1, 16  # what a recorded step adds per mask-free / masked tile body run (16: counts add up)
+
+
+# -- the library's pieces (what choose() falls back to) ---------------------------------------
+
+def library_kv_map(h, i, s, schedule_ref, *, steps):
+    """Block index `(head, key tile, 0)` of the key/value block grid step (h, i, s) fetches."""
+    kv_tile, _ = schedule_entry(schedule_ref, i * steps + s)
+    return h, kv_tile, 0
+
+
+def library_b1_step(i, s, kv_tile, cls, tile, keep, *, block_q, block_kv):
+    """B1's step: a visited step runs the masked tile body at its tiles' first tokens; an idle one nothing."""
+    from jax.experimental import pallas as pl
+
+    @pl.when(cls != EMPTY)
+    def _():
+        tile(keep, q_start=i * block_q, k_start=kv_tile * block_kv)
+
+
+KV_MAP_SOLUTION = '''def kv_map(h, i, s, schedule_ref, *, steps):
+    kv_tile, _ = schedule_entry(schedule_ref, i * steps + s)   # entry n = i * steps + s
+    return h, kv_tile, 0'''
+
+STEP_SOLUTION = '''def b1_step(i, s, kv_tile, cls, tile, keep, *, block_q, block_kv):
+    @pl.when(cls != EMPTY)                    # idle steps compute nothing
+    def _():
+        tile(keep, q_start=i * block_q, k_start=kv_tile * block_kv)'''
+
+
+def kv_map_hints():
+    return Hints("kv_map", (
+        "Grid step (h, i, s) reads entry n = i * steps + s of the packed schedule: row i of the plan holds "
+        "`steps` entries, one per step.",
+        "schedule_entry(schedule_ref, n) decodes entry n into (key tile, class); the index map needs the key "
+        "tile only. Do not shift or mask the word yourself.",
+        "An index map returns one block index per dimension of the BlockSpec (None, block_kv, head_dim): the "
+        "head h, the key tile, and 0. Idle steps need no special case: the planner wrote the resident tile "
+        "into their entries, so the pipeline copies nothing for them.",
+    ), KV_MAP_SOLUTION)
+
+
+def step_hints():
+    return Hints("b1_step", (
+        "Only a step whose class is not EMPTY computes. `cls` is read from SMEM while the kernel runs, so "
+        "the test goes in pl.when(...), not in a Python `if`.",
+        "B1 masks every step it visits, FULL or PARTIAL: call tile(keep, ...) with the predicate you were "
+        "given, never tile(None, ...) (that is B2's mask-free path).",
+        "keep(q_ids, k_ids) takes global token indices: the query tile starts at token i * block_q, the key "
+        "tile this step holds at kv_tile * block_kv (not s * block_kv: s counts steps, not key tiles).",
+    ), STEP_SOLUTION)
+
+
+# -- the kernel the two pieces make ------------------------------------------------------------
+
+def b1_learner_attention(q, k, v, mask: Mask, *, kv_map=library_kv_map, step=library_b1_step,
+                         block_q: int = 128, block_kv: int = 128, interpret=True, record: bool = False):
+    """B1 with its key/value index map and its step given: one `pallas_call`, grid
+    (heads, query tiles, steps), the plan's packed schedule scalar-prefetched into SMEM.
+
+    q, k, v `[heads, tokens, head_dim]` (unscaled; scaled by 1/sqrt(head_dim) here, padded to whole
+    tiles in HBM). `kv_map(h, i, s, schedule_ref, *, steps)` is the key and value BlockSpecs' index
+    map; `step(i, s, kv_tile, cls, tile, keep, *, block_q, block_kv)` runs at every grid step between
+    the given init (s == 0) and finish (last step), with `tile(keep, q_start, k_start)` the tile body
+    (the running max; `keep=None` mask-free) over the resident blocks. Returns the output
+    `[heads, tokens, head_dim]`, and with `record` also `(out, paths, q_starts, k_starts, plan)`:
+    per grid step `[heads, nq, steps]` int32, the bodies run (MASK_FREE per mask-free run plus MASKED
+    per masked run) and the offsets the last run was given (-1: none).
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    heads, tokens, head_dim = q.shape
+    plan = plan_tiles(mask, block_q, block_kv)
+    nq, steps = plan.kv_index.shape
+    q_len, kv_len = nq * block_q, plan.grid[1] * block_kv
+    keep = mask.kernel_predicate(block_q, block_kv)
+    on_cpu = plain_interpreter(interpret)
+
+    def kernel(schedule_ref, q_ref, k_ref, v_ref, o_ref, *rest):
+        paths_ref, qs_ref, ks_ref, m_ref, l_ref, acc_ref = rest if record else (None, None, None, *rest)
+        i, s = pl.program_id(1), pl.program_id(2)
+        kv_tile, cls = schedule_entry(schedule_ref, i * steps + s)
+
+        if record:
+            @pl.when((i == 0) & (s == 0))
+            def _():
+                paths_ref[...] = jnp.zeros(paths_ref.shape, jnp.int32)
+                qs_ref[...] = jnp.full(qs_ref.shape, -1, jnp.int32)
+                ks_ref[...] = jnp.full(ks_ref.shape, -1, jnp.int32)
+
+        @pl.when(s == 0)
+        def _():
+            init_state(m_ref, l_ref, acc_ref)
+
+        def tile(keep, q_start, k_start):
+            online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, keep=keep, q_start=q_start,
+                                k_start=k_start, block_kv_compute=block_kv, interpret=on_cpu)
+            if record:
+                paths_ref[i, s] += MASK_FREE if keep is None else MASKED
+                qs_ref[i, s], ks_ref[i, s] = q_start, k_start
+
+        step(i, s, kv_tile, cls, tile, keep, block_q=block_q, block_kv=block_kv)
+
+        @pl.when(s == steps - 1)
+        def _():
+            finish_tile(m_ref, l_ref, acc_ref, o_ref, on_cpu)
+
+    q_spec = pl.BlockSpec((None, block_q, head_dim), lambda h, i, s, schedule_ref: (h, i, 0))
+    kv_spec = pl.BlockSpec((None, block_kv, head_dim), functools.partial(kv_map, steps=steps))
+    out_specs = [q_spec]
+    out_shape = [jax.ShapeDtypeStruct((heads, q_len, head_dim), q.dtype)]
+    if record:
+        out_specs += [pl.BlockSpec((None, nq, steps), lambda h, i, s, schedule_ref: (h, 0, 0))] * 3
+        out_shape += [jax.ShapeDtypeStruct((heads, nq, steps), jnp.int32)] * 3
+    call = pl.pallas_call(
+        kernel,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(heads, nq, steps), in_specs=[q_spec, kv_spec, kv_spec],
+            out_specs=out_specs, scratch_shapes=softmax_scratch(block_q, head_dim)),
+        out_shape=out_shape, interpret=interpret, name="b1_learner_attention")
+    pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n - tokens), (0, 0)))  # noqa: E731
+    outs = call(jnp.asarray(plan.schedule, jnp.int32), pad(q * (1.0 / math.sqrt(head_dim)), q_len),
+                pad(k, kv_len), pad(v, kv_len))
+    if not record:
+        return outs[0][:, :tokens]
+    out, paths, q_starts, k_starts = outs
+    return out[:, :tokens], np.asarray(paths), np.asarray(q_starts), np.asarray(k_starts), plan
+
+
+def b1_dry_run(plan, *, kv_map=library_kv_map, step=library_b1_step):
+    """The two pieces over `plan` (any size: the case study's too) in a kernel that copies blocks but
+    computes nothing: key block j of a dummy array holds the number j, the kernel reads which tile the
+    pipeline made resident at each step, and `tile` records what ran. Returns `(resident, paths)`,
+    both `[nq, steps]` int: the key tile in VMEM at each grid step, and the bodies the step ran
+    (MASK_FREE / MASKED per run). One head; 8 x 128 float32 blocks; interpret mode."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    nq, steps = plan.kv_index.shape
+    nk = plan.grid[1]
+    keys = jnp.repeat(jnp.arange(nk, dtype=jnp.float32), 8)[None, :, None] * jnp.ones((1, 1, 128))
+
+    def kernel(schedule_ref, k_ref, resident_ref, paths_ref):
+        i, s = pl.program_id(1), pl.program_id(2)
+        kv_tile, cls = schedule_entry(schedule_ref, i * steps + s)
+        resident_ref[i, s] = k_ref[0, 0].astype(jnp.int32)
+        paths_ref[i, s] = 0
+
+        def tile(keep, q_start, k_start):
+            paths_ref[i, s] += MASK_FREE if keep is None else MASKED
+
+        step(i, s, kv_tile, cls, tile, plan.mask.kernel_predicate(plan.block_q, plan.block_kv),
+             block_q=plan.block_q, block_kv=plan.block_kv)
+
+    whole = pl.BlockSpec((None, nq, steps), lambda h, i, s, schedule_ref: (h, 0, 0))
+    resident, paths = pl.pallas_call(
+        kernel,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(1, nq, steps),
+            in_specs=[pl.BlockSpec((None, 8, 128), functools.partial(kv_map, steps=steps))],
+            out_specs=[whole, whole]),
+        out_shape=[jax.ShapeDtypeStruct((1, nq, steps), jnp.int32)] * 2,
+        interpret=True, name="b1_dry_run")(jnp.asarray(plan.schedule, jnp.int32), keys)
+    return np.asarray(resident)[0], np.asarray(paths)[0]
+
+
+def copies(resident) -> int:
+    """Key-tile copies a grid makes for one head: the first step, then each step whose tile changes."""
+    order = np.asarray(resident).ravel()
+    return 1 + int(np.count_nonzero(np.diff(order)))
+
+
+# -- the checkers ------------------------------------------------------------------------------
+
+_TRACED_HINTS = {
+    "TracerBool": ("`cls` is read from SMEM while the kernel runs, so a Python `if` cannot see its value when "
+                   "the kernel is traced: put the test in pl.when(condition)"),
+    "Concretization": ("a value read from SMEM is known only when the kernel runs: compare it inside "
+                       "pl.when(...) instead of converting it to a Python value"),
+}
+
+
+def _cases(rng):
+    """Small SVG problems: padding in both axes, idle steps, visited tiles that are not tile s (the sink),
+    two heads, and block_q != block_kv (an offset computed with the wrong block size shows)."""
+    specs = [("4 frames of 8 x 15 tokens (480 tokens), 2 heads, 128 x 128 tiles, density 0.2 with the sink: "
+              "key padding, idle steps, and rows that jump from the sink to the band", VideoGeometry(4, 8, 15), 0.2,
+              128, 128),
+             ("6 frames of 8 x 16 tokens (768 tokens), 2 heads, 256 x 128 tiles, density 0.3 with the sink",
+              VideoGeometry(6, 8, 16), 0.3, 256, 128)]
+    return [_Case(name, dict(geometry=g, density=d, block_q=bq, block_kv=bkv, seed=int(rng.integers(2**31))))
+            for name, g, d, bq, bkv in specs]
+
+
+def _learner_run(fn, *args, **kwargs):
+    """`fn(*args, **kwargs)`, where a NotImplementedError that is not the stub's (JAX raises one for a
+    primitive a backend lacks) reads as an error, not as "still the stub"."""
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError as exc:
+        if "your code here" in str(exc):
+            raise
+        raise RuntimeError(f"NotImplementedError: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''} "
+                           "(use the arguments you are given; pl.program_id cannot run inside pl.when here)") from None
+
+
+def _qkv(case, heads=2):
+    import jax
+    import jax.numpy as jnp
+    keys = jax.random.split(jax.random.key(case.data["seed"]), 3)
+    shape = (heads, case.data["geometry"].tokens, 128)
+    return tuple(jax.random.normal(key, shape, jnp.float32) for key in keys)
+
+
+def _mask(case):
+    return SVGMask.spatial(case.data["geometry"], case.data["density"])
+
+
+def _compare_output(out, q, k, v, mask, hint):
+    want = np.asarray(reference_attention(q, k, v, mask))
+    got = np.asarray(out)
+    if not np.allclose(got, want, **tolerance("float32")):
+        err = float(np.nanmax(np.abs(got - want)))
+        raise _Fail(f"the output differs from reference attention under the mask (max error {err:.2g})", hint)
+
+
+def _map_table(kv_map, plan, heads):
+    """Every grid step's block index from `kv_map`, evaluated as Pallas does: traced int32 grid indices."""
+    import jax
+    import jax.numpy as jnp
+    nq, steps = plan.kv_index.shape
+    h, i, s = (jnp.asarray(a.ravel(), jnp.int32) for a in np.indices((heads, nq, steps)))
+    schedule = jnp.asarray(plan.schedule, jnp.int32)
+    result = jax.jit(jax.vmap(lambda h, i, s: tuple(kv_map(h, i, s, schedule, steps=steps))))(h, i, s)
+    if len(result) != 3:
+        raise _Fail(f"your kv_map returned {len(result)} block indices",
+                    "the BlockSpec is (None, block_kv, head_dim): return three block indices, (head, key tile, 0)")
+    return [np.broadcast_to(np.asarray(r), (heads * nq * steps,)).reshape(heads, nq, steps) for r in result]
+
+
+def check_b1_kv_map(fn, *, seed: int = 0) -> CheckResult:
+    """`fn(h, i, s, schedule_ref, *, steps)`, the key/value index map of B1 over the packed schedule.
+
+    On each hidden case: the block index it returns at every grid step (evaluated on traced grid
+    indices, as Pallas traces an index map) against (h, the plan's kv_index[i, s], 0), idle steps
+    included (they must repeat the resident tile, or the pipeline copies a tile nobody uses); then the
+    B1 kernel with `fn` as its key/value index map, against reference attention."""
+    rng = np.random.default_rng(seed)
+
+    def run(case):
+        mask, bq, bkv = _mask(case), case.data["block_q"], case.data["block_kv"]
+        plan = plan_tiles(mask, bq, bkv)
+        heads = 2
+        hs, tiles, third = _call(_learner_run, "your kv_map", _map_table, fn, plan, heads, hints=_TRACED_HINTS)
+        nq, steps = plan.kv_index.shape
+        want = np.broadcast_to(plan.kv_index, (heads, nq, steps))
+        grid = np.indices((heads, nq, steps))
+        if (hs != grid[0]).any():
+            h, i, s = (int(x) for x in np.argwhere(hs != grid[0])[0])
+            raise _Fail(f"at grid step (h={h}, i={i}, s={s}) your first block index is {int(hs[h, i, s])}, "
+                        f"expected the head, {h}", "the first block index picks the head: return h unchanged")
+        if (third != 0).any():
+            raise _Fail(f"your last block index is {int(third[third != 0][0])}, expected 0",
+                        "the block spans all of head_dim, so the last block index is always 0")
+        idle_steps = np.broadcast_to(plan.step_class == EMPTY, want.shape)
+        bad = tiles != want
+        wrong_visited, wrong_idle = np.argwhere(bad & ~idle_steps), np.argwhere(bad & idle_steps)
+        wrong = wrong_visited if wrong_visited.size else wrong_idle   # visited steps first: they say more
+        if wrong.size:
+            h, i, s = (int(x) for x in wrong[0])
+            got, j = int(tiles[h, i, s]), int(want[h, i, s])
+            idle = bool(idle_steps[h, i, s])
+            detail = (f"grid step (h={h}, i={i}, s={s}), {'an idle step' if idle else 'a visited step'}: expected key "
+                      f"tile {j}, your kv_map returned {got}")
+            entry = (int(plan.kv_index[i, s]) << 2) | int(plan.step_class[i, s])
+            if got == entry:
+                hint = ("that is the packed entry itself (key tile << 2 | class): decode it with "
+                        "schedule_entry(schedule_ref, n), which returns (key tile, class)")
+            elif idle:
+                hint = ("every visited step is right; an idle step must repeat the resident tile, which its entry "
+                        "already names: a different tile starts a copy nobody uses")
+            elif got == s:
+                hint = ("s counts the row's steps, not key tiles: the key tile comes from the schedule, "
+                        "entry i * steps + s")
+            else:
+                hint = "grid step (h, i, s) reads entry n = i * steps + s: row i of the schedule holds `steps` entries"
+            raise _Fail(detail, hint)
+        q, k, v = _qkv(case, heads)
+        out = _call(_learner_run, "the B1 kernel with your kv_map", b1_learner_attention, q, k, v, mask, kv_map=fn,
+                    block_q=bq, block_kv=bkv)
+        _compare_output(out, q, k, v, mask, "the block indices matched the plan's: check that kv_map has no side "
+                        "effects and returns the same values inside the kernel")
+
+    return _finish("03 kv_map", _cases(rng), run,
+                   "every grid step fetches the plan's key tile, idle steps the resident one, and B1 with your map "
+                   "matches reference attention")
+
+
+def _path_words(code: int) -> str:
+    free, masked = code % MASKED, code // MASKED
+    parts = [f"the {name} body" + (f" {n} times" if n > 1 else "")
+             for name, n in (("mask-free", free), ("masked", masked)) if n]
+    return " and ".join(parts) if parts else "nothing"
+
+
+def check_b1_step(fn, *, seed: int = 0) -> CheckResult:
+    """`fn(i, s, kv_tile, cls, tile, keep, *, block_q, block_kv)`, one grid step of B1.
+
+    Runs B1 (the library's kv_map, `fn` as its step) in interpret mode on each hidden case and checks,
+    for every grid step, which tile body ran (visited steps: the masked body once; idle steps:
+    nothing), the token offsets it was given (i * block_q and kv_tile * block_kv), then the output
+    against reference attention."""
+    rng = np.random.default_rng(seed)
+
+    def run(case):
+        mask, bq, bkv = _mask(case), case.data["block_q"], case.data["block_kv"]
+        q, k, v = _qkv(case)
+        out, paths, q_starts, k_starts, plan = _call(
+            _learner_run, "your b1_step (inside the kernel)", b1_learner_attention, q, k, v, mask, step=fn,
+            block_q=bq, block_kv=bkv, record=True, hints=_TRACED_HINTS)
+        visited = plan.step_class != EMPTY
+        expected = np.where(visited, MASKED, 0)
+        for h in range(paths.shape[0]):
+            wrong = np.argwhere(paths[h] != expected)
+            if wrong.size:
+                i, s = (int(x) for x in wrong[0])
+                cls, got = int(plan.step_class[i, s]), int(paths[h, i, s])
+                what = {FULL: "a FULL tile", PARTIAL: "a PARTIAL (edge) tile", EMPTY: "an idle step (class EMPTY)"}[cls]
+                detail = (f"grid step (h={h}, i={i}, s={s}) is {what}: expected {_path_words(int(expected[i, s]))}, "
+                          f"your step ran {_path_words(got)}")
+                if cls == EMPTY:
+                    hint = ("an idle step must leave the state alone: its key tile was folded in at the step before, "
+                            "so running the body adds that tile's keys a second time")
+                elif got % MASKED and cls == FULL and not (paths[h][plan.step_class == PARTIAL] % MASKED).any():
+                    hint = ("B1 masks every visited tile, FULL ones too: the mask-free path for FULL tiles is B2, "
+                            "notebook 04's piece")
+                elif got % MASKED:
+                    hint = "B1's tile body always takes the mask: pass `keep`, not None"
+                elif got > MASKED:
+                    hint = "a visited step runs the tile body exactly once"
+                else:
+                    hint = "every visited step (class FULL or PARTIAL) runs the masked body once"
+                raise _Fail(detail, hint)
+            for name, got_starts, want, block in (
+                    ("q_start", q_starts[h], np.arange(plan.grid[0])[:, None] * bq, "i * block_q"),
+                    ("k_start", k_starts[h], plan.kv_index * bkv, "kv_tile * block_kv")):
+                wrong = np.argwhere(visited & (got_starts != want))
+                if wrong.size:
+                    i, s = (int(x) for x in wrong[0])
+                    want_is = int(np.broadcast_to(want, visited.shape)[i, s])
+                    detail = (f"grid step (h={h}, i={i}, s={s}), key tile {int(plan.kv_index[i, s])}: {name} should be "
+                              f"{want_is}, your step gave {int(got_starts[i, s])}")
+                    hint = (f"keep takes global token indices: {name} is the first token of the tile, {block}"
+                            + (" (s counts steps, not key tiles)" if name == "k_start" else "")
+                            + ("; block_q and block_kv differ here" if bq != bkv else ""))
+                    raise _Fail(detail, hint)
+        _compare_output(out, q, k, v, mask, "pass the `keep` you were given to the tile body, unchanged")
+
+    return _finish("03 b1_step", _cases(rng), run,
+                   "every visited step ran the masked body once at the right token offsets, idle steps nothing, "
+                   "and the outputs match reference attention")

@@ -1,0 +1,146 @@
+"""Notebook 03's your-code cells: B1's key/value index map and B1's masked step. The checkers catch
+typical wrong answers with a message naming the mistake, the solutions pass, and in the notebook a
+wrong answer gets its verdict while a correct one (written differently from the solution) is what
+the later cells run."""
+import re
+
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+
+from svg_lib.core.planner import EMPTY, FULL, PARTIAL, schedule_entry
+from svg_lib.teaching.exercises import p03_b1
+from yourcode_runner import run_with_pieces
+
+NOTEBOOK = "03_b1_naive_sparse.ipynb"
+
+
+def _ns(source):
+    namespace = {"schedule_entry": schedule_entry, "pl": pl, "EMPTY": EMPTY, "FULL": FULL, "PARTIAL": PARTIAL}
+    exec(source, namespace)
+    return namespace
+
+
+def packed_entry(h, i, s, schedule_ref, *, steps):          # the entry undecoded: tile << 2 | class
+    n = i * steps + s
+    return h, (schedule_ref[n >> 1] >> (16 * (n & 1))) & 0xFFFF, 0
+
+
+def transposed(h, i, s, schedule_ref, *, steps):            # row and step swapped
+    return h, schedule_entry(schedule_ref, s * steps + i)[0], 0
+
+
+def idle_on_tile_zero(h, i, s, schedule_ref, *, steps):     # idle steps fetch tile 0
+    import jax.numpy as jnp
+    tile, cls = schedule_entry(schedule_ref, i * steps + s)
+    return h, jnp.where(cls == EMPTY, 0, tile), 0
+
+
+def no_head(h, i, s, schedule_ref, *, steps):
+    return 0, schedule_entry(schedule_ref, i * steps + s)[0], 0
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (packed_entry, "the packed entry itself"),
+    (transposed, "entry n = i * steps + s"),
+    (idle_on_tile_zero, "an idle step must repeat the resident tile"),
+    (no_head, "the first block index picks the head"),
+])
+def test_kv_map_checker_names_the_mistake(wrong, message, capsys):
+    result = p03_b1.check_b1_kv_map(wrong)
+    assert not result.passed and message in result.message and "expected" in result.message
+
+
+def every_step(i, s, kv_tile, cls, tile, keep, *, block_q, block_kv):        # idle steps too
+    tile(keep, i * block_q, kv_tile * block_kv)
+
+
+def offsets_from_s(i, s, kv_tile, cls, tile, keep, *, block_q, block_kv):    # k_start from the step counter
+    pl.when(cls != EMPTY)(lambda: tile(keep, i * block_q, s * block_kv))
+
+
+def q_offset_by_block_kv(i, s, kv_tile, cls, tile, keep, *, block_q, block_kv):
+    pl.when(cls != EMPTY)(lambda: tile(keep, i * block_kv, kv_tile * block_kv))
+
+
+def b2_split(i, s, kv_tile, cls, tile, keep, *, block_q, block_kv):         # B2's split, not B1
+    pl.when(cls == FULL)(lambda: tile(None, i * block_q, kv_tile * block_kv))
+    pl.when(cls == PARTIAL)(lambda: tile(keep, i * block_q, kv_tile * block_kv))
+
+
+def python_if(i, s, kv_tile, cls, tile, keep, *, block_q, block_kv):
+    if cls != EMPTY:
+        tile(keep, i * block_q, kv_tile * block_kv)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (every_step, "an idle step must leave the state alone"),
+    (offsets_from_s, "k_start is the first token of the tile, kv_tile * block_kv"),
+    (q_offset_by_block_kv, "q_start is the first token of the tile, i * block_q"),
+    (b2_split, "B1 masks every visited tile, FULL ones too"),
+    (python_if, "put the test in pl.when"),
+])
+def test_step_checker_names_the_mistake(wrong, message, capsys):
+    result = p03_b1.check_b1_step(wrong)
+    assert not result.passed and message in result.message
+
+
+def test_the_stubs_are_told_they_are_stubs(capsys):
+    def stub(*args, **kwargs):
+        raise NotImplementedError("your code here")
+    for check in (p03_b1.check_b1_kv_map, p03_b1.check_b1_step):
+        result = check(stub)
+        assert not result.passed and "still the stub" in result.message
+
+
+def test_the_solutions_pass(capsys):
+    hints = (p03_b1.kv_map_hints(), p03_b1.step_hints())
+    assert all(len(h.hints) >= 3 for h in hints)
+    assert p03_b1.check_b1_kv_map(_ns(p03_b1.KV_MAP_SOLUTION)["kv_map"]).passed
+    assert p03_b1.check_b1_step(_ns(p03_b1.STEP_SOLUTION)["b1_step"]).passed
+
+
+WRONG_MAP = '''def kv_map(h, i, s, schedule_ref, *, steps):
+    return h, s, 0   # walks the key tiles like a dense grid'''
+WRONG_STEP = '''def b1_step(i, s, kv_tile, cls, tile, keep, *, block_q, block_kv):
+    tile(keep, i * block_q, kv_tile * block_kv)   # idle steps too'''
+
+
+def test_a_wrong_answer_in_the_notebook_gets_its_verdict():
+    out = run_with_pieces(NOTEBOOK, {0: WRONG_MAP, 1: WRONG_STEP}, stop_after=1)["outputs"]
+    text = "\n".join(out)
+    assert "not yet: 03 kv_map" in text and "s counts the row's steps" in text
+    assert "not yet: 03 b1_step" in text and "idle step must leave the state alone" in text
+    assert "The cells below run svg_lib's kv_map" in text and "svg_lib's b1_step" in text
+
+
+# correct, written differently from the solutions; each records what it was called with
+RIGHT_MAP = '''from svg_lib.core.planner import schedule_entry
+
+SEEN_SCHEDULES = set()
+
+
+def kv_map(h, i, s, schedule_ref, *, steps):
+    SEEN_SCHEDULES.add(int(schedule_ref.shape[0]))
+    entry = schedule_entry(schedule_ref, s + steps * i)
+    return h, entry[0], 0'''
+RIGHT_STEP = '''SEEN_TILES = set()
+
+
+def b1_step(i, s, kv_tile, cls, tile, keep, *, block_q, block_kv):
+    SEEN_TILES.add((block_q, block_kv))
+    visited = jnp.logical_or(cls == FULL, cls == PARTIAL)
+    pl.when(visited)(lambda: tile(keep, q_start=block_q * i, k_start=block_kv * kv_tile))'''
+PROBE = "print(sorted(SEEN_SCHEDULES), sorted(SEEN_TILES), plan.schedule.size, blog_plan.schedule.size)"
+
+
+def test_a_correct_answer_is_what_the_later_cells_run():
+    result = run_with_pieces(NOTEBOOK, {0: "import jax.numpy as jnp\n" + RIGHT_MAP, 1: RIGHT_STEP}, probe=PROBE)
+    text = "\n".join(result["outputs"])
+    assert "passed: 03 kv_map" in text and "passed: 03 b1_step" in text
+    assert "The cells below run your kv_map." in text and "The cells below run your b1_step." in text
+    schedules, tiles, here, blog = re.fullmatch(r"(\[.*?\]) (\[.*?\]) (\d+) (\d+)\s*", result["probe"]).groups()
+    schedules, tiles = eval(schedules), eval(tiles)  # noqa: S307 (our own probe's output)
+    assert int(here) in schedules and int(blog) in schedules      # this size's kernel and the case study's dry run
+    assert (3328, 1536) in tiles                                   # the step ran at the case study's tiles
+    assert "matches reference_attention" in text
