@@ -39,6 +39,7 @@ from svg_lib.core.sliding import SlidingTileMask
 from svg_lib.kernels.reference import reference_attention
 from svg_lib.layers.profiling import sample_rows
 from svg_lib.layers.routing import svg_attention
+from svg_lib.methods import METHODS
 from svg_lib.problem import PALLAS_METHODS, check_method
 
 KINDS = ("spatial", "temporal", "local3d")
@@ -155,8 +156,8 @@ def computed_mask(mask: SVGMask, kind: str, method: str, block_q: int, block_kv:
     """
     check_method(method, PALLAS_METHODS)
     check_method(kind, ("spatial", "temporal"), "head kind")
-    if method == "b3":
-        rounded = mask.tile_aligned(block_q, block_kv)
+    if METHODS[method].computes == "tile_aligned":
+        rounded = METHODS[method].computed_mask(mask, block_q, block_kv)
         if kind == "spatial":
             return rounded
         temporal = TemporalMask(mask)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from svg_lib.core.planner import KernelTables, TilePlan
 from svg_lib.memory.smem import SmemEstimate, SmemOverflowError, check_schedule_fits, estimate_smem
 from svg_lib.memory.vmem import SPLASH_METHODS, VmemEstimate, check_fits, estimate_vmem
+from svg_lib.methods import METHODS
 
 BACKWARD_FORMS = ("fused", "split")
 
@@ -74,7 +75,7 @@ def check_memory(method: str, *, heads: int, head_dim: int, dtype, block_q: int,
     if method in SPLASH_METHODS:
         return MemoryBudget(forward)
     smem = None if plan is None else check_schedule_fits(plan, method=method, heads=heads, generation=generation)
-    if tables is None and method != "dense":  # dense's backward, like its forward, reads no table
+    if tables is None and METHODS[method].planned:  # dense's backward, like its forward, reads no table
         raise ValueError(f"{method} needs its kernel tables (TilePlan.tables) to check its backward")
     def estimate(which):
         return estimate_vmem(f"{method}:{which}", block_q, block_kv, head_dim, dtype, block_kv_compute, generation,

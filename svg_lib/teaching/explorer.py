@@ -20,7 +20,7 @@ import functools
 import html
 import io
 
-from svg_lib.attention import METHODS, b3_mask
+from svg_lib.attention import b3_mask
 from svg_lib.chips import clock_hz
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.masks import BRUTE_FORCE_LIMIT_TOKENS, LANES, Mask, check_block_size
@@ -29,7 +29,7 @@ from svg_lib.core.sliding import SlidingTileMask
 from svg_lib.core.planner import plan_tiles
 from svg_lib.memory.smem import schedule_smem
 from svg_lib.memory.vmem import MiB, estimate_vmem
-from svg_lib.problem import BenchConfig
+from svg_lib.problem import PALLAS_METHODS, BenchConfig
 from svg_lib.runtime import detect_runtime
 from svg_lib.teaching.plots import plot_mask, plot_tile_map
 from svg_lib.instruments.tools.bench import run_benchmark
@@ -169,7 +169,7 @@ def _explorer_class():
             self.stats = widgets.HTML(description="")
             self.note = widgets.HTML(description="")
             self.tile_map = widgets.Image(format="png", layout=widgets.Layout(max_width="100%"))
-            self.methods = widgets.SelectMultiple(options=[m for m in METHODS if m != "reference"], value=methods,
+            self.methods = widgets.SelectMultiple(options=list(PALLAS_METHODS), value=methods,
                                                   description="methods", rows=6)
             self.run_button = widgets.Button(description="Run and time", button_style="primary",
                                              tooltip="time the chosen methods on this device at this geometry")
@@ -470,13 +470,13 @@ def mask_explorer(geometry: VideoGeometry | None = None, density: float = 0.35, 
     if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0.05 <= density <= 1.0:
         raise ValueError(f"density must be a number in [0.05, 1] (the slider's range), got {density!r}")
     methods = (methods,) if isinstance(methods, str) else tuple(methods)
-    bad = [m for m in methods if m not in METHODS or m == "reference"]
+    bad = [m for m in methods if m not in PALLAS_METHODS]
     if bad:
-        raise ValueError(f"unknown method(s) {bad}; choose from {', '.join(m for m in METHODS if m != 'reference')}")
+        raise ValueError(f"unknown method(s) {bad}; choose from {', '.join(PALLAS_METHODS)}")
     kernels = dict(kernels or {})
-    bad = [m for m, b in kernels.items() if m not in METHODS or m == "reference" or not callable(b)]
+    bad = [m for m, b in kernels.items() if m not in PALLAS_METHODS or not callable(b)]
     if bad:
-        raise ValueError(f"kernels must map methods ({', '.join(m for m in METHODS if m != 'reference')}) to a "
+        raise ValueError(f"kernels must map methods ({', '.join(PALLAS_METHODS)}) to a "
                          f"builder(config) -> f(q, k, v); check {bad}")
     return _explorer_class()(geometry, float(density), int(block_q), int(block_kv), head_kind, methods, heads,
                              head_dim, dtype, sliding.tile, sliding.window, kernels)

@@ -20,6 +20,7 @@ from svg_lib.core.masks import Mask
 from svg_lib.core.planner import plan_tiles
 from svg_lib.memory.smem import schedule_smem
 from svg_lib.memory.vmem import MiB, estimate_vmem
+from svg_lib.methods import check_method
 from svg_lib.instruments.tpu.cost import load_reference, model_cycles, step_kinds
 
 
@@ -99,8 +100,10 @@ def cost_line(mask: Mask, method: str, block_q: int, block_kv: int, *, heads: in
     fit verdict, the schedule's SMEM, and where the compiler's static profile was committed for these
     tiles, the predicted time per chip (a simulation of a TPU, compile-only; the clock is assumed,
     `chips.clock_hz`). Computed from the plan: no N x N array, any size up to the case study's."""
+    record = check_method(method)
     plan = plan_tiles(mask, block_q, block_kv)
-    b3_plan = plan_tiles(mask.tile_aligned(block_q, block_kv), block_q, block_kv) if method == "b3" else None
+    computed = record.computed_mask(mask, block_q, block_kv)
+    b3_plan = plan_tiles(computed, block_q, block_kv) if record.computes == "tile_aligned" else None
     kinds = step_kinds(method, plan, b3_plan)
     rows = kinds["rows"]
     steps = sum(n for k, n in kinds.items() if k != "rows")
@@ -112,7 +115,7 @@ def cost_line(mask: Mask, method: str, block_q: int, block_kv: int, *, heads: in
         est = estimate_vmem(method, block_q, block_kv, head_dim, dtype, generation=chip)
         vmem.append(f"{chip} {est.total / MiB:.1f} of {est.budget / MiB:.0f} MiB {'fits' if est.fits else 'DOES NOT FIT'}")
     parts.append("VMEM " + ", ".join(vmem))
-    if method != "dense":
+    if record.planned:
         used = plan if b3_plan is None else b3_plan
         smem = schedule_smem(heads, used.grid[0], used.steps, chips[-1])
         parts.append(f"SMEM {smem.total / 1024:.1f} KiB")

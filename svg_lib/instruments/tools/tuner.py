@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from svg_lib import cache as cache_files  # `cache` is a parameter name here
-from svg_lib.attention import b3_mask, build_attention
+from svg_lib.attention import build_attention
 from svg_lib.chips import check_target
 from svg_lib.core.masks import LANES, Mask, TileAlignedMask, check_block_size
 from svg_lib.core.svg_masks import PermutedMask, SVGMask
@@ -41,6 +41,7 @@ from svg_lib.core.planner import plan_tiles
 from svg_lib.environment import libtpu_version, require_libtpu
 from svg_lib.memory.smem import SmemOverflowError
 from svg_lib.memory.vmem import MiB, estimate_vmem
+from svg_lib.methods import METHODS
 from svg_lib.problem import check_block_kv_compute, get_preset, resolve_problem
 from svg_lib.progress import bar as progress_bar
 from svg_lib.runtime import default_interpret, detect_runtime
@@ -310,12 +311,13 @@ def _method_plan(mask: Mask, method: str, bq: int, bkv: int) -> dict:
     """Tiles visited and masked, and grid steps per head, of one call of `method` at bq x bkv."""
     n = mask.tokens
     nq, nk = -(-n // bq), -(-n // bkv)
-    if method in ("dense", "splash_dense"):
+    record = METHODS[method]
+    if record.dense:
         masked = nq if nk * bkv != n else 0  # only the last key tile, when it reaches into padding
         return {"tiles_visited": nq * nk, "tiles_masked": masked, "grid_steps": nq * nk, "tiles_total": nq * nk}
-    plan = plan_tiles(b3_mask(mask, bq, bkv) if method == "b3" else mask, bq, bkv)
+    plan = plan_tiles(record.computed_mask(mask, bq, bkv), bq, bkv)
     visited = int(plan.visited.sum())
-    masked = visited if method == "b1" else int(plan.needs_mask.sum())
+    masked = visited if record.masks_full_tiles else int(plan.needs_mask.sum())
     return {"tiles_visited": visited, "tiles_masked": masked, "grid_steps": nq * plan.steps, "tiles_total": nq * nk}
 
 

@@ -30,6 +30,7 @@ from svg_lib.attention import build_attention
 from svg_lib.chips import DEFAULT_TARGET, TARGETS, KiB, MiB, TpuTarget, check_target
 from svg_lib.environment import libtpu_version, require_libtpu
 from svg_lib.memory.vmem import check_fits, estimate_vmem
+from svg_lib.methods import METHODS
 from svg_lib.problem import PALLAS_METHODS, check_block_kv_compute
 from svg_lib.progress import bar as progress_bar
 from svg_lib.instruments.tpu.errors import classify_error, first_lines, refusal_summary
@@ -322,7 +323,7 @@ def compile_gradient(config, method: str, target: str = DEFAULT_TARGET, *, heads
     import jax.numpy as jnp
 
     heads = config.heads if heads is None else heads
-    mask = None if method in ("dense", "splash_dense") else config.mask()
+    mask = None if METHODS[method].dense else config.mask()
     f = build_attention(mask, method=method, heads=heads, tokens=config.tokens, head_dim=config.head_dim,
                         dtype=config.dtype, block_q=config.block_q, block_kv=config.block_kv,
                         block_kv_compute=config.block_kv_compute, interpret=False, generation=target,

@@ -1,0 +1,64 @@
+"""The method table: one record per method, and no other module comparing method names."""
+import re
+from pathlib import Path
+
+import pytest
+
+import importlib
+
+from svg_lib.core.geometry import VideoGeometry
+from svg_lib.core.svg_masks import SVGMask
+from svg_lib.methods import (BASELINE, MASKED_METHODS, METHODS, PALLAS_METHODS, PLANNED_METHODS, SPLASH_METHODS,
+                             check_method, check_methods)
+from svg_lib.problem import PALLAS_METHODS as PROBLEM_PALLAS_METHODS
+
+ROOT = Path(__file__).resolve().parents[1]
+MASK = SVGMask.spatial(VideoGeometry(4, 8, 10), 0.4)
+NAMES = "|".join(METHODS)
+# `method == "b1"`, `"b3" != method`, `method in ("dense", "splash_dense")`: a module deciding by a name
+COMPARISON = re.compile(rf'(==|!=)\s*"({NAMES})"|"({NAMES})"\s*(==|!=)|(?<!for )\b\w+\s+(not\s+)?in\s+\(\s*"({NAMES})"')
+
+
+def test_every_method_attention_takes_has_one_record():
+    assert tuple(METHODS) == importlib.import_module("svg_lib.attention").METHODS
+    assert PROBLEM_PALLAS_METHODS == PALLAS_METHODS == tuple(n for n in METHODS if n != "reference")
+    assert SPLASH_METHODS == ("splash_dense", "splash") and BASELINE in SPLASH_METHODS
+    assert PLANNED_METHODS == ("b1", "b2", "b3") and set(PLANNED_METHODS) <= set(MASKED_METHODS)
+
+
+def test_the_mask_each_kernel_computes():
+    assert METHODS["dense"].computed_mask(MASK, 128, 128) is None
+    assert METHODS["splash_dense"].computed_mask(MASK, 128, 128) is None
+    for name in ("reference", "splash", "b1", "b2"):
+        assert METHODS[name].computed_mask(MASK, 128, 128) is MASK
+    aligned = METHODS["b3"].computed_mask(MASK, 128, 256)
+    assert (aligned.to_dense() == MASK.tile_aligned(128, 256).to_dense()).all()
+    assert [n for n, m in METHODS.items() if m.masks_full_tiles] == ["b1"]
+
+
+def test_bad_names_are_refused_with_the_valid_ones():
+    with pytest.raises(ValueError, match=r"unknown method 'B3' \(did you mean 'b3'\?\); valid: reference, dense"):
+        check_method("B3")
+    with pytest.raises(ValueError, match="unknown stage 'dense'; valid: b1, b2, b3"):
+        check_method("dense", PLANNED_METHODS, what="stage")
+    with pytest.raises(ValueError, match="give at least one method"):
+        check_methods(())
+    assert check_method("b2").name == "b2" and check_methods(["b1", "b3"]) == ("b1", "b3")
+
+
+def test_no_module_but_the_table_compares_method_names():
+    """What a method does is asked of its record; the comparisons a grep would find are gone."""
+    found = []
+    for path in sorted((ROOT / "svg_lib").rglob("*.py")):
+        if path.name == "methods.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if COMPARISON.search(code) and "kernel ==" not in code and "p.kernel" not in code:
+                found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not found, "ask svg_lib.methods instead:\n" + "\n".join(found)
+
+
+def test_the_guard_finds_a_comparison():
+    assert COMPARISON.search('if method == "b3":') and COMPARISON.search('method in ("dense", "splash_dense")')
+    assert not COMPARISON.search('for m in METHODS:') and not COMPARISON.search('for m in ("b1", "b2"):')
