@@ -73,6 +73,18 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "tpu_interpreter: runs under pltpu.InterpretParams; pinned stage only")
     config.addinivalue_line("markers", "not_on_colab: a chip or topology Colab does not offer; pinned stage only")
     config.addinivalue_line("markers", "knobs: a spine notebook run by papermill at other tile sizes; pinned stage only")
+    config.addinivalue_line("markers", "lesson: a test of the lesson's core, no compiler (pytest -m lesson; tests/conftest.py)")
+
+
+# --- the lesson's tests alone -------------------------------------------------------------------
+# `pytest -m lesson` runs the tests of the lesson's rooms (core, methods, problem, runtime, memory,
+# kernels, attention: ARCHITECTURE.md) without what made the figures: no test that takes the TPU
+# compiler (`tpu_compiler`), no run under the interpreter that simulates a TPU (`tpu_interpreter`),
+# no notebook. A few minutes on two cores, for a change to the lesson.
+LESSON_FILES = {f"tests/test_{name}.py" for name in (
+    "geometry", "masks", "planner", "sliding", "radial", "methods", "problem", "runtime", "vmem", "smem",
+    "reference", "kernels", "backward", "bounded_max", "precision", "device_plan", "splash_mask", "nan",
+    "yourcode")}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -80,6 +92,10 @@ def pytest_collection_modifyitems(config, items):
     by file only: the tests of a file, and a notebook's cells, keep their own order."""
     rank = {path: i for i, path in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+    for item in items:
+        if (item.nodeid.split("::", 1)[0] in LESSON_FILES and "tpu_compiler" not in getattr(item, "fixturenames", ())
+                and item.get_closest_marker("tpu_interpreter") is None):
+            item.add_marker(pytest.mark.lesson)
     if os.environ.get("SVG_LIB_REPLICA") == "1":
         reasons = {"tpu_interpreter": "TPU-interpreter runs are the pinned stage's (tests/conftest.py)",
                    "not_on_colab": "a chip or topology Colab does not offer: the pinned stage's (tests/conftest.py)"}
