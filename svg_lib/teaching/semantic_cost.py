@@ -69,3 +69,67 @@ def permutation_against_b3(record: dict) -> tuple[int, float, float]:
     tokens = max(r["tokens"] for r in record["summary"])
     moved = next(r["gather_cycles_per_head"] for r in record["summary"] if r["tokens"] == tokens)
     return tokens, b3, moved
+
+
+# Plans reused across denoising steps: the record `notebooks/data/12_reuse_tables.py` writes (recall
+# measured on CPU on the denoising proxy; plan cycles from the static profile above, amortized).
+
+def reuse_by_age(record: dict, tokens: int) -> dict:
+    """{kind: {age: (reused recall, fresh recall)}} at `tokens` (a size the reuse record holds),
+    each the mean over the record's anchor steps."""
+    sizes = record["sizes"]
+    if str(tokens) not in sizes:
+        raise ValueError(f"the reuse record holds no run at {tokens:,} tokens; it holds {', '.join(sorted(sizes))}")
+    table = sizes[str(tokens)]["age"]["by_kind_and_age"]
+    return {kind: {int(age): (cell["reused"], cell["fresh"]) for age, cell in by_age.items()}
+            for kind, by_age in table.items()}
+
+
+def reuse_age_table(record: dict, tokens: int) -> str:
+    """Recall of a plan reused `age` steps after it was made beside a plan made at that step
+    ("reused fresh"), one row per head kind, with the size, tiles and anchor steps above."""
+    by_kind = reuse_by_age(record, tokens)
+    size = record["sizes"][str(tokens)]
+    ages = sorted(next(iter(by_kind.values())))
+    made = ("plans made at steps " if len(size["anchors"]) > 1 else "plan made at step ") + ", ".join(
+        map(str, size["anchors"]))
+    lines = [f"{size['geometry']}, {size['block_q']} x {size['block_kv']} tiles, {made}, fresh plans "
+             f"{size['fresh']}; recall of the reused and the fresh plan by age",
+             f"{'age':>9} " + " ".join(f"{a:>11}" for a in ages)]
+    lines += [(f"{kind:>9} " + " ".join(f"{by_age[a][0]:>5.2f} {by_age[a][1]:<5.2f}" for a in ages)).rstrip()
+              for kind, by_age in by_kind.items()]
+    return "\n".join(lines)
+
+
+def refresh_policies(record: dict) -> list[dict]:
+    """Per refresh policy: its name and, per head kind, (mean recall over the steps, mean over the last
+    10 steps, refreshes), and `plan_cycles`: {tokens: the four heads' amortized plan cycles per step}."""
+    size = next((s for s in record["sizes"].values() if "policies" in s), None)
+    if size is None:
+        raise ValueError("the reuse record holds no refresh-policy runs (12_reuse_tables.py records them at 7,680 tokens)")
+    kinds = [k for k in size["age"]["by_kind_and_age"]]
+    out = []
+    for p in size["policies"]:
+        row = {"policy": p["policy"], "kinds": {k: (p[k]["mean_recall"], p[k]["last_10_steps_recall"],
+                                                    p[k]["refreshes"]) for k in kinds}}
+        row["plan_cycles"] = {int(t): sum(p[k]["plan_cycles_per_step"][t] for k in kinds)
+                              for t in p[kinds[0]]["plan_cycles_per_step"]}
+        out.append(row)
+    return out
+
+
+def refresh_table(record: dict) -> str:
+    """The refresh policies: per head kind "mean recall / last-10-steps recall / refreshes", and the
+    four heads' amortized plan cycles per step (millions) at each recorded plan size."""
+    rows = refresh_policies(record)
+    kinds, sizes = list(rows[0]["kinds"]), sorted(rows[0]["plan_cycles"])
+    lines = [f"{record['schedule']}; per head: mean recall, recall over the last 10 steps, refreshes; last columns: the plans' "
+             f"cycles per step, {len(kinds)} heads, millions (simulated, v6e static profile) at this many tokens",
+             f"{'policy':>33} " + " ".join(f"{k:>12}" for k in kinds) + " " + " ".join(f"{t:>7,}" for t in sizes)]
+    for r in rows:
+        lines.append(f"{r['policy']:>33} " + " ".join(f"{m:>4.2f} {l:.2f} {n:<2}" for m, l, n in r["kinds"].values())
+                     + " " + " ".join(f"{r['plan_cycles'][t] / 1e6:>7.2f}" for t in sizes))
+    attention = record["semantic_attention_cycles_per_head"]
+    lines.append(f"{'the attention they serve':>33} " + " " * (13 * len(kinds) - 1) + " "
+                 + " ".join(f"{len(kinds) * attention[str(t)] / 1e6:>7.2f}" for t in sizes))
+    return "\n".join(lines)
