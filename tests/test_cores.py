@@ -280,7 +280,7 @@ def test_pair_swaps_refuse_odd_heads():
 
 def test_megacore_balance_refuses_bad_input():
     mask = get_preset("tiny").mask()
-    with pytest.raises(ValueError, match="runs 'b1', 'b2' or 'b3'"):
+    with pytest.raises(ValueError, match="unknown in-kernel layer method 'dense'; valid: b1, b2, b3"):
         megacore_balance(mask, np.zeros(4, bool), method="dense", block_q=128, block_kv=128)
     with pytest.raises(TypeError, match="1-D bool array"):
         megacore_balance(mask, np.zeros(4, int), block_q=128, block_kv=128)
