@@ -45,7 +45,7 @@ from svg_lib.kernels.reference import attention_float64
 from svg_lib.kernels.tolerances import tolerance
 from svg_lib.layers.profiling import bound_pass_rate
 from svg_lib.layers.synthetic import structured_qkv
-from svg_lib.methods import METHODS
+from svg_lib.methods import METHODS as METHOD_TABLE
 from svg_lib.problem import BLOG_V6E_MS, PRESETS, BenchConfig
 from svg_lib.progress import bar as progress_bar
 from svg_lib.runtime import default_interpret, detect_runtime
@@ -122,12 +122,12 @@ def adversarial_rows(*, interpret=None, head_dims=ADVERSARIAL_HEAD_DIMS, dtypes=
         for dtype in dtypes:
             q, k, v = (jnp.asarray(x, dtype) for x in (q64, k64, v64))
             for method in methods:
-                kernel_mask = None if METHODS[method].dense else mask
+                kernel_mask = None if METHOD_TABLE[method].dense else mask
                 f = build_attention(kernel_mask, method=method, heads=q.shape[0], tokens=mask.tokens,
                                     head_dim=head_dim, dtype=q.dtype, block_q=128, block_kv=128, interpret=interpret)
                 got = np.asarray(jnp.asarray(f(q, k, v), jnp.float32), np.float64)
                 # float64 from the inputs as the kernel got them (rounded to dtype), under its mask
-                want = attention_float64(q, k, v, METHODS[method].computed_mask(mask, 128, 128))
+                want = attention_float64(q, k, v, METHOD_TABLE[method].computed_mask(mask, 128, 128))
                 tol = tolerance(dtype)
                 finite = bool(np.isfinite(got).all())
                 err = float(np.abs(got - want).max()) if finite else float("nan")
