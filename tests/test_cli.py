@@ -12,6 +12,7 @@ from svg_lib.cli import commands, main
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.svg_masks import SVGMask
 from svg_lib.core.planner import plan_tiles
+from svg_lib.environment import libtpu_requirement
 from svg_lib.teaching.plots import ascii_tile_map
 
 REPO = Path(__file__).resolve().parents[1]
@@ -250,7 +251,7 @@ def test_cost_without_libtpu_and_without_committed_cycles_says_what_to_install(w
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert err.startswith("python -m svg_lib cost: error: simulating ")
-    assert "pip install 'libtpu==0.0.42.*'" in err and "pip install -e '.[tpu-compile]'" in err
+    assert f"pip install '{libtpu_requirement()}'" in err and "pip install -e '.[tpu-compile]'" in err
     assert "the committed reference has v5e 512 x 256, v5e 3328 x 1536, v6e 512 x 256, v6e 3328 x 1536)" in err
 
 
