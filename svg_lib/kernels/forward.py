@@ -226,8 +226,9 @@ def try_bound(q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_max, interpret=Fa
     bound = jnp.sqrt(jnp.sum(q * q, axis=1, keepdims=True)) * (key_norm_max * (1.0 + BOUND_MARGIN))  # [block_q, 1]
     m = m_ref[...]
     gap = bound - m                                                          # [block_q, 128]
-    # nan (an inf or nan input) fails the test: max(nan) is nan and nan <= x is False
-    ok = jnp.max(gap) <= BOUND_SLACK
+    # nan (an inf or nan input) fails the test: made +inf first, since a max may drop nan (the CPU
+    # interpreter's does), and a nan bound taken as m would make every row of the tile nan
+    ok = jnp.max(jnp.where(jnp.isnan(gap), jnp.inf, gap)) <= BOUND_SLACK
     flag_ref[0] = RUNNING
 
     @pl.when(ok)
@@ -298,18 +299,25 @@ def finish(m_ref, l_ref, acc_ref, o_ref, interpret=False, lse_ref=None):
     # reference, instead of the average of masked values.
     # (m is the running max or the bound; a query tile switches to the bound only once every row
     # has seen a kept key, so the test holds for both.) l is summed across its lanes here, once.
+    # NaN is let through: a kept NaN score (a NaN in q_i or in a kept k_j) makes m or l NaN, and
+    # such a row counts as seen (NaN <= x is False; NaN l is tested too, should a max drop NaN),
+    # so its output is acc / l = NaN; a NaN in v reaches acc through p @ v. A row that saw no kept
+    # key never has a NaN score (all masked), so it still gets exact zeros. Finite rows: unchanged.
     head_dim = acc_ref.shape[1]
     m = m_ref[...]
     row_sum = jnp.broadcast_to(jnp.sum(l_ref[...], axis=1, keepdims=True), m.shape)  # [block_q, 128]
-    seen = _lanes(m, head_dim, interpret) > 0.5 * MASK_VALUE
     l = _lanes(row_sum, head_dim, interpret)
+    seen = jnp.logical_not(_lanes(m, head_dim, interpret) <= 0.5 * MASK_VALUE) | jnp.isnan(l)
     o_ref[...] = jnp.where(seen, acc_ref[...] / jnp.where(seen, l, 1.0), 0.0).astype(o_ref.dtype)
     if lse_ref is not None:
         # log-sum-exp of each row's kept scores, what the backward needs to rebuild p. A row
-        # with no kept key gets +inf, so that the backward's exp(s - lse) is exactly 0 there.
+        # with no kept key gets +inf, so that the backward's exp(s - lse) is exactly 0 there; a
+        # NaN row gets NaN (the floor below is a select, not a max, so NaN l passes it), so the
+        # backward's p = exp(s - lse) is NaN across that row's computed tiles.
         # Stored as one value per row: the lane-replicated column, transposed once per query tile
         # (the cross-lane unit's work), gives the `[1, block_q]` row both backward passes read.
-        lse = jnp.where(m > 0.5 * MASK_VALUE, m + jnp.log(jnp.maximum(row_sum, 1e-30)), jnp.inf)
+        seen_rows = jnp.logical_not(m <= 0.5 * MASK_VALUE) | jnp.isnan(row_sum)      # [block_q, 128]
+        lse = jnp.where(seen_rows, m + jnp.log(jnp.where(row_sum < 1e-30, 1e-30, row_sum)), jnp.inf)
         lse_ref[...] = jnp.transpose(lse)[:1, :]
 
 

@@ -84,18 +84,22 @@ def masked_softmax_times_v(s, keep, vf):
     """softmax(s) over kept keys, times v, in float32; rows that keep nothing give zeros.
 
     s `[heads, rows, tokens]` f32 scores (already scaled), keep bool `[rows, tokens]` or None,
-    vf `[heads, tokens, head_dim]` f32. Returns `[heads, rows, head_dim]`.
+    vf `[heads, tokens, head_dim]` f32. Returns `[heads, rows, head_dim]`. NaN propagates as in
+    the kernels (`svg_lib.kernels.forward`): a NaN score of a kept key makes its row NaN, and a NaN
+    in v makes NaN every row that keeps a key (p @ v meets it, 0 * NaN = NaN: one tile of every pair).
     """
     import jax.numpy as jnp
 
+    kept = True                             # whether the row keeps a key (from the mask: a max may drop NaN)
     if keep is not None:
         s = jnp.where(keep[None], s, -jnp.inf)
+        kept = jnp.any(keep, axis=-1)[None, :, None]
     m = jnp.max(s, axis=-1, keepdims=True)
-    m = jnp.where(jnp.isfinite(m), m, 0.0)  # rows with nothing kept: avoid inf - inf
+    m = jnp.where(jnp.isfinite(m), m, 0.0)  # rows with nothing kept (or a NaN max): avoid inf - inf
     p = jnp.exp(s - m)
     l = jnp.sum(p, axis=-1, keepdims=True)
     o = jnp.einsum("hqk,hkd->hqd", p, vf, precision=matmul_precision(vf.dtype))
-    return jnp.where(l > 0, o / jnp.where(l > 0, l, 1.0), 0.0)
+    return jnp.where(kept, o / jnp.where(kept, l, 1.0), 0.0)
 
 
 # -- float64 on the host --------------------------------------------------------------------
@@ -119,11 +123,22 @@ def _weights_float64(q, k, mask):
 
 
 def _softmax_float64(s):
-    """Softmax over the last axis of float64 scores with -inf for dropped keys; all-dropped rows 0."""
+    """Softmax over the last axis of float64 scores with -inf for dropped keys; all-dropped rows 0.
+    A row with a NaN kept score is NaN throughout (its sum is NaN, and 0 / NaN is NaN)."""
     m = s.max(axis=-1, keepdims=True)
-    e = np.exp(s - np.where(np.isfinite(m), m, 0.0))
-    total = e.sum(axis=-1, keepdims=True)
-    return np.where(total > 0, e / np.where(total > 0, total, 1.0), 0.0)
+    kept = ~(m == -np.inf)  # the row keeps a key (NaN max: it kept a NaN score)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(s - np.where(np.isfinite(m), m, 0.0))
+        total = e.sum(axis=-1, keepdims=True)
+        return np.where(kept, e / np.where(kept, total, 1.0), 0.0)
+
+
+def _times_v_float64(p, v):
+    """p @ v `[heads, rows, head_dim]` for softmax weights p `[heads, rows, tokens]`, rows keeping nothing
+    (p all 0) exactly 0 even where v holds NaN (a matmul would give 0 * NaN = NaN there)."""
+    kept = (p != 0).any(axis=-1, keepdims=True)  # NaN != 0: a NaN row counts as keeping
+    with np.errstate(invalid="ignore"):
+        return np.where(kept, np.einsum("hqk,hkd->hqd", p, v), 0.0)
 
 
 def attention_float64(q, k, v, mask=None):
@@ -136,7 +151,7 @@ def attention_float64(q, k, v, mask=None):
     check_qkv(q, k, v)
     q, k, v = _host_float64(q, k, v)
     p, _ = _weights_float64(q, k, mask)
-    return np.einsum("hqk,hkd->hqd", p, v)
+    return _times_v_float64(p, v)
 
 
 def attention_rows_float64(q, k, v, rows, keep):
@@ -155,7 +170,7 @@ def attention_rows_float64(q, k, v, rows, keep):
                          f"{k.shape[1]} keys it should be {(q.shape[0], rows.size, k.shape[1])}")
     qr, k, v = _host_float64(np.asarray(q)[:, rows], k, v)
     s = np.where(keep, np.einsum("hqd,hkd->hqk", qr, k) / math.sqrt(q.shape[2]), -np.inf)
-    return np.einsum("hqk,hkd->hqd", _softmax_float64(s), v)
+    return _times_v_float64(_softmax_float64(s), v)
 
 
 def attention_gradients_float64(q, k, v, dout, mask=None):
