@@ -30,6 +30,10 @@ rows `[1, block_q]` that broadcast down sublanes for free. The dq kernel keeps q
 the forward and reads the same rows, turned into columns (cheaper by the compiler's profile than
 lane-replicated blocks; see `_dq_tile`).
 
+NaN passes through as in the forward: a row whose forward met a kept NaN score has a NaN lse, so its
+p = exp(s - lse) is NaN across every tile the row computes (masked pairs too), and a NaN in v, q or k
+reaches the gradients through the tiles' matmuls (0 * NaN = NaN); nothing here tests for it.
+
 Arrays here are not padded, like the forward's: q, do `[heads, tokens, head_dim]` (q pre-scaled),
 k, v the same, lse and D `[heads, 1, tokens]`. The part of a last, partial block past the end is
 cleared in VMEM as in the forward (`forward.clear_tail`): q, do, k and v to zero, lse to +inf (so
