@@ -231,3 +231,33 @@ def test_finite_inputs_are_untouched():
         keep = method_masks(method)[0]
         assert np.isfinite(np.asarray(out)).all() and (np.asarray(out)[:, ~keep.any(1)] == 0).all()
         assert all(np.isfinite(np.asarray(g)).all() for g in pullback(w))
+
+
+@pytest.mark.parametrize("method", ["b2", "b3"])
+def test_padding_inside_the_sequence_stays_zero(method):
+    """A sliding-tile mask pads each 3-D cube inside the sequence: its padded query rows are computed
+    unmasked by the kernels and then zeroed. They stay exactly 0 with a NaN in their own q and with a
+    NaN in a v their tiles compute; the real rows follow the model (forward)."""
+    from svg_lib import SlidingTileMask, VideoGeometry
+
+    mask = SlidingTileMask(VideoGeometry(3, 5, 16), (1, 4, 32), (1, 3, 1))  # 128-token cubes, padding inside
+    n = mask.tokens
+    padding = mask.real_tokens_in(np.arange(n + 1)) == 0
+    kernel_mask = b3_mask(mask, BLOCK, BLOCK) if method == "b3" else mask
+    keep = kernel_mask.to_dense()
+    computed = tiles_to_pairs(plan_tiles(kernel_mask, BLOCK, BLOCK).visited, n)
+    pad_row = int(np.nonzero(padding)[0][0])
+    real_key = int(np.nonzero(computed[pad_row] & ~padding)[0][0])  # a real key the padding row's tile computes
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, n, HEAD_DIM)).astype(np.float32) for _ in range(3))
+    q[0, pad_row, 0] = np.nan
+    v[1, real_key, 0] = np.nan
+    out = np.asarray(attention(*map(jnp.asarray, (q, k, v)), mask, method=method, block_q=BLOCK, block_kv=BLOCK,
+                               interpret=True))
+    assert padding.any() and (out[:, padding] == 0).all()
+    none = np.zeros(n, bool)
+    v_nan = none.copy()
+    v_nan[real_key] = True
+    want = nan_model(keep, computed, none, none, v_nan)[0] & ~padding
+    np.testing.assert_array_equal(nan_rows(out), np.stack([none, want]))
+    assert want.any()
