@@ -27,6 +27,7 @@ import svg_lib
 from svg_lib import Mask, attention, b3_mask, plan_tiles
 from svg_lib.kernels.reference import attention_float64, attention_gradients_float64, bound_test
 from svg_lib.layers.semantic import plan_keep
+from svg_lib.methods import METHODS
 
 BLOCK = 128
 N = 400          # 4 x 4 tiles of 128, the last one short (112 rows of padding past the end)
@@ -137,12 +138,15 @@ def check(out, grads, keep, computed, autodiff=False):
 
 
 def method_masks(method):
-    """(K, C) bool [N, N] of `method` on MASK at 128 x 128 tiles."""
-    if method in ("reference", "dense", "splash_dense"):
-        keep = np.ones((N, N), bool) if method != "reference" else MASK.to_dense()
-        return keep, np.ones((N, N), bool)
-    mask = b3_mask(MASK, BLOCK, BLOCK) if method == "b3" else MASK
-    return mask.to_dense(), tiles_to_pairs(plan_tiles(mask, BLOCK, BLOCK).visited)
+    """(K, C) bool [N, N] of `method` on MASK at 128 x 128 tiles, read off the method table."""
+    record = METHODS[method]
+    keep = record.computed_mask(MASK, BLOCK, BLOCK)
+    everything = np.ones((N, N), bool)
+    if keep is None:                          # the dense baselines: every pair kept and computed
+        return everything, everything
+    if not (record.pallas or record.splash):  # the reference: a softmax over every masked score
+        return keep.to_dense(), everything
+    return keep.to_dense(), tiles_to_pairs(plan_tiles(keep, BLOCK, BLOCK).visited)
 
 
 def test_the_problem_exercises_what_it_claims():
@@ -163,11 +167,11 @@ def test_the_problem_exercises_what_it_claims():
     assert out[2, :128].sum() == 128 - 18                            # v: query tile 0, less its holes
 
 
-@pytest.mark.parametrize("method", ["reference", "dense", "b1", "b2", "b3", "splash", "splash_dense"])
+@pytest.mark.parametrize("method", list(METHODS))
 def test_nan_reaches_exactly_the_rows_the_model_says(method):
     out, grads = run(lambda q, k, v: attention(q, k, v, MASK, method=method, block_q=BLOCK, block_kv=BLOCK,
                                                interpret=True))
-    check(out, grads, *method_masks(method), autodiff=method == "reference")
+    check(out, grads, *method_masks(method), autodiff=not (METHODS[method].pallas or METHODS[method].splash))
 
 
 @pytest.mark.parametrize("method", ["reference", "b1"])

@@ -18,7 +18,7 @@ one predicate per kind of head.
 NaN is never hidden: output row i is NaN when q_i holds a NaN, or k_j of a key j the row keeps, or
 v_j of any key j in a tile the row's query tile computes (p @ v meets v_j even where p is 0, as a dense
 softmax @ v would); a row that keeps no key stays exactly 0, and the backward's gradients follow
-the same tiles (`_finish`; tests/test_nan.py states it as a model and checks every method against it).
+the same tiles (`finish`; tests/test_nan.py states it as a model and checks every method against it).
 
 Arrays here are not padded: q `[heads, tokens, head_dim]` (pre-scaled by 1/sqrt(head_dim)), k and
 v `[heads, tokens, head_dim]`, any token count. The grid has `ceil(tokens / block)` tiles per axis,
