@@ -1,0 +1,217 @@
+"""Recall of the six axis orders against SVG's band and semantic tiles on the clip's heads, priced.
+
+    python notebooks/data/12_axis_orders.py notebooks/data/12_axis_orders.json [--size small|case]
+        [--select-rows 32] [--eval-rows 256] [--iterations 5]
+    python notebooks/data/12_axis_orders.py --transposes OUT.json   # compile-only v6e transposes
+
+Heads: the clip's five kinds (`layers.clip_heads`: content, mixed, spatial, temporal, local3d),
+head_dim 64, at the committed clip's 7,680 tokens (`--size small`: 8 frames x 24 x 40) or the case
+study's 75,600 (`--size case`: 21 x 45 x 80). Tiles 128 x 128, 20 % of the key tiles per query tile:
+
+* SVG's band: `SVGMask.spatial` at the density whose B3 tile-aligned band computes 20 % of the pairs
+  (found by bisection), in frame-major order ("band:spatial") and temporal-major ("band:temporal");
+* semantic tiles: `semantic_plan` at density 0.2 (`--iterations` of tile-sized k-means, cold start);
+* each axis order: `axis_orders.order_tiles` chosen from `--select-rows` sampled query rows.
+
+Recall is measured on `--eval-rows` other sampled rows (held out from the rows that chose the
+orders' tiles). Cost per head for the case study's head_dim 128, bf16: B3's simulated cycles
+(`tpu.cost.model_cycles` on probes at 128 x 128 tiles, if `tile_cost` finds them: cached or
+compiled here) plus the permutation: the compile-only static profile of the transposes if
+`--transposes` wrote them (their JSON given by `--permutation`), else bytes over HBM bandwidth.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+BLOCK = 128
+DENSITY = 0.2
+KINDS = ("content", "mixed", "spatial", "temporal", "local3d")
+
+
+def band_mask_for(geometry, target: float):
+    """The spatial SVGMask whose B3 band at BLOCK tiles computes closest to `target` of the pairs."""
+    from svg_lib import SVGMask
+    from svg_lib.layers.semantic_router import band_density
+
+    lo, hi = 1e-4, 1.0
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        if band_density(SVGMask.spatial(geometry, mid), BLOCK, BLOCK) < target:
+            lo = mid
+        else:
+            hi = mid
+    best = min((lo, hi), key=lambda d: abs(band_density(SVGMask.spatial(geometry, d), BLOCK, BLOCK) - target))
+    return SVGMask.spatial(geometry, best)
+
+
+def measure(size: str, select_rows: int, eval_rows: int, iterations: int, permutation: dict | None,
+            priced: bool = True) -> dict:
+    import jax
+    import numpy as np
+
+    import svg_lib
+    from svg_lib.layers.axis_orders import AXIS_ORDERS
+    from svg_lib.layers.clip_heads import case_study_qkv, clip_qkv, load_clip
+    from svg_lib.layers.profiling import sample_rows
+    from svg_lib.layers.semantic import computed_fraction, plan_recall
+    from svg_lib.layers.semantic_router import band_density, candidate_plans, order_candidates
+    from svg_lib.instruments.tools.axis_order_cost import (attention_cycles, permutation_cycles,
+                                                           permutation_source)
+
+    start = time.perf_counter()
+    if size == "case":
+        q, k, _, g = case_study_qkv(KINDS)
+    else:
+        q, k, _, g = clip_qkv(load_clip(), KINDS)
+    mask = band_mask_for(g, DENSITY)
+    band = band_density(mask, BLOCK, BLOCK)
+    chosen = sample_rows(g.tokens, select_rows, seed=1)
+    held = np.setdiff1d(sample_rows(g.tokens, eval_rows + select_rows, seed=2), chosen)[:eval_rows]
+    t0 = time.perf_counter()
+    plan = jax.jit(svg_lib.semantic_plan, static_argnames=("block_q", "block_kv", "density", "iterations"))(
+        q, k, block_q=BLOCK, block_kv=BLOCK, density=DENSITY, iterations=iterations)
+    jax.block_until_ready(plan.tiles)
+    plan_s = time.perf_counter() - t0
+    plans = candidate_plans(q, k, plan, mask, chosen, density=DENSITY)
+    names = order_candidates()
+    recall = np.stack([np.asarray(plan_recall(q, k, p, held)) for p in plans], axis=1)    # [heads, candidates]
+    computed = np.stack([np.asarray(computed_fraction(p)) for p in plans], axis=1)
+
+    cost = None
+    try:
+        if not priced:
+            raise RuntimeError("--no-cost")
+        from svg_lib.instruments.tpu.cost import tile_cost
+        cost = tile_cost("v6e", block_q=BLOCK, block_kv=BLOCK, block_kv_compute=BLOCK, head_dim=128,
+                         kernels=("svg_lib",), kinds=("free", "padding_masked", "idle"))
+    except Exception as e:  # no libtpu, or the probes did not compile: recall only
+        print(f"no cost model at {BLOCK} x {BLOCK}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+    rows = []
+    for j, (name, p) in enumerate(zip(names, plans)):
+        att = attention_cycles(p.tiles, g.tokens, cost, block_q=BLOCK, block_kv=BLOCK) if cost else None
+        perm = permutation_cycles(name, g, head_dim=128, itemsize=2, permutation=permutation)
+        rows.append(dict(candidate=name, recall={kind: float(recall[h, j]) for h, kind in enumerate(KINDS)},
+                         computed_fraction={kind: float(computed[h, j]) for h, kind in enumerate(KINDS)},
+                         attention_cycles_per_head=None if att is None else {kind: float(att[h])
+                                                                              for h, kind in enumerate(KINDS)},
+                         permutation_cycles_per_head=perm, permutation_source=permutation_source(name, permutation)))
+    return dict(size=size, geometry=[g.frames, g.height, g.width], tokens=g.tokens, block=BLOCK, density=DENSITY,
+                band_mask_density=mask.density, band_computed=band, select_rows=int(chosen.size),
+                eval_rows=int(held.size), semantic_iterations=iterations, semantic_plan_s=round(plan_s, 1),
+                cost_probe=None if cost is None else dict(per_step=cost.per_step, per_row=cost.per_row,
+                                                          evidence=cost.evidence),
+                orders=list(AXIS_ORDERS), rows=rows, seconds=round(time.perf_counter() - start, 1),
+                date=datetime.date.today().isoformat())
+
+
+def table(result: dict) -> str:
+    kinds = list(result["rows"][0]["recall"])
+    head = f"{'candidate':<15}" + "".join(f"{k:>9}" for k in kinds) + f"{'computed':>10}{'Mcycles/head':>14}"
+    lines = [f"recall on {result['eval_rows']} held-out rows, {result['tokens']:,} tokens, {result['block']} x "
+             f"{result['block']} tiles, {result['density']:.0%} density (band: {result['band_computed']:.3f} computed)",
+             head]
+    for r in result["rows"]:
+        att = r["attention_cycles_per_head"]
+        mc = "" if att is None else f"{(max(att.values()) + r['permutation_cycles_per_head']) / 1e6:>14.3f}"
+        comp = max(r["computed_fraction"].values())
+        lines.append(f"{r['candidate']:<15}" + "".join(f"{r['recall'][k]:>9.3f}" for k in kinds) + f"{comp:>10.3f}" + mc)
+    return "\n".join(lines)
+
+
+# -- compile-only transposes (v6e static profile) --------------------------------------------------
+
+def transpose_child(order: str, profile_dir: str) -> dict:
+    import jax
+
+    import svg_lib  # noqa: F401
+    from svg_lib import VideoGeometry
+    from svg_lib.layers.axis_orders import from_axis_order, to_axis_order
+    from svg_lib.instruments.tpu.compiler import compile_fn
+
+    g = VideoGeometry(21, 45, 80)
+
+    def f(q, k, v, o):  # q, k, v into the order, an output back
+        return tuple(to_axis_order(x, g, order) for x in (q, k, v)) + (from_axis_order(o, g, order),)
+
+    compiled, seconds = compile_fn(jax.jit(f), [((1, g.tokens, 128), "bfloat16")] * 4, "v6e")
+    ops = []
+    for path in glob.glob(os.path.join(profile_dir, "*_static_llo_profile.textproto")):
+        text = pathlib.Path(path).read_text()
+        for block in text.split("hlo_op_estimate")[1:]:
+            op = re.search(r'hlo_op_name:\s*"([^"]+)"', block).group(1)
+            cycles = int(re.search(r"estimated_cycles:\s*(\d+)", block).group(1))
+            same = re.search(r"num_equivalent_hlos:\s*(\d+)", block)
+            ops.append(dict(op=op, cycles=cycles, equivalent=int(same.group(1)) if same else 1))
+    loops = "while(" in compiled.as_text()
+    return dict(order=order, cycles=sum(o["cycles"] * o["equivalent"] for o in ops), ops=ops,
+                compile_s=round(seconds, 1), has_loops=loops)
+
+
+def transposes(out: pathlib.Path) -> dict:
+    from svg_lib.layers.axis_orders import AXIS_ORDERS
+
+    records = {}
+    for order in AXIS_ORDERS[1:]:
+        with tempfile.TemporaryDirectory(prefix="axis_") as tmp:
+            env = dict(os.environ)
+            env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") +
+                                       f" --xla_jf_dump_static_llo_profile_to={tmp}").strip()
+            res = os.path.join(tmp, "r.json")
+            proc = subprocess.run([sys.executable, __file__, "--child", order, tmp, res], env=env,
+                                  capture_output=True, text=True, timeout=900)
+            if proc.returncode or not os.path.exists(res):
+                records[order] = dict(order=order, error=(proc.stderr or proc.stdout)[-600:])
+            else:
+                records[order] = json.loads(pathlib.Path(res).read_text())
+        print(json.dumps({k: records[order].get(k) for k in ("order", "cycles", "compile_s", "error")}), flush=True)
+    from svg_lib.environment import libtpu_version
+    import jax
+    data = dict(what="q, k, v [1, 75,600, 128] bf16 transposed into each axis order and an output back, per head",
+                mode="compile-only static profile (simulated), v6e:1x1", jax=jax.__version__, libtpu=libtpu_version(),
+                date=datetime.date.today().isoformat(), cycles={o: r.get("cycles") for o, r in records.items()},
+                records=list(records.values()))
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    return data
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=pathlib.Path)
+    parser.add_argument("--size", choices=("small", "case"), default="small")
+    parser.add_argument("--select-rows", type=int, default=32)
+    parser.add_argument("--eval-rows", type=int, default=256)
+    parser.add_argument("--iterations", type=int, default=5)
+    parser.add_argument("--permutation", type=pathlib.Path, help="the --transposes JSON (cycles per order)")
+    parser.add_argument("--no-cost", action="store_true", help="recall only (no cost probes compiled)")
+    parser.add_argument("--transposes", action="store_true", help="compile the transposes for a v6e instead")
+    args = parser.parse_args(argv)
+    if args.transposes:
+        transposes(args.out)
+        return 0
+    permutation = None
+    if args.permutation:
+        permutation = {o: c for o, c in json.loads(args.permutation.read_text())["cycles"].items() if c}
+    result = measure(args.size, args.select_rows, args.eval_rows, args.iterations, permutation, not args.no_cost)
+    old = json.loads(args.out.read_text()) if args.out.exists() else {}
+    old[args.size] = result
+    args.out.write_text(json.dumps(old, indent=1) + "\n")
+    print(table(result), f"\n({result['seconds']} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        _, _, order, profile_dir, out = sys.argv
+        pathlib.Path(out).write_text(json.dumps(transpose_child(order, profile_dir)))
+        sys.exit(0)
+    sys.exit(main())
