@@ -2,7 +2,6 @@
 
     python notebooks/data/12_axis_orders.py notebooks/data/12_axis_orders.json [--size small|case]
         [--select-rows 32] [--eval-rows 256] [--iterations 5]
-    python notebooks/data/12_axis_orders.py --transposes OUT.json   # compile-only v6e transposes
 
 Heads: the clip's five kinds (`layers.clip_heads`: content, mixed, spatial, temporal, local3d),
 head_dim 64, at the committed clip's 7,680 tokens (`--size small`: 8 frames x 24 x 40) or the case
@@ -16,26 +15,27 @@ study's 75,600 (`--size case`: 21 x 45 x 80). Tiles 128 x 128, 20 % of the key t
 Recall is measured on `--eval-rows` other sampled rows (held out from the rows that chose the
 orders' tiles). Cost per head for the case study's head_dim 128, bf16: B3's simulated cycles
 (`tpu.cost.model_cycles` on probes at 128 x 128 tiles, if `tile_cost` finds them: cached or
-compiled here) plus the permutation: the compile-only static profile of the transposes if
-`--transposes` wrote them (their JSON given by `--permutation`), else bytes over HBM bandwidth.
+compiled here) plus the permutation: bytes moved over the v6e's HBM bandwidth
+(`instruments.tools.axis_order_cost.permutation_cycles`), or cycles per order from `--permutation`.
+
+The transposes' own static profile was tried (compile-only, v6e, q, k, v `[1, 75,600, 128]` bf16
+into "hwf" and an output back): on this shared 2-core machine it had not finished in 5 minutes,
+and the ops it had dumped by then priced the transposing copies at 0 cycles (reshapes at 10 k and
+3 x 27 k), so the bandwidth bound stands in for it.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
-import glob
 import json
-import os
 import pathlib
-import re
-import subprocess
 import sys
-import tempfile
 import time
 
 BLOCK = 128
 DENSITY = 0.2
 KINDS = ("content", "mixed", "spatial", "temporal", "local3d")
+TOLERANCES = (0.0, 0.01, 0.05)  # the router's recall margins shown
 
 
 def band_mask_for(geometry, target: float):
@@ -105,7 +105,16 @@ def measure(size: str, select_rows: int, eval_rows: int, iterations: int, permut
                          attention_cycles_per_head=None if att is None else {kind: float(att[h])
                                                                               for h, kind in enumerate(KINDS)},
                          permutation_cycles_per_head=perm, permutation_source=permutation_source(name, permutation)))
-    return dict(size=size, geometry=[g.frames, g.height, g.width], tokens=g.tokens, block=BLOCK, density=DENSITY,
+    choices = {}
+    if cost is not None:  # the router's rule on these recalls and costs, at a few margins
+        from svg_lib.layers.semantic_router import cheapest_near_best
+
+        total = np.stack([[r["attention_cycles_per_head"][kind] + r["permutation_cycles_per_head"] for r in rows]
+                          for kind in KINDS])
+        for tol in TOLERANCES:
+            pick = np.asarray(cheapest_near_best(recall, total, tol))
+            choices[str(tol)] = {kind: names[int(pick[h])] for h, kind in enumerate(KINDS)}
+    return dict(choices=choices, size=size, geometry=[g.frames, g.height, g.width], tokens=g.tokens, block=BLOCK, density=DENSITY,
                 band_mask_density=mask.density, band_computed=band, select_rows=int(chosen.size),
                 eval_rows=int(held.size), semantic_iterations=iterations, semantic_plan_s=round(plan_s, 1),
                 cost_probe=None if cost is None else dict(per_step=cost.per_step, per_row=cost.per_row,
@@ -125,63 +134,9 @@ def table(result: dict) -> str:
         mc = "" if att is None else f"{(max(att.values()) + r['permutation_cycles_per_head']) / 1e6:>14.3f}"
         comp = max(r["computed_fraction"].values())
         lines.append(f"{r['candidate']:<15}" + "".join(f"{r['recall'][k]:>9.3f}" for k in kinds) + f"{comp:>10.3f}" + mc)
+    for tol, picks in result.get("choices", {}).items():
+        lines.append(f"router, margin {tol}: " + ", ".join(f"{k} -> {c}" for k, c in picks.items()))
     return "\n".join(lines)
-
-
-# -- compile-only transposes (v6e static profile) --------------------------------------------------
-
-def transpose_child(order: str, profile_dir: str) -> dict:
-    import jax
-
-    import svg_lib  # noqa: F401
-    from svg_lib import VideoGeometry
-    from svg_lib.layers.axis_orders import from_axis_order, to_axis_order
-    from svg_lib.instruments.tpu.compiler import compile_fn
-
-    g = VideoGeometry(21, 45, 80)
-
-    def f(q, k, v, o):  # q, k, v into the order, an output back
-        return tuple(to_axis_order(x, g, order) for x in (q, k, v)) + (from_axis_order(o, g, order),)
-
-    compiled, seconds = compile_fn(jax.jit(f), [((1, g.tokens, 128), "bfloat16")] * 4, "v6e")
-    ops = []
-    for path in glob.glob(os.path.join(profile_dir, "*_static_llo_profile.textproto")):
-        text = pathlib.Path(path).read_text()
-        for block in text.split("hlo_op_estimate")[1:]:
-            op = re.search(r'hlo_op_name:\s*"([^"]+)"', block).group(1)
-            cycles = int(re.search(r"estimated_cycles:\s*(\d+)", block).group(1))
-            same = re.search(r"num_equivalent_hlos:\s*(\d+)", block)
-            ops.append(dict(op=op, cycles=cycles, equivalent=int(same.group(1)) if same else 1))
-    loops = "while(" in compiled.as_text()
-    return dict(order=order, cycles=sum(o["cycles"] * o["equivalent"] for o in ops), ops=ops,
-                compile_s=round(seconds, 1), has_loops=loops)
-
-
-def transposes(out: pathlib.Path) -> dict:
-    from svg_lib.layers.axis_orders import AXIS_ORDERS
-
-    records = {}
-    for order in AXIS_ORDERS[1:]:
-        with tempfile.TemporaryDirectory(prefix="axis_") as tmp:
-            env = dict(os.environ)
-            env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") +
-                                       f" --xla_jf_dump_static_llo_profile_to={tmp}").strip()
-            res = os.path.join(tmp, "r.json")
-            proc = subprocess.run([sys.executable, __file__, "--child", order, tmp, res], env=env,
-                                  capture_output=True, text=True, timeout=900)
-            if proc.returncode or not os.path.exists(res):
-                records[order] = dict(order=order, error=(proc.stderr or proc.stdout)[-600:])
-            else:
-                records[order] = json.loads(pathlib.Path(res).read_text())
-        print(json.dumps({k: records[order].get(k) for k in ("order", "cycles", "compile_s", "error")}), flush=True)
-    from svg_lib.environment import libtpu_version
-    import jax
-    data = dict(what="q, k, v [1, 75,600, 128] bf16 transposed into each axis order and an output back, per head",
-                mode="compile-only static profile (simulated), v6e:1x1", jax=jax.__version__, libtpu=libtpu_version(),
-                date=datetime.date.today().isoformat(), cycles={o: r.get("cycles") for o, r in records.items()},
-                records=list(records.values()))
-    out.write_text(json.dumps(data, indent=1) + "\n")
-    return data
 
 
 def main(argv=None) -> int:
@@ -191,13 +146,10 @@ def main(argv=None) -> int:
     parser.add_argument("--select-rows", type=int, default=32)
     parser.add_argument("--eval-rows", type=int, default=256)
     parser.add_argument("--iterations", type=int, default=5)
-    parser.add_argument("--permutation", type=pathlib.Path, help="the --transposes JSON (cycles per order)")
+    parser.add_argument("--permutation", type=pathlib.Path,
+                        help='a JSON {"cycles": {order: cycles per head}} of measured permutations')
     parser.add_argument("--no-cost", action="store_true", help="recall only (no cost probes compiled)")
-    parser.add_argument("--transposes", action="store_true", help="compile the transposes for a v6e instead")
     args = parser.parse_args(argv)
-    if args.transposes:
-        transposes(args.out)
-        return 0
     permutation = None
     if args.permutation:
         permutation = {o: c for o, c in json.loads(args.permutation.read_text())["cycles"].items() if c}
@@ -210,8 +162,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        _, _, order, profile_dir, out = sys.argv
-        pathlib.Path(out).write_text(json.dumps(transpose_child(order, profile_dir)))
-        sys.exit(0)
     sys.exit(main())
