@@ -15,8 +15,10 @@ study's 75,600 (`--size case`: 21 x 45 x 80). Tiles 128 x 128, 20 % of the key t
 Recall is measured on `--eval-rows` other sampled rows (held out from the rows that chose the
 orders' tiles). Cost per head for the case study's head_dim 128, bf16: B3's simulated cycles
 (`tpu.cost.model_cycles` on probes at 128 x 128 tiles, if `tile_cost` finds them: cached or
-compiled here) plus the permutation: bytes moved over the v6e's HBM bandwidth
-(`instruments.tools.axis_order_cost.permutation_cycles`), or cycles per order from `--permutation`.
+compiled here) plus the permutation: for the transposes, bytes moved over the v6e's HBM bandwidth
+(`instruments.tools.axis_order_cost.permutation_cycles`: a lower bound); for semantic tiles'
+gathers, notebook 12's static-profile record (`12_semantic_cost.json`) scaled by tokens; or cycles
+per order from `--permutation`. `--reprice` redoes only that and the router's choices.
 
 The transposes' own static profile was tried (compile-only, v6e, q, k, v `[1, 75,600, 128]` bf16
 into "hwf" and an output back): on this shared 2-core machine it had not finished in 5 minutes,
@@ -65,8 +67,7 @@ def measure(size: str, select_rows: int, eval_rows: int, iterations: int, permut
     from svg_lib.layers.profiling import sample_rows
     from svg_lib.layers.semantic import computed_fraction, plan_recall
     from svg_lib.layers.semantic_router import band_density, candidate_plans, order_candidates
-    from svg_lib.instruments.tools.axis_order_cost import (attention_cycles, permutation_cycles,
-                                                           permutation_source)
+    from svg_lib.instruments.tools.axis_order_cost import attention_cycles
 
     start = time.perf_counter()
     if size == "case":
@@ -99,28 +100,62 @@ def measure(size: str, select_rows: int, eval_rows: int, iterations: int, permut
     rows = []
     for j, (name, p) in enumerate(zip(names, plans)):
         att = attention_cycles(p.tiles, g.tokens, cost, block_q=BLOCK, block_kv=BLOCK) if cost else None
-        perm = permutation_cycles(name, g, head_dim=128, itemsize=2, permutation=permutation)
         rows.append(dict(candidate=name, recall={kind: float(recall[h, j]) for h, kind in enumerate(KINDS)},
                          computed_fraction={kind: float(computed[h, j]) for h, kind in enumerate(KINDS)},
                          attention_cycles_per_head=None if att is None else {kind: float(att[h])
-                                                                              for h, kind in enumerate(KINDS)},
-                         permutation_cycles_per_head=perm, permutation_source=permutation_source(name, permutation)))
-    choices = {}
-    if cost is not None:  # the router's rule on these recalls and costs, at a few margins
-        from svg_lib.layers.semantic_router import cheapest_near_best
-
-        total = np.stack([[r["attention_cycles_per_head"][kind] + r["permutation_cycles_per_head"] for r in rows]
-                          for kind in KINDS])
-        for tol in TOLERANCES:
-            pick = np.asarray(cheapest_near_best(recall, total, tol))
-            choices[str(tol)] = {kind: names[int(pick[h])] for h, kind in enumerate(KINDS)}
-    return dict(choices=choices, size=size, geometry=[g.frames, g.height, g.width], tokens=g.tokens, block=BLOCK, density=DENSITY,
+                                                                              for h, kind in enumerate(KINDS)}))
+    result = dict(size=size, geometry=[g.frames, g.height, g.width], tokens=g.tokens, block=BLOCK, density=DENSITY,
                 band_mask_density=mask.density, band_computed=band, select_rows=int(chosen.size),
                 eval_rows=int(held.size), semantic_iterations=iterations, semantic_plan_s=round(plan_s, 1),
                 cost_probe=None if cost is None else dict(per_step=cost.per_step, per_row=cost.per_row,
                                                           evidence=cost.evidence),
                 orders=list(AXIS_ORDERS), rows=rows, seconds=round(time.perf_counter() - start, 1),
                 date=datetime.date.today().isoformat())
+    return priced_result(result, permutation)
+
+
+def gather_cycles(tokens: int) -> dict:
+    """{"gather": cycles per head}: semantic tiles' permutation (q, k, v gathered in, the output back)
+    from notebook 12's compile-only record (`12_semantic_cost.json`, v6e static profile, 1 head, the
+    most tokens it priced), scaled linearly to `tokens`; {} if it has none."""
+    path = pathlib.Path(__file__).with_name("12_semantic_cost.json")
+    found = [c for c in json.loads(path.read_text()).get("compiles", []) if c.get("program") == "gather"
+             and c.get("heads") == 1 and c.get("cycles")] if path.exists() else []
+    if not found:
+        return {}
+    best = max(found, key=lambda c: c["tokens"])
+    return {"gather": best["cycles"] * tokens / best["tokens"]}
+
+
+def priced_result(result: dict, permutation: dict | None) -> dict:
+    """`result` with each candidate's permutation cycles and the router's choices at TOLERANCES (the
+    recalls and attention cycles as measured): cheap, so a new permutation price needs no re-measurement."""
+    import numpy as np
+
+    from svg_lib import VideoGeometry
+    from svg_lib.layers.semantic_router import cheapest_near_best
+    from svg_lib.instruments.tools.axis_order_cost import permutation_cycles, permutation_source
+
+    g = VideoGeometry(*result["geometry"])
+    permutation = {**gather_cycles(g.tokens), **(permutation or {})}
+    for r in result["rows"]:
+        r["permutation_cycles_per_head"] = permutation_cycles(r["candidate"], g, head_dim=128, itemsize=2,
+                                                              permutation=permutation)
+        r["permutation_source"] = permutation_source(r["candidate"], permutation)
+    result["permutation_note"] = ("transposes: bytes (q, k, v in, the output back, each read and written, "
+                                  "head_dim 128, bf16) over the v6e's HBM bandwidth at the assumed clock, a lower "
+                                  "bound; semantic tiles' gathers: notebook 12's static-profile record scaled by tokens; "
+                                  "semantic tiles' plan (k-means, selection) is not counted")
+    result["choices"] = {}
+    rows, kinds = result["rows"], list(result["rows"][0]["recall"])
+    if rows[0]["attention_cycles_per_head"] is not None:  # the router's rule on these recalls and costs
+        recall = np.array([[r["recall"][kind] for r in rows] for kind in kinds], np.float32)
+        total = np.array([[r["attention_cycles_per_head"][kind] + r["permutation_cycles_per_head"] for r in rows]
+                          for kind in kinds])
+        for tol in TOLERANCES:
+            pick = np.asarray(cheapest_near_best(recall, total, tol))
+            result["choices"][str(tol)] = {kind: rows[int(pick[h])]["candidate"] for h, kind in enumerate(kinds)}
+    return result
 
 
 def table(result: dict) -> str:
@@ -148,11 +183,19 @@ def main(argv=None) -> int:
     parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--permutation", type=pathlib.Path,
                         help='a JSON {"cycles": {order: cycles per head}} of measured permutations')
+    parser.add_argument("--reprice", action="store_true",
+                        help="recompute permutation cycles and choices of the stored --size result only")
     parser.add_argument("--no-cost", action="store_true", help="recall only (no cost probes compiled)")
     args = parser.parse_args(argv)
     permutation = None
     if args.permutation:
         permutation = {o: c for o, c in json.loads(args.permutation.read_text())["cycles"].items() if c}
+    if args.reprice:
+        old = json.loads(args.out.read_text())
+        old[args.size] = priced_result(old[args.size], permutation)
+        args.out.write_text(json.dumps(old, indent=1) + "\n")
+        print(table(old[args.size]), flush=True)
+        return 0
     result = measure(args.size, args.select_rows, args.eval_rows, args.iterations, permutation, not args.no_cost)
     old = json.loads(args.out.read_text()) if args.out.exists() else {}
     old[args.size] = result
