@@ -20,7 +20,7 @@ from svg_lib.layers.axis_orders import (AXIS_ORDERS, axis_order_attention, check
                                         order_permutation, order_plan, order_tiles, to_axis_order, transpose_bytes)
 from svg_lib.layers.semantic import plan_keep, tile_budget
 from svg_lib.layers.semantic_router import (band_density, candidate_plans, cheapest_near_best, order_candidates,
-                                            route_orders)
+                                            pick_plan, route_orders)
 from svg_lib.instruments.tools.axis_order_cost import candidate_cycles, permutation_cycles
 from svg_lib.instruments.tpu.cost import committed_tile_cost
 
@@ -169,3 +169,16 @@ def test_route_orders_refuses_costs_of_another_length(routed_orders):
     q, k, plan, mask, rows, density, costs = routed_orders
     with pytest.raises(ValueError, match="one cost per candidate"):
         route_orders(q, k, plan, mask, rows, costs[:, :3], density=density)
+
+
+def test_each_head_runs_the_plan_it_chose(routed_orders):
+    q, k, plan, mask, rows, density, costs = routed_orders
+    plans = candidate_plans(q, k, plan, mask, rows, density=density)
+    choice = np.array([3, 6, 2], np.int32)  # order fhw, order hwf, semantic tiles
+    routed = jax.jit(lambda c: pick_plan(plans, c))(jnp.asarray(choice))
+    keep = np.asarray(plan_keep(routed, rows))
+    for h, c in enumerate(choice):
+        np.testing.assert_array_equal(keep[h], np.asarray(plan_keep(plans[c], rows))[h])
+    assert routed.steps == max(p.steps for p in plans)
+    other = np.asarray(plan_keep(jax.jit(lambda c: pick_plan(plans, c))(jnp.asarray([6, 3, 2], jnp.int32)), rows))
+    assert (other[0] != keep[0]).any()  # another choice is another mask
