@@ -13,6 +13,7 @@ from svg_lib.problem import BLOG_SWEEP_V6E_MS
 from svg_lib.instruments.tpu.cost import (BLOG_RATIOS, EVIDENCE, MODEL_METHODS, REFERENCE_FILE, backward_tile_cost, cost_model,
                               filled_from, load_reference, tile_cost, training_model)
 from svg_lib.instruments.tpu.probes import BLOCKS_KIND, FAILING_KIND
+from svg_lib.instruments.tpu.step_profile import model_of_profile, profile_gradient
 
 BLOG_SWEEP_BQ = (1024, 3328, 4864)
 SWEEP_KINDS = ("free", "svg_masked", "idle")
@@ -28,6 +29,12 @@ def _cost_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also model the blog's BQ sweep (BKV 1536; BQ 1024, 3328, 4864): three more block sizes")
     parser.add_argument("--backward", action="store_true",
                         help="also the backward's kernels (ours fused and split, Splash's) and a training step's model")
+    parser.add_argument("--grad", action="store_true",
+                        help="also the static profile of the whole training step's attention (jax.grad of --grad-method, "
+                             "one compile with the profile on) beside the training model (implies --backward)")
+    parser.add_argument("--grad-method", choices=("dense", "b1", "b2", "b3"), default="b3",
+                        help="the method whose jax.grad --grad profiles (default b3; dense is the one whose tiles the "
+                             "profile simulates: the others read their schedules from SMEM, which it reads as 0)")
     parser.add_argument("--refresh", action="store_true", help="recompile the probes even if cached")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
@@ -58,6 +65,23 @@ def _training_table(model: dict) -> str:
             r = ratios.get(m, {})
             tail = f" {r['forward']:9.2f} {r['backward']:6.2f} {r['total']:6.2f}" if r else ""
             lines.append(f"  {m:13} {model[m]['forward']:13,.0f} {model[m]['backward']:13,.0f} {model[m]['total']:13,.0f}{tail}")
+    return "\n".join(lines)
+
+
+def _grad_table(compared: dict, method: str) -> str:
+    """The training model beside the whole step's profile, part by part."""
+    lines = [f"training model vs the whole step's profile, {method}",
+             f"  {'part':9} {'model':>13} {'profile':>13} {'model / profile':>16}"]
+    model, profile = compared["model"], compared["profile"]
+    for part in ("forward", "backward", "total"):
+        lines.append(f"  {part:9} {model[part]:13,.0f} {profile[part]:13,.0f} {compared['ratios'][part]:16.3f}")
+    lines.append(f"  (the profile's total holds XLA's ops too, {profile['others']:,} cycles, which the model leaves out)")
+    if "model_as_simulated" in compared:
+        sim = compared["model_as_simulated"]
+        lines.append(f"  the model of what the profile simulates ({method}'s grids, every step idle):")
+        for part in ("forward", "backward", "total"):
+            lines.append(f"  {part:9} {sim[part]:13,.0f} {profile[part]:13,.0f} "
+                         f"{compared['ratios_as_simulated'][part]:16.3f}")
     return "\n".join(lines)
 
 
@@ -93,11 +117,17 @@ def _cost_run(args: argparse.Namespace) -> int:
             sweep[sq] = {"model_cycles": cost_model(at, c, methods=("b2",))["b2"],
                          "blog_ms": BLOG_SWEEP_V6E_MS.get(sq), "tile_cost": c.to_json()}
         out["sweep_b2_bkv1536"] = sweep
+    if args.grad:
+        args.backward = True
     if args.backward:
         bwd = backward_tile_cost(args.target, block_q=bq, block_kv=bkv, block_kv_compute=cost.block_kv_compute,
                                  head_dim=config.head_dim, kinds=("free", "svg_masked"), refresh=args.refresh)
         out["backward_cost"] = {k: v for k, v in bwd.to_json().items() if k != "raw"}
         out["training_model"] = training_model(config, cost, bwd)
+    if args.grad:
+        step = profile_gradient(config, args.grad_method, args.target, show=not args.json)
+        out["grad_profile"] = step.to_json()
+        out["grad_vs_model"] = model_of_profile(step, cost, bwd)
     out["tile_cost"].pop("raw", None)
     if args.json:
         print(json.dumps(out))
@@ -114,6 +144,10 @@ def _cost_run(args: argparse.Namespace) -> int:
         print()
         print(bwd.table())
         print(_training_table(out["training_model"]))
+    if args.grad:
+        print()
+        print(step.table())
+        print(_grad_table(out["grad_vs_model"], args.grad_method))
     if sweep:
         base = sweep[3328]["model_cycles"] if 3328 in sweep else None
         print("\nB2 block-size sweep, BKV 1536 (model cycles without the per-row terms; blog ms measured on a v6e)")
