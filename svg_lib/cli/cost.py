@@ -8,6 +8,7 @@ import json
 import sys
 
 from svg_lib.chips import DEFAULT_TARGET, TARGETS
+from svg_lib.environment import MissingCompiler, has_libtpu, missing_compiler_message
 from svg_lib.cli.common import Command, add_problem_arguments, config_from_args
 from svg_lib.problem import BLOG_SWEEP_V6E_MS
 from svg_lib.instruments.tpu.cost import (BLOG_RATIOS, EVIDENCE, MODEL_METHODS, REFERENCE_FILE, backward_tile_cost, cost_model,
@@ -82,11 +83,18 @@ def _grad_table(compared: dict, method: str) -> str:
         for part in ("forward", "backward", "total"):
             lines.append(f"  {part:9} {sim[part]:13,.0f} {profile[part]:13,.0f} "
                          f"{compared['ratios_as_simulated'][part]:16.3f}")
+        anchored = compared["anchored"]
+        lines.append(f"  the whole step, the profile's cycles plus each computed step's body less the idle step simulated "
+                     f"in its place: forward {anchored['forward']:,.0f}, backward {anchored['backward']:,.0f}, total "
+                     f"{anchored['total']:,.0f} (model / this: backward {model['backward'] / anchored['backward']:.3f}, "
+                     f"total {model['total'] / anchored['total']:.3f})")
     return "\n".join(lines)
 
 
 def _cost_run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    if args.grad and not has_libtpu():  # before any probing: the committed cycles cannot stand in for a compile
+        raise MissingCompiler(missing_compiler_message("--grad (the static profile of a whole jax.grad)"))
     bq, bkv = config.block_q, config.block_kv
     cost = tile_cost(args.target, config, refresh=args.refresh)
     committed = cost.cache_path == str(REFERENCE_FILE)  # no libtpu here: the committed cycles, said so

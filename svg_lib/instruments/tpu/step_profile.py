@@ -21,7 +21,7 @@ the whole-step profile prices the grid, the per-row and per-head work (init, fin
 backward's dq copy) and XLA's ops, and no tile body. `StepProfile.tiles_simulated` says which.
 
 Evidence kind: *simulated by the TPU compiler's static profile* (compile-only, nothing run).
-jax is imported inside functions: the child process sets libtpu's flags before jax starts.
+libtpu reads its flags once, when it starts: the child process is started with them set.
 """
 from __future__ import annotations
 
@@ -36,13 +36,17 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from svg_lib.attention import b3_mask
 from svg_lib.chips import check_target
+from svg_lib.core.planner import plan_tiles
 from svg_lib.environment import require_libtpu
+from svg_lib.instruments.tpu.compiler import compile_gradient
+from svg_lib.instruments.tpu.cost import EVIDENCE, training_model
+from svg_lib.instruments.tpu.probes import versions
 from svg_lib.methods import METHODS
 from svg_lib.problem import BenchConfig
 from svg_lib.progress import bar as progress_bar
 
-EVIDENCE = "simulated by the TPU compiler's static LLO profile (compile-only, not measured)"
 _CYCLES = re.compile(r"estimated_cycles:\s*(\d+)")
 _SUFFIX = "_static_llo_profile.textproto"
 BACKWARD_KERNEL_NAMES = ("_attention_fused_bwd", "_attention_dq", "_attention_dkv")
@@ -129,8 +133,6 @@ def _read_profiles(profile_dir: str) -> dict:
 
 def _child(request: dict) -> dict:
     """In the child process (dump flag set): compile the gradient, read every profile written."""
-    from svg_lib.instruments.tpu.compiler import compile_gradient
-
     config = BenchConfig.from_json(request["problem"])
     verdict = compile_gradient(config, request["method"], request["target"], heads=request["heads"],
                                backward=request["backward"])
@@ -148,8 +150,6 @@ def profile_gradient(config: BenchConfig, method: str = "b3", target: str = "v6e
     another). `backward`: "fused" or "split", as `build_attention` takes it. `show`: a progress bar
     (stderr) while the compiler runs. RuntimeError with the child's last lines where it fails
     (a compiler refusal, or libtpu's profiler aborting)."""
-    from svg_lib.instruments.tpu.probes import versions
-
     if not isinstance(config, BenchConfig):
         raise TypeError(f"config must be a BenchConfig (e.g. get_preset('small')), got {type(config).__name__}")
     ours = tuple(m for m, record in METHODS.items() if record.family == "svg_lib" and record.backward)
@@ -208,9 +208,9 @@ def model_of_profile(step: StepProfile, forward_cost, backward_cost) -> dict:
     "ratios": {part: model / profile}}. For the planned methods, whose profile simulates every step
     as idle (`StepProfile.tiles_simulated`), "model_as_simulated" adds the model of that program:
     the same grid, every step idle, so that the idle and per-row terms are checked where the tiles
-    cannot be."""
-    from svg_lib.instruments.tpu.cost import training_model
-
+    cannot be; and "anchored", the whole step as the profile prices it plus each computed step's
+    body less the idle step simulated in its place (the probes' cycles): the step's cycles with the
+    per-head work, the dq copy and XLA's ops that the model leaves out."""
     config = BenchConfig.from_json(step.problem)
     model = training_model(config, forward_cost, backward_cost, heads=step.heads, methods=(step.method,))[step.method]
     profile = {"forward": step.forward, "backward": step.backward_cycles, "others": step.others, "total": step.total}
@@ -220,15 +220,16 @@ def model_of_profile(step: StepProfile, forward_cost, backward_cost) -> dict:
         out["model_as_simulated"] = _model_all_idle(config, step, forward_cost, backward_cost)
         out["ratios_as_simulated"] = {part: out["model_as_simulated"][part] / profile[part]
                                       for part in ("forward", "backward", "total")}
+        # the profile, which prices everything but the tile bodies, plus the bodies from the probes: each
+        # computed step's body less the idle step the profile simulated in its place
+        sim = out["model_as_simulated"]
+        out["anchored"] = {part: profile[part] + model[part] - sim[part] for part in ("forward", "backward", "total")}
     return out
 
 
 def _model_all_idle(config, step, forward_cost, backward_cost) -> dict:
     """The training model of the program the profile simulates for a planned method: its forward and
     backward grids with every step idle (the per-row cost of the forward's rows kept)."""
-    from svg_lib.attention import b3_mask
-    from svg_lib.core.planner import plan_tiles
-
     record = METHODS[step.method]
     mask = config.mask()
     if record.computes == "tile_aligned":
