@@ -32,7 +32,8 @@ def _cost_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also the backward's kernels (ours fused and split, Splash's) and a training step's model")
     parser.add_argument("--grad", action="store_true",
                         help="also the static profile of the whole training step's attention (jax.grad of --grad-method, "
-                             "one compile with the profile on) beside the training model (implies --backward)")
+                             "one compile with the profile on) beside the training model (implies --backward); its time and memory grow "
+                             "fast with the grid: keep the problem small (16,128 tokens at 1024 x 512: minutes, 13 GB)")
     parser.add_argument("--grad-method", choices=("dense", "b1", "b2", "b3"), default="b3",
                         help="the method whose jax.grad --grad profiles (default b3; dense is the one whose tiles the "
                              "profile simulates: the others read their schedules from SMEM, which it reads as 0)")

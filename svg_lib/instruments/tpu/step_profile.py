@@ -20,6 +20,10 @@ profile simulates every grid step as entry 0, class EMPTY: an idle step on key t
 the whole-step profile prices the grid, the per-row and per-head work (init, finish, the fused
 backward's dq copy) and XLA's ops, and no tile body. `StepProfile.tiles_simulated` says which.
 
+The profile's time and memory grow quickly with the grid: 2,048 tokens at 512 x 256, one head, take
+seconds; B3 at 16,128 tokens, 1024 x 512, two heads, took 155 s and 13 GB on a 2-core CPU (libtpu
+0.0.42.1), and dense at 10,080 tokens, 512 x 256, was killed for memory. Keep the problem small.
+
 Evidence kind: *simulated by the TPU compiler's static profile* (compile-only, nothing run).
 libtpu reads its flags once, when it starts: the child process is started with them set.
 """
