@@ -52,6 +52,7 @@ masked), B1 the least (masked only). The probes record each body's VLIW bundles 
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -121,7 +122,7 @@ def _lane_sum(p):
 
 
 def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_start, k_start,
-                         block_kv_compute, interpret=False, bounded=False):
+                         block_kv_compute, interpret=False, bounded=False, mass=None):
     """Fold one key/value tile into the running softmax state of one query tile.
 
     q_ref `[block_q, head_dim]`; k_ref, v_ref `[block_kv, head_dim]`; m_ref `[block_q, 128]` f32
@@ -150,7 +151,13 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
     copy). On a TPU the loop is unrolled up to `MAX_UNROLLED_CHUNKS` chunks: each unrolled
     chunk is another copy of the body in instruction memory, bought for a shorter step (the
     numbers are beside the constant).
+
+    `mass`: None (the kernels' default), or a `TileMass` (`block_sparse_attention(tile_mass=True)`):
+    each slice's row sums of p, the very values added to l, are also summed apart for this tile and
+    recorded after its last slice (`TileMass`); m, l and acc are computed exactly as without it.
     """
+    if mass is not None:
+        mass.start()
     block_q = q_ref.shape[0]
     head_dim = acc_ref.shape[1]
     chunks = k_ref.shape[0] // block_kv_compute
@@ -167,20 +174,93 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
             s = jnp.where(keep(q_ids, k_ids), s, MASK_VALUE)
         if bounded:
             p = jnp.exp(s - _lanes(m_ref[...], block_kv_compute, interpret))
-            l_ref[...] += _lane_sum(p)
+            l_ref[...] += (part := _lane_sum(p))
+            if mass is not None:
+                mass.add(part)
             acc_ref[...] += dot(p.astype(v.dtype), v, NN)                # p @ v
             return carry
         m_prev = m_ref[...]
         m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))  # [block_q, 128]
         p = jnp.exp(s - _lanes(m_next, block_kv_compute, interpret))
         alpha = jnp.exp(m_prev - m_next)
-        l_ref[...] = alpha * l_ref[...] + _lane_sum(p)
+        l_ref[...] = alpha * l_ref[...] + (part := _lane_sum(p))
+        if mass is not None:
+            mass.rescale(alpha)
+            mass.add(part)
         m_ref[...] = m_next
         pv = dot(p.astype(v.dtype), v, NN)                               # p @ v
         acc_ref[...] = _lanes(alpha, head_dim, interpret) * acc_ref[...] + pv
         return carry
 
     jax.lax.fori_loop(0, chunks, chunk, None, unroll=chunks <= MAX_UNROLLED_CHUNKS)
+    if mass is not None:
+        mass.record()
+
+
+# -- the tile's softmax mass, a side output ----------------------------------------------------
+# What a step's tile weighed, for planning the next denoising step's tiles from this one's. The
+# statistic: the tile's softmax mass, the share of each row's probability (over the keys the row
+# computes) that falls in the tile, averaged over the query tile's real rows. Two quantities the
+# kernel holds already make it: the tile's row sums of p (summed into l anyway) and, at finish,
+# each row's l. It is exact (no bound, no estimate), sums to 1 over a query tile's steps, and is
+# what recall counts. The tile's largest score against the row's max was the other candidate: in
+# the bounded body, which computes no max, it would cost a max over every score of the tile, a VPU
+# op per element; the mass costs, per step, one sum of a `[block_q, 128]` block across its lanes and
+# a select, and per query tile a division and a mean (`finish_tile_mass`).
+#
+# Per query tile the record `[block_q, lanes]` f32 (lanes = steps rounded up to 128) holds in lane s
+# the row sums of step s's tile relative to the row's current m, rescaled with l whenever m moves
+# (the running max, the switch to the bound), so that at finish record / l is each row's share.
+
+@dataclasses.dataclass(frozen=True)
+class TileMass:
+    """The tile body's handle on the side output's scratch: `part_ref` `[block_q, 128]` f32, this
+    tile's per-lane partial row sums of p (like l); `record_ref` `[block_q, lanes]` f32, one lane per
+    step of the query tile; `step` the grid step (its lane); `interpret` as the tile body's."""
+
+    part_ref: object
+    record_ref: object
+    step: object
+    interpret: bool = False
+
+    def start(self):
+        self.part_ref[...] = jnp.zeros(self.part_ref.shape, jnp.float32)
+
+    def add(self, part):
+        self.part_ref[...] += part
+
+    def rescale(self, alpha):
+        """m moved: alpha `[block_q, 128]` = exp(m_old - m_new), as l and acc are scaled."""
+        self.part_ref[...] = alpha * self.part_ref[...]
+        self.record_ref[...] = _lanes(alpha, self.record_ref.shape[1], self.interpret) * self.record_ref[...]
+
+    def record(self):
+        """Lane `step` of the record := this tile's row sums (across the part's lanes, once per step)."""
+        rows, lanes = self.record_ref.shape
+        row_sum = jnp.broadcast_to(jnp.sum(self.part_ref[...], axis=1, keepdims=True), (rows, LANES))
+        lane = jax.lax.broadcasted_iota(jnp.int32, (1, lanes), 1)
+        self.record_ref[...] = jnp.where(lane == self.step, _lanes(row_sum, lanes, self.interpret),
+                                         self.record_ref[...])
+
+
+def tile_mass_lanes(steps: int) -> int:
+    """Lanes of the per-row record: `steps` rounded up to a multiple of 128."""
+    return -(-steps // LANES) * LANES
+
+
+def finish_tile_mass(m_ref, l_ref, record_ref, mass_ref, *, q_start, q_tokens: int, interpret=False):
+    """mass_ref `[1, lanes]` := the mean over the query tile's real rows (`q_start + r < q_tokens`)
+    of record / l: lane s holds step s's tile mass. A row that saw no kept key adds 0 (like its
+    output); a NaN row makes its query tile's masses NaN (as its output is NaN)."""
+    rows, lanes = record_ref.shape
+    m = m_ref[...]
+    row_sum = jnp.broadcast_to(jnp.sum(l_ref[...], axis=1, keepdims=True), m.shape)  # [rows, 128]
+    seen = jnp.logical_not(m <= 0.5 * MASK_VALUE) | jnp.isnan(row_sum)
+    real = token_ids(q_start, rows, 0) < q_tokens                                    # [rows, 1]
+    weight = jnp.where(seen & real, 1.0 / jnp.where(seen, row_sum, 1.0), 0.0)        # [rows, 128]
+    share = record_ref[...] * _lanes(weight, lanes, interpret)
+    real_rows = jnp.minimum(q_tokens - q_start, rows).astype(jnp.float32)
+    mass_ref[...] = jnp.sum(share, axis=0, keepdims=True) / real_rows
 
 
 # -- the bounded max ---------------------------------------------------------------------------
@@ -222,11 +302,11 @@ def key_norm_max(k):
     return jnp.sqrt(jnp.max(jnp.sum(kf * kf, axis=-1), axis=-1))
 
 
-def try_bound(q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_max, interpret=False):
+def try_bound(q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_max, interpret=False, mass=None):
     """After a query tile's first running-max step: switch the tile to the bounded max if every
     row's bound b = |q_i| max|k| (1 + BOUND_MARGIN) lies within BOUND_SLACK of its running max (one
     test for the whole tile, so that the next steps take one branch), else keep the running max
-    for good. The switch rescales l and acc to m = b."""
+    for good. The switch rescales l and acc to m = b (and a `TileMass` record with them)."""
     q = q_ref[...].astype(jnp.float32)
     bound = jnp.sqrt(jnp.sum(q * q, axis=1, keepdims=True)) * (key_norm_max * (1.0 + BOUND_MARGIN))  # [block_q, 1]
     m = m_ref[...]
@@ -242,6 +322,8 @@ def try_bound(q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_max, interpret=Fa
         alpha = jnp.exp(m - b)
         l_ref[...] = alpha * l_ref[...]
         acc_ref[...] = _lanes(alpha, acc_ref.shape[1], interpret) * acc_ref[...]
+        if mass is not None:
+            mass.rescale(alpha)
         m_ref[...] = b
         flag_ref[0] = BOUNDED
 
@@ -417,7 +499,8 @@ def dense_flash_attention(q, k, v, *, block_q, block_kv, block_kv_compute, inter
 # -- block-sparse: B1, B2, B3 ---------------------------------------------------------------
 
 def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, block_q, block_kv,
-                           block_kv_compute, interpret, vmem_limit_bytes=None, residuals=False, head_order=None):
+                           block_kv_compute, interpret, vmem_limit_bytes=None, residuals=False, head_order=None,
+                           tile_mass=False):
     """B1 / B2 / B3 over a planner schedule.
 
     schedule: int32 `[ceil(kinds * nq * steps / 2)]` from the planner (`TilePlan.schedule`,
@@ -436,6 +519,12 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
     splits the grid's head rows into contiguous halves between its two cores; the routed layer
     gives an order that balances the kinds between them (`routing.balanced_order`) without
     moving any array.
+
+    tile_mass: also return, last, f32 `[heads, nq * steps]`, aligned with the schedule: for grid step
+    (h, i, s) the softmax mass of the tile it visited (the mean over query tile i's real rows of the
+    share of each row's probability that falls in that tile; 0 at idle steps; the block comment above
+    `TileMass`). Off by default, and then the kernel is exactly the one without it; on, the output
+    (and lse) are bit-identical to off.
     """
     record = check_method(stage, PLANNED_METHODS, what="block-sparse stage")
     keeps = keep if isinstance(keep, tuple) else (keep,)
@@ -451,9 +540,10 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
         raise ValueError(f"head_order must be int32 [{heads}], a permutation of the heads; got {tuple(head_order.shape)}")
     tables = (head_kind, schedule) + (() if head_order is None else (head_order,))
     refs = KernelRefs(prefetch=("head_kind", "schedule", ("head_order", head_order is not None)),
-                      inputs=("q", "k", "v", "key_norm"), outputs=("o", ("lse", residuals)),
-                      scratch=("m", "l", "acc", "flag"))
+                      inputs=("q", "k", "v", "key_norm"), outputs=("o", ("lse", residuals), ("mass", tile_mass)),
+                      scratch=("m", "l", "acc", "flag", ("part", tile_mass), ("record", tile_mass)))
     on_cpu = plain_interpreter(interpret)
+    lanes = tile_mass_lanes(steps)
 
     def head_of(h, head_order_ref):
         """The head that grid row h runs: h, or head_order[h]."""
@@ -464,15 +554,18 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
         return schedule_entry(schedule_ref, (head_kind_ref[head_of(h, head_order_ref)] * nq + i) * steps + s)
 
     def kernel(*, head_kind_ref, schedule_ref, head_order_ref, q_ref, k_ref, v_ref, key_norm_ref, o_ref, lse_ref,
-               m_ref, l_ref, acc_ref, flag_ref):
+               mass_ref, m_ref, l_ref, acc_ref, flag_ref, part_ref, record_ref):
         h, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         head = head_of(h, head_order_ref)
         kv_tile, cls = step_of(h, i, s, head_kind_ref, schedule_ref, head_order_ref)
         clear_tail(q_ref, i, q_tokens), clear_tail(k_ref, kv_tile, tokens), clear_tail(v_ref, kv_tile, tokens)
+        mass = TileMass(part_ref, record_ref, s, on_cpu) if tile_mass else None
         body = functools.partial(online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
                                  q_start=i * block_q, k_start=kv_tile * block_kv,
-                                 block_kv_compute=block_kv_compute, interpret=on_cpu)
-        switch = functools.partial(try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[head], on_cpu)
+                                 block_kv_compute=block_kv_compute, interpret=on_cpu,
+                                 **({} if mass is None else {"mass": mass}))
+        switch = functools.partial(try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[head], on_cpu,
+                                   **({} if mass is None else {"mass": mass}))
         tile = lambda keep: visit(body, keep, flag_ref, switch)  # noqa: E731
 
         def masked_tile():  # the predicate of this head's kind (one kind unless routing)
@@ -482,6 +575,8 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
         @pl.when(s == 0)
         def _():
             init_state(m_ref, l_ref, acc_ref, flag_ref)
+            if mass is not None:
+                record_ref[...] = jnp.zeros(record_ref.shape, jnp.float32)  # idle steps keep 0
 
         if record.masks_full_tiles:  # B1: skip empty tiles, but mask every visited one
             pl.when(cls != EMPTY)(masked_tile)
@@ -491,6 +586,9 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
 
         @pl.when(s == steps - 1)
         def _():
+            if mass is not None:  # before finish: the same m and l
+                finish_tile_mass(m_ref, l_ref, record_ref, mass_ref, q_start=i * block_q, q_tokens=q_tokens,
+                                 interpret=on_cpu)
             finish(m_ref, l_ref, acc_ref, o_ref, on_cpu, lse_ref)
 
     @refs.index_map
@@ -502,7 +600,11 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
         return head_of(h, head_order_ref), step_of(h, i, s, head_kind_ref, schedule_ref, head_order_ref)[0], 0
 
     out_shape, out_specs = _outputs(q, block_q, q_map, residuals)
-    return pl.pallas_call(
+    scratch = softmax_scratch(block_q, head_dim, bounded=True)
+    if tile_mass:
+        out_shape, out_specs = _with_tile_mass(out_shape, out_specs, heads, nq, lanes, q_map)
+        scratch = scratch + [pltpu.VMEM((block_q, LANES), jnp.float32), pltpu.VMEM((block_q, lanes), jnp.float32)]
+    outs = pl.pallas_call(
         refs.kernel(kernel),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=len(tables),
@@ -512,9 +614,25 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
                       pl.BlockSpec((None, block_kv, head_dim), kv_map),
                       pl.BlockSpec(memory_space=pltpu.SMEM)],  # [heads] f32 key-norm maxima
             out_specs=out_specs,
-            scratch_shapes=softmax_scratch(block_q, head_dim, bounded=True)),
+            scratch_shapes=scratch),
         out_shape=out_shape,
         compiler_params=compiler_params(vmem_limit_bytes),
         interpret=interpret,
         name=f"{stage}_block_sparse_attention",
     )(*tables, q, k, v, key_norm_max(k))
+    if not tile_mass:
+        return outs
+    masses = outs[-1].reshape(heads, nq, lanes)[:, :, :steps].reshape(heads, nq * steps)
+    return (*outs[:-1], masses)
+
+
+def _with_tile_mass(out_shape, out_specs, heads, nq, lanes, q_map):
+    """The outputs with the tile masses appended: f32 `[heads, 1, nq * lanes]`, one `[1, lanes]` row block
+    per (head, query tile) (a row that broadcasts down sublanes, like lse's), written at the tile's last step."""
+    def row_map(*grid_and_tables):
+        h, i, _ = q_map(*grid_and_tables)
+        return h, 0, i
+    shapes = tuple(out_shape) if isinstance(out_shape, tuple) else (out_shape,)
+    specs = tuple(out_specs) if isinstance(out_specs, tuple) else (out_specs,)
+    return (shapes + (jax.ShapeDtypeStruct((heads, 1, nq * lanes), jnp.float32),),
+            specs + (pl.BlockSpec((None, 1, lanes), row_map),))
