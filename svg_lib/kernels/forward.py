@@ -122,7 +122,8 @@ def _lane_sum(p):
 
 
 def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_start, k_start,
-                         block_kv_compute, interpret=False, bounded=False, mass=None):
+                         block_kv_compute, interpret=False, bounded=False, mass=None, skip_below=None,
+                         skip_gate=None):
     """Fold one key/value tile into the running softmax state of one query tile.
 
     q_ref `[block_q, head_dim]`; k_ref, v_ref `[block_kv, head_dim]`; m_ref `[block_q, 128]` f32
@@ -155,7 +156,17 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
     `mass`: None (the kernels' default), or a `TileMass` (`block_sparse_attention(tile_mass=True)`):
     each slice's row sums of p, the very values added to l, are also summed apart for this tile and
     recorded after its last slice (`TileMass`); m, l and acc are computed exactly as without it.
+
+    `skip_below`: None (the default), or a threshold t > 0: skip-softmax. A slice whose every score lies
+    more than t below its row's m (the running max before the slice, or the bound) skips its exp, row
+    sum and `p @ v` (each p it drops is below exp(-t) times the row's largest term). One test per slice
+    for the whole `[block_q, block_kv_compute]` block, so that the slice takes one branch: with the
+    running max it reads the row max the body takes anyway; with the bound it costs a max over every
+    score. Lossy, and off by default (tools/tile-mass-profile.py prices it). A NaN score may be skipped
+    where the backend's max drops NaN. `skip_gate`: None, or `gate(run) -> run` applied to the test's
+    outcome (the cost probes force each branch with it: the static profile cannot see the data).
     """
+    gate = (lambda run: run) if skip_gate is None else skip_gate
     if mass is not None:
         mass.start()
     block_q = q_ref.shape[0]
@@ -172,15 +183,27 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
             q_ids = q_start + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)
             k_ids = k_start + c * block_kv_compute + jax.lax.broadcasted_iota(jnp.int32, (1, block_kv_compute), 1)
             s = jnp.where(keep(q_ids, k_ids), s, MASK_VALUE)
+        if skip_below is None:
+            update(s, v)
+        elif bounded:
+            shifted = s - _lanes(m_ref[...], block_kv_compute, interpret)
+            pl.when(gate(jnp.max(shifted) >= -skip_below))(lambda: update(s, v, shifted=shifted))
+        else:
+            row_max = jnp.max(s, axis=1, keepdims=True)
+            pl.when(gate(jnp.max(row_max - m_ref[...]) >= -skip_below))(lambda: update(s, v, row_max=row_max))
+        return carry
+
+    def update(s, v, shifted=None, row_max=None):
+        """The online-softmax update of m, l and acc by one slice's scores `s`."""
         if bounded:
-            p = jnp.exp(s - _lanes(m_ref[...], block_kv_compute, interpret))
+            p = jnp.exp(s - _lanes(m_ref[...], block_kv_compute, interpret) if shifted is None else shifted)
             l_ref[...] += (part := _lane_sum(p))
             if mass is not None:
                 mass.add(part)
             acc_ref[...] += dot(p.astype(v.dtype), v, NN)                # p @ v
-            return carry
+            return
         m_prev = m_ref[...]
-        m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))  # [block_q, 128]
+        m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True) if row_max is None else row_max)  # [block_q, 128]
         p = jnp.exp(s - _lanes(m_next, block_kv_compute, interpret))
         alpha = jnp.exp(m_prev - m_next)
         l_ref[...] = alpha * l_ref[...] + (part := _lane_sum(p))
@@ -190,7 +213,6 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
         m_ref[...] = m_next
         pv = dot(p.astype(v.dtype), v, NN)                               # p @ v
         acc_ref[...] = _lanes(alpha, head_dim, interpret) * acc_ref[...] + pv
-        return carry
 
     jax.lax.fori_loop(0, chunks, chunk, None, unroll=chunks <= MAX_UNROLLED_CHUNKS)
     if mass is not None:
