@@ -194,3 +194,50 @@ def test_next_tiles_moves_from_a_light_tile_to_a_heavy_estimate():
     pinned = np.zeros(n, bool)
     pinned[3] = True
     assert np.asarray(next_tiles(jnp.asarray(mass), jnp.asarray(visited), q, k, plan, pinned=pinned))[..., 3].all()
+
+
+def test_skip_softmax_drops_only_tiles_far_below_the_running_max():
+    """Skip-softmax (`skip_below`, off by default): key tile 2 lies far below key tile 0 for every query.
+    Visited after tile 0 it is skipped (mass exactly 0, output that of tile 0 alone); visited first (a
+    query tile that sees it before any other) it is not; tile 1, about 16 below, is skipped at threshold 5,
+    not at 24; a threshold no gap reaches changes nothing, bit for bit."""
+    tokens, d, steps = 384, 64, 2
+    rng = np.random.default_rng(7)
+    u = rng.standard_normal(d) / np.sqrt(d)
+    u /= np.linalg.norm(u)
+    q = 0.2 * rng.standard_normal((1, tokens, d)) + 4.0 * u
+    k = 0.2 * rng.standard_normal((1, tokens, d))
+    k[0, :128] += 4.0 * u                     # tile 0: scores about +16; tile 1: about 0
+    k[0, 256:] -= 4.0 * u                     # tile 2: scores about -16, 32 below tile 0
+    v = rng.standard_normal((1, tokens, d))
+    q, k, v = (jnp.asarray(x, jnp.float32) for x in (q, k, v))
+    tiles = np.zeros((1, 3, 3), bool)
+    tiles[0, 0, [0, 2]] = True                # tile 0, then tile 2: skipped
+    tiles[0, 1, [2]] = True                   # tile 2 alone: the running max starts there, not skipped
+    tiles[0, 2, [0, 1]] = True
+    schedule = device_tables(jnp.asarray(tiles), tokens=tokens, block_kv=BLOCK, steps=steps).schedule[0]
+
+    def run(skip_below):
+        return [np.asarray(x) for x in block_sparse_attention(
+            q, k, v, jnp.zeros((1,), jnp.int32), schedule, steps=steps, stage="b3", keep=lambda qi, ki: ki < tokens,
+            block_q=BLOCK, block_kv=BLOCK, block_kv_compute=BLOCK, interpret=True, tile_mass=True,
+            skip_below=skip_below)]
+
+    plain_out, plain_mass = run(None)
+    never_out, never_mass = run(1e6)
+    np.testing.assert_array_equal(never_out, plain_out)
+    np.testing.assert_array_equal(never_mass, plain_mass)
+    # query tile 0: key tiles 0, 2 (32 below); 1: key tile 2 alone; 2: key tiles 0, 1 (about 16 below)
+    out, mass = run(24.0)
+    np.testing.assert_array_equal(mass[0, [1, 2, 3]], [0.0, 1.0, 0.0])    # 32 below: skipped; first: not
+    assert plain_mass[0, 1] > 0.0
+    np.testing.assert_allclose(mass[0, 4:], plain_mass[0, 4:], rtol=1e-6)  # 16 below: kept at 24
+    assert plain_mass[0, 5] > 0.0
+    assert run(5.0)[1][0, 5] == 0.0                                         # and skipped at 5
+    qf, kf, vf = (np.asarray(x[0], np.float64) for x in (q, k, v))
+    s = qf[:128] @ kf[:128].T
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(out[0, :128], (p / p.sum(axis=1, keepdims=True)) @ vf[:128], atol=1e-5)
+    np.testing.assert_array_equal(out[0, 128:], plain_out[0, 128:])   # nothing skipped there at 24
+    with pytest.raises(ValueError, match="skip_below must be None or a number > 0"):
+        run(0.0)

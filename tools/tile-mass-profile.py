@@ -43,11 +43,14 @@ def probe_kernel(block_q, block_kv, block_kv_compute, rows, steps, variant, head
     from svg_lib.kernels import forward as kf
 
     mass_on = variant == "mass"
+    skip_on = variant.startswith("skip")
     lanes = kf.tile_mass_lanes(steps)
 
     def kernel(q_ref, k_ref, v_ref, *rest):
         if mass_on:
             o_ref, mass_ref, m_ref, l_ref, acc_ref, flag_ref, part_ref, record_ref = rest
+        elif skip_on:
+            (o_ref, m_ref, l_ref, acc_ref, flag_ref, seen_ref), mass_ref = rest, None
         else:
             (o_ref, m_ref, l_ref, acc_ref, flag_ref), mass_ref = rest, None
         i, s = pl.program_id(1), pl.program_id(2)
@@ -56,10 +59,10 @@ def probe_kernel(block_q, block_kv, block_kv_compute, rows, steps, variant, head
         extra = {}
         if mass_on:
             extra["mass"] = mass
-        if variant.startswith("skip"):
+        if skip_on:
             forced = (s < steps) if variant == "skip_tested" else (s >= steps)  # true / false at run time
             gate = (lambda run: run | forced) if variant == "skip_tested" else (lambda run: run & forced)
-            extra.update(skip_below=SKIP_THRESHOLD, skip_gate=gate)
+            extra["skip"] = kf.SkipSoftmax(SKIP_THRESHOLD, seen_ref, gate)
 
         def tile(bounded):
             kf.online_softmax_tile(q_ref, k_ref, v_ref, *state, keep=None, q_start=i * block_q,
@@ -95,6 +98,8 @@ def probe_kernel(block_q, block_kv, block_kv_compute, rows, steps, variant, head
         out_shape.append(jax.ShapeDtypeStruct((1, 1, rows * lanes), jnp.float32))
         out_specs.append(pl.BlockSpec((None, 1, lanes), lambda h, i, s: (h, 0, i)))
         scratch = scratch + [pltpu.VMEM((block_q, kf.LANES), jnp.float32), pltpu.VMEM((block_q, lanes), jnp.float32)]
+    if skip_on:
+        scratch = scratch + [pltpu.VMEM((block_q, kf.LANES), jnp.float32)]  # the running max beside the bound
     call = pl.pallas_call(
         kernel, grid=(1, rows, steps),
         in_specs=[pl.BlockSpec((None, block_q, head_dim), lambda h, i, s: (h, i, 0)),

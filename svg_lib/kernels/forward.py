@@ -122,8 +122,7 @@ def _lane_sum(p):
 
 
 def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_start, k_start,
-                         block_kv_compute, interpret=False, bounded=False, mass=None, skip_below=None,
-                         skip_gate=None):
+                         block_kv_compute, interpret=False, bounded=False, mass=None, skip=None):
     """Fold one key/value tile into the running softmax state of one query tile.
 
     q_ref `[block_q, head_dim]`; k_ref, v_ref `[block_kv, head_dim]`; m_ref `[block_q, 128]` f32
@@ -157,16 +156,10 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
     each slice's row sums of p, the very values added to l, are also summed apart for this tile and
     recorded after its last slice (`TileMass`); m, l and acc are computed exactly as without it.
 
-    `skip_below`: None (the default), or a threshold t > 0: skip-softmax. A slice whose every score lies
-    more than t below its row's m (the running max before the slice, or the bound) skips its exp, row
-    sum and `p @ v` (each p it drops is below exp(-t) times the row's largest term). One test per slice
-    for the whole `[block_q, block_kv_compute]` block, so that the slice takes one branch: with the
-    running max it reads the row max the body takes anyway; with the bound it costs a max over every
-    score. Lossy, and off by default (tools/tile-mass-profile.py prices it). A NaN score may be skipped
-    where the backend's max drops NaN. `skip_gate`: None, or `gate(run) -> run` applied to the test's
-    outcome (the cost probes force each branch with it: the static profile cannot see the data).
+    `skip`: None (the default), or a `SkipSoftmax`: a slice whose every score lies more than its
+    threshold below its row's running max skips its exp, row sum and `p @ v` (the block comment above
+    `SkipSoftmax`). Lossy; off by default.
     """
-    gate = (lambda run: run) if skip_gate is None else skip_gate
     if mass is not None:
         mass.start()
     block_q = q_ref.shape[0]
@@ -183,20 +176,21 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
             q_ids = q_start + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)
             k_ids = k_start + c * block_kv_compute + jax.lax.broadcasted_iota(jnp.int32, (1, block_kv_compute), 1)
             s = jnp.where(keep(q_ids, k_ids), s, MASK_VALUE)
-        if skip_below is None:
+        if skip is None:
             update(s, v)
-        elif bounded:
-            shifted = s - _lanes(m_ref[...], block_kv_compute, interpret)
-            pl.when(gate(jnp.max(shifted) >= -skip_below))(lambda: update(s, v, shifted=shifted))
         else:
-            row_max = jnp.max(s, axis=1, keepdims=True)
-            pl.when(gate(jnp.max(row_max - m_ref[...]) >= -skip_below))(lambda: update(s, v, row_max=row_max))
+            row_max = jnp.max(s, axis=1, keepdims=True)                  # [block_q, 1]
+            seen = skip.seen_ref if bounded else m_ref                   # the running max (m, unless bounded)
+            pl.when(skip.gate(jnp.max(row_max - seen[...]) >= -skip.threshold))(
+                lambda: update(s, v, row_max=row_max))
         return carry
 
-    def update(s, v, shifted=None, row_max=None):
+    def update(s, v, row_max=None):
         """The online-softmax update of m, l and acc by one slice's scores `s`."""
         if bounded:
-            p = jnp.exp(s - _lanes(m_ref[...], block_kv_compute, interpret) if shifted is None else shifted)
+            if skip is not None:
+                skip.seen_ref[...] = jnp.maximum(skip.seen_ref[...], row_max)
+            p = jnp.exp(s - _lanes(m_ref[...], block_kv_compute, interpret))
             l_ref[...] += (part := _lane_sum(p))
             if mass is not None:
                 mass.add(part)
@@ -211,12 +205,41 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
             mass.rescale(alpha)
             mass.add(part)
         m_ref[...] = m_next
+        if skip is not None:
+            skip.seen_ref[...] = m_next
         pv = dot(p.astype(v.dtype), v, NN)                               # p @ v
         acc_ref[...] = _lanes(alpha, head_dim, interpret) * acc_ref[...] + pv
 
     jax.lax.fori_loop(0, chunks, chunk, None, unroll=chunks <= MAX_UNROLLED_CHUNKS)
     if mass is not None:
         mass.record()
+
+
+# -- skip-softmax: an optional, lossy branch -----------------------------------------------------
+# After q k^T, a slice whose every score lies more than `threshold` below its row's running max adds
+# terms of at most exp(-threshold) of the row's largest: skip its exp, row sum and `p @ v` (BLASST;
+# LiteAttention carries the skips to later steps). One test per slice for the whole block, so that
+# it takes one branch: a row max of the scores (the running body takes it anyway; the bounded body
+# pays for it, a VPU op per score) and a max over the block's rows. The bounded body's m is the
+# Cauchy-Schwarz bound, up to BOUND_SLACK above the real max: testing against it would skip slices
+# that hold a row's largest terms. So the running max is kept beside it (`seen_ref`), written by the
+# running body and raised by every bounded slice that runs; a skipped slice never holds a new max
+# (all its scores are below the old one). A NaN score may be skipped where the backend's max drops
+# NaN. Priced by tools/tile-mass-profile.py.
+
+@dataclasses.dataclass(frozen=True)
+class SkipSoftmax:
+    """Skip-softmax's state for the tile body: `threshold` > 0 (natural-log units); `seen_ref`
+    `[block_q, 128]` f32 the row's running max (lane-replicated, like m); `gate`: None, or
+    `gate(run) -> run` applied to the test's outcome (the cost probes force each branch with it: the
+    static profile cannot see data)."""
+
+    threshold: float
+    seen_ref: object
+    gate_fn: object = None
+
+    def gate(self, run):
+        return run if self.gate_fn is None else self.gate_fn(run)
 
 
 # -- the tile's softmax mass, a side output ----------------------------------------------------
@@ -522,7 +545,7 @@ def dense_flash_attention(q, k, v, *, block_q, block_kv, block_kv_compute, inter
 
 def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, block_q, block_kv,
                            block_kv_compute, interpret, vmem_limit_bytes=None, residuals=False, head_order=None,
-                           tile_mass=False):
+                           tile_mass=False, skip_below=None):
     """B1 / B2 / B3 over a planner schedule.
 
     schedule: int32 `[ceil(kinds * nq * steps / 2)]` from the planner (`TilePlan.schedule`,
@@ -547,7 +570,13 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
     share of each row's probability that falls in that tile; 0 at idle steps; the block comment above
     `TileMass`). Off by default, and then the kernel is exactly the one without it; on, the output
     (and lse) are bit-identical to off.
+
+    skip_below: None (off, the default), or a threshold t > 0: skip-softmax (`SkipSoftmax`): a key slice
+    whose every score is more than t below its row's running max skips its exp and `p @ v`. Lossy.
+    With `tile_mass`, a step whose slices were all skipped records mass 0.
     """
+    if skip_below is not None and not (isinstance(skip_below, (int, float)) and skip_below > 0):
+        raise ValueError(f"skip_below must be None or a number > 0 (a gap in logits), got {skip_below!r}")
     record = check_method(stage, PLANNED_METHODS, what="block-sparse stage")
     keeps = keep if isinstance(keep, tuple) else (keep,)
     heads, q_tokens, head_dim = q.shape
@@ -563,7 +592,8 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
     tables = (head_kind, schedule) + (() if head_order is None else (head_order,))
     refs = KernelRefs(prefetch=("head_kind", "schedule", ("head_order", head_order is not None)),
                       inputs=("q", "k", "v", "key_norm"), outputs=("o", ("lse", residuals), ("mass", tile_mass)),
-                      scratch=("m", "l", "acc", "flag", ("part", tile_mass), ("record", tile_mass)))
+                      scratch=("m", "l", "acc", "flag", ("part", tile_mass), ("record", tile_mass),
+                               ("seen", skip_below is not None)))
     on_cpu = plain_interpreter(interpret)
     lanes = tile_mass_lanes(steps)
 
@@ -576,16 +606,18 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
         return schedule_entry(schedule_ref, (head_kind_ref[head_of(h, head_order_ref)] * nq + i) * steps + s)
 
     def kernel(*, head_kind_ref, schedule_ref, head_order_ref, q_ref, k_ref, v_ref, key_norm_ref, o_ref, lse_ref,
-               mass_ref, m_ref, l_ref, acc_ref, flag_ref, part_ref, record_ref):
+               mass_ref, m_ref, l_ref, acc_ref, flag_ref, part_ref, record_ref, seen_ref):
         h, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         head = head_of(h, head_order_ref)
         kv_tile, cls = step_of(h, i, s, head_kind_ref, schedule_ref, head_order_ref)
         clear_tail(q_ref, i, q_tokens), clear_tail(k_ref, kv_tile, tokens), clear_tail(v_ref, kv_tile, tokens)
         mass = TileMass(part_ref, record_ref, s, on_cpu) if tile_mass else None
+        options = {} if mass is None else {"mass": mass}
+        if skip_below is not None:
+            options["skip"] = SkipSoftmax(float(skip_below), seen_ref)
         body = functools.partial(online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
                                  q_start=i * block_q, k_start=kv_tile * block_kv,
-                                 block_kv_compute=block_kv_compute, interpret=on_cpu,
-                                 **({} if mass is None else {"mass": mass}))
+                                 block_kv_compute=block_kv_compute, interpret=on_cpu, **options)
         switch = functools.partial(try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[head], on_cpu,
                                    **({} if mass is None else {"mass": mass}))
         tile = lambda keep: visit(body, keep, flag_ref, switch)  # noqa: E731
@@ -626,6 +658,8 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
     if tile_mass:
         out_shape, out_specs = _with_tile_mass(out_shape, out_specs, heads, nq, lanes, q_map)
         scratch = scratch + [pltpu.VMEM((block_q, LANES), jnp.float32), pltpu.VMEM((block_q, lanes), jnp.float32)]
+    if skip_below is not None:
+        scratch = scratch + [pltpu.VMEM((block_q, LANES), jnp.float32)]  # skip-softmax's running max
     outs = pl.pallas_call(
         refs.kernel(kernel),
         grid_spec=pltpu.PrefetchScalarGridSpec(

@@ -99,18 +99,19 @@ def next_plan(masses, schedule, q, k, plan: SemanticPlan, *, density: float | No
     return dataclasses.replace(plan, tiles=tiles, centroids=cents, steps=steps)
 
 
-def plan_tile_mass(q, k, v, plan: SemanticPlan, *, block_kv_compute: int | None = None, interpret=None):
+def plan_tile_mass(q, k, v, plan: SemanticPlan, *, block_kv_compute: int | None = None, interpret=None,
+                   skip_below: float | None = None):
     """(out `[heads, tokens, head_dim]` in cluster order, masses f32 `[heads, nq * steps]`, schedule int32
     `[heads, words]`): the B3 forward over the plan's tiles with the tile-mass side output, head by head
     (as `semantic.semantic_attention` runs them), its tables made on the device. Forward only; q is
-    scaled by 1/sqrt(head_dim) here."""
+    scaled by 1/sqrt(head_dim) here. `skip_below`: skip-softmax's threshold (None: off; a skipped step's mass is 0)."""
     import jax
 
     heads, tokens, head_dim = q.shape
     check_plan(plan, heads, tokens)
     run = _one_head(tokens, plan.block_q, plan.block_kv, plan.steps,
                     check_block_kv_compute(plan.block_kv, block_kv_compute, plan.block_q),
-                    default_interpret() if interpret is None else interpret)
+                    default_interpret() if interpret is None else interpret, skip_below)
     qs, ks, vs = into_cluster_order((q * (1.0 / math.sqrt(head_dim))).astype(q.dtype), k, v, plan)
     tables = device_tables(plan.tiles, tokens=tokens, block_kv=plan.block_kv, steps=plan.steps)
     out, masses = jax.lax.map(lambda a: run(*a), (qs, ks, vs, tables.schedule))
@@ -118,7 +119,7 @@ def plan_tile_mass(q, k, v, plan: SemanticPlan, *, block_kv_compute: int | None 
 
 
 @functools.lru_cache(maxsize=16)
-def _one_head(tokens, block_q, block_kv, steps, block_kv_compute, interpret):
+def _one_head(tokens, block_q, block_kv, steps, block_kv_compute, interpret, skip_below=None):
     import jax.numpy as jnp
 
     def not_padding(q_ids, k_ids):
@@ -128,7 +129,7 @@ def _one_head(tokens, block_q, block_kv, steps, block_kv_compute, interpret):
         out, masses = block_sparse_attention(q[None], k[None], v[None], jnp.zeros((1,), jnp.int32), schedule,
                                              steps=steps, stage="b3", keep=not_padding, block_q=block_q,
                                              block_kv=block_kv, block_kv_compute=block_kv_compute,
-                                             interpret=interpret, tile_mass=True)
+                                             interpret=interpret, tile_mass=True, skip_below=skip_below)
         return out[0], masses[0]
     return run
 
