@@ -230,7 +230,7 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
 @dataclasses.dataclass(frozen=True)
 class SkipSoftmax:
     """Skip-softmax's state for the tile body: `threshold` > 0 (natural-log units); `seen_ref`
-    `[block_q, 128]` f32 the row's running max (lane-replicated, like m); `gate`: None, or
+    `[block_q, 128]` f32 the row's running max (lane-replicated, like m); `gate_fn`: None, or
     `gate(run) -> run` applied to the test's outcome (the cost probes force each branch with it: the
     static profile cannot see data)."""
 

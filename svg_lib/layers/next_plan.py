@@ -64,11 +64,13 @@ def tile_masses(masses, schedule, grid: tuple[int, int], steps: int):
     return mass, jnp.any(hit, axis=2)
 
 
-def next_tiles(mass, visited, q, k, plan: SemanticPlan, *, steps: int | None = None, pinned=None):
+def next_tiles(mass, visited, q, k, plan: SemanticPlan, *, steps: int | None = None, pinned=None,
+               margin: float = 1.0):
     """bool `[heads, nq, nk]`: the tiles the next step computes, `steps` per query tile (default the
     plan's), from the measured `mass` and `visited` (`tile_masses`) and the estimate from q and k
     `[heads, tokens, head_dim]` (module docstring). `pinned`: bool `[nk]` key tiles every query tile
-    keeps (a sink). Traceable."""
+    keeps (a sink). `margin` >= 1: an unvisited tile's estimate counts 1 / margin (it must beat a
+    measured tile by that factor to replace it: the estimate from stale tiles is noisy). Traceable."""
     import jax
     import jax.numpy as jnp
 
@@ -78,22 +80,24 @@ def next_tiles(mass, visited, q, k, plan: SemanticPlan, *, steps: int | None = N
                                           capacities(q.shape[1], plan.block_kv)), axis=-1)
     measured = visited & jnp.isfinite(mass)
     held = jnp.sum(jnp.where(measured, estimate, 0.0), axis=-1, keepdims=True)   # the estimate's share of them
-    combined = jnp.where(measured, mass * held, estimate)
+    combined = jnp.where(measured, mass * held, estimate / margin)
     priority = combined if pinned is None else jnp.where(jnp.asarray(pinned)[None, None, :], jnp.inf, combined)
     return top_tiles(priority, combined, steps)
 
 
-def next_plan(masses, schedule, q, k, plan: SemanticPlan, *, density: float | None = None, pinned=None) -> SemanticPlan:
+def next_plan(masses, schedule, q, k, plan: SemanticPlan, *, density: float | None = None, pinned=None,
+              margin: float = 1.0) -> SemanticPlan:
     """`plan` with its tiles re-chosen for the next step (`next_tiles`) from the forward's side output
     `masses` `[heads, nq * plan.steps]` over `schedule` (the tables it ran), q and k of the next step:
-    same orders, new tiles, centroids the tile means of q and k. `density`: a new budget (default the plan's)."""
+    same orders, new tiles, centroids the tile means of q and k. `density`: a new budget (default the plan's);
+    `margin` as in `next_tiles`."""
     import jax.numpy as jnp
 
     heads, tokens = plan.q_order.shape
     nk = plan.grid[1]
     steps = plan.steps if density is None else tile_budget(density, nk)
     mass, visited = tile_masses(masses, schedule, plan.grid, plan.steps)
-    tiles = next_tiles(mass, visited, q, k, plan, steps=steps, pinned=pinned)
+    tiles = next_tiles(mass, visited, q, k, plan, steps=steps, pinned=pinned, margin=margin)
     cents = SemanticCentroids(tile_means(q.astype(jnp.float32), plan.q_place, plan.block_q),
                               tile_means(k.astype(jnp.float32), plan.k_place, plan.block_kv))
     return dataclasses.replace(plan, tiles=tiles, centroids=cents, steps=steps)
@@ -135,13 +139,14 @@ def _one_head(tokens, block_q, block_kv, steps, block_kv_compute, interpret, ski
 
 
 def kernel_planned_run(step_qk, rows, *, block_q: int, block_kv: int, density: float, iterations: int = 10,
-                       block_kv_compute: int | None = None, interpret=None) -> dict:
+                       block_kv_compute: int | None = None, interpret=None, margins=(1.0,)) -> dict:
     """Recall per step and head along a sampler run, three ways (float64 `[steps, heads]` each):
 
     "fresh": a plan made cold (`iterations`) from each step's q and k; "kernel": a cold plan at the
     first step, then at each later step the last plan's tiles re-chosen (`next_plan`) from the tile
     masses its forward measured at the step before and the tile means of this step's q and k;
-    "frozen": the first step's plan at every step. Recall on the query `rows` (`semantic.plan_recall`).
+    "frozen": the first step's plan at every step. With several `margins` (`next_tiles`), one "kernel"
+    run per margin, named "kernel" for 1 and "kernel x{margin}" otherwise. Recall on the query `rows` (`semantic.plan_recall`).
     `step_qk`: (q, k) per step. v does not change the masses: zeros are used. Each function is jitted
     once and runs every step's plan (the plans are data)."""
     import jax
@@ -151,17 +156,17 @@ def kernel_planned_run(step_qk, rows, *, block_q: int, block_kv: int, density: f
     fresh_fn = jax.jit(lambda q, k: semantic_plan(q, k, iterations=iterations, **common))
     forward = jax.jit(lambda q, k, plan: plan_tile_mass(q, k, jnp.zeros_like(q), plan,
                                                          block_kv_compute=block_kv_compute, interpret=interpret)[1:])
-    move = jax.jit(lambda masses, schedule, q, k, plan: next_plan(masses, schedule, q, k, plan))
+    move = jax.jit(lambda masses, schedule, q, k, plan, margin: next_plan(masses, schedule, q, k, plan, margin=margin))
     recall = jax.jit(plan_recall)
-    out = {"fresh": [], "kernel": [], "frozen": []}
-    plan = first = measured = None
+    names = ["kernel" if m == 1 else f"kernel x{m:g}" for m in margins]
+    out = {name: [] for name in ["fresh", *names, "frozen"]}
+    plans, measured, first = {}, {}, None
     for q, k in step_qk:
         fresh = fresh_fn(q, k)
-        if plan is None:
-            plan = first = fresh
-        else:
-            plan = move(*measured, q, k, plan)
-        measured = forward(q, k, plan)     # this step's forward, with its side output
-        for name, p in (("fresh", fresh), ("kernel", plan), ("frozen", first)):
+        first = fresh if first is None else first
+        for name, margin in zip(names, margins):
+            plans[name] = fresh if name not in plans else move(*measured[name], q, k, plans[name], margin)
+            measured[name] = forward(q, k, plans[name])     # this step's forward, with its side output
+        for name, p in (("fresh", fresh), *plans.items(), ("frozen", first)):
             out[name].append(np.asarray(recall(q, k, p, jnp.asarray(rows)), np.float64))
     return {name: np.stack(v) for name, v in out.items()}
