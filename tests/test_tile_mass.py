@@ -34,14 +34,14 @@ def _qkv(tokens, scale, seed=0, head_dim=64):
     return (jnp.asarray(q * scale, jnp.float32), jnp.asarray(k, jnp.float32), jnp.asarray(v, jnp.float32))
 
 
-def _run(q, k, v, schedule, steps, tile_mass, tokens):
+def _run(q, k, v, schedule, steps, tile_mass, tokens, interpret=True):
     """Head by head (one schedule each): (out, lse[, masses]) stacked over the heads."""
     outs = []
     for h in range(HEADS):
         outs.append(block_sparse_attention(
             q[h:h + 1], k[h:h + 1], v[h:h + 1], jnp.zeros((1,), jnp.int32), schedule[h], steps=steps, stage="b3",
-            keep=lambda qi, ki: ki < tokens, block_q=BLOCK, block_kv=BLOCK, block_kv_compute=BLOCK, interpret=True,
-            residuals=True, tile_mass=tile_mass))
+            keep=lambda qi, ki: ki < tokens, block_q=BLOCK, block_kv=BLOCK, block_kv_compute=BLOCK,
+            interpret=interpret, residuals=True, tile_mass=tile_mass))
     return [np.concatenate([np.asarray(o[j]) for o in outs]) for j in range(len(outs[0]))]
 
 
@@ -67,20 +67,25 @@ def _reference(q, k, schedule, steps, tokens):
     return out
 
 
-# scale 0.3: the bound's test passes (later steps bounded); 40: scores span more than its slack (running max throughout)
-@pytest.mark.parametrize("tokens,scale", [(512, 0.3), (500, 0.3), (500, 40.0)])
-def test_tile_mass_matches_float64_and_output_is_unchanged(tokens, scale):
+# scale 0.3: the bound's test passes (later steps bounded); 40: scores span more than its slack (running
+# max throughout); "tpu": the interpreter that runs the code a TPU compiles (the lane shift at finish)
+@pytest.mark.parametrize("tokens,scale,interpreter", [(512, 0.3, "cpu"), (500, 0.3, "cpu"), (500, 40.0, "cpu"),
+                                                      (500, 0.3, "tpu")])
+def test_tile_mass_matches_float64_and_output_is_unchanged(tokens, scale, interpreter):
+    from jax.experimental.pallas import tpu as pltpu
+
     steps = 3
+    interpret = True if interpreter == "cpu" else pltpu.InterpretParams()
     tiles = _tiles(tokens, steps, seed=tokens)
     tables = device_tables(jnp.asarray(tiles), tokens=tokens, block_kv=BLOCK, steps=steps)
     q, k, v = _qkv(tokens, scale)
-    out, lse, masses = _run(q, k, v, tables.schedule, steps, True, tokens)
-    plain_out, plain_lse = _run(q, k, v, tables.schedule, steps, False, tokens)
+    out, lse, masses = _run(q, k, v, tables.schedule, steps, True, tokens, interpret)
+    plain_out, plain_lse = _run(q, k, v, tables.schedule, steps, False, tokens, interpret)
     np.testing.assert_array_equal(out, plain_out)        # bit-identical with the option on
     np.testing.assert_array_equal(lse, plain_lse)
     expect = _reference(q, k, tables.schedule, steps, tokens)
     assert masses.shape == (HEADS, -(-tokens // BLOCK) * steps) and masses.dtype == np.float32
-    np.testing.assert_allclose(masses, expect, atol=2e-6, rtol=1e-4)
+    np.testing.assert_allclose(masses, expect, atol=2e-6)
     per_tile = masses.reshape(HEADS, -1, steps).sum(axis=-1)
     visits = tiles.any(axis=-1)
     np.testing.assert_allclose(per_tile[visits], 1.0, atol=1e-5)   # a query tile's masses sum to 1
@@ -199,7 +204,7 @@ def test_next_tiles_moves_from_a_light_tile_to_a_heavy_estimate():
 def test_skip_softmax_drops_only_tiles_far_below_the_running_max():
     """Skip-softmax (`skip_below`, off by default): key tile 2 lies far below key tile 0 for every query.
     Visited after tile 0 it is skipped (mass exactly 0, output that of tile 0 alone); visited first (a
-    query tile that sees it before any other) it is not; tile 1, about 16 below, is skipped at threshold 5,
+    query tile that sees it before any other) it is not; tile 1, about 8 below, is skipped at threshold 3,
     not at 24; a threshold no gap reaches changes nothing, bit for bit."""
     tokens, d, steps = 384, 64, 2
     rng = np.random.default_rng(7)
@@ -207,7 +212,8 @@ def test_skip_softmax_drops_only_tiles_far_below_the_running_max():
     u /= np.linalg.norm(u)
     q = 0.2 * rng.standard_normal((1, tokens, d)) + 4.0 * u
     k = 0.2 * rng.standard_normal((1, tokens, d))
-    k[0, :128] += 4.0 * u                     # tile 0: scores about +16; tile 1: about 0
+    k[0, :128] += 4.0 * u                     # tile 0: scores about +16
+    k[0, 128:256] += 2.0 * u                  # tile 1: about +8, 8 below tile 0
     k[0, 256:] -= 4.0 * u                     # tile 2: scores about -16, 32 below tile 0
     v = rng.standard_normal((1, tokens, d))
     q, k, v = (jnp.asarray(x, jnp.float32) for x in (q, k, v))
@@ -227,13 +233,12 @@ def test_skip_softmax_drops_only_tiles_far_below_the_running_max():
     never_out, never_mass = run(1e6)
     np.testing.assert_array_equal(never_out, plain_out)
     np.testing.assert_array_equal(never_mass, plain_mass)
-    # query tile 0: key tiles 0, 2 (32 below); 1: key tile 2 alone; 2: key tiles 0, 1 (about 16 below)
+    # query tile 0: key tiles 0, 2 (32 below); 1: key tile 2 alone; 2: key tiles 0, 1 (about 8 below)
     out, mass = run(24.0)
     np.testing.assert_array_equal(mass[0, [1, 2, 3]], [0.0, 1.0, 0.0])    # 32 below: skipped; first: not
-    assert plain_mass[0, 1] > 0.0
-    np.testing.assert_allclose(mass[0, 4:], plain_mass[0, 4:], rtol=1e-6)  # 16 below: kept at 24
-    assert plain_mass[0, 5] > 0.0
-    assert run(5.0)[1][0, 5] == 0.0                                         # and skipped at 5
+    np.testing.assert_allclose(mass[0, 4:], plain_mass[0, 4:], rtol=1e-6)  # 8 below: kept at 24
+    assert plain_mass[0, 5] > 1e-5
+    assert run(3.0)[1][0, 5] == 0.0                                         # and skipped at 3
     qf, kf, vf = (np.asarray(x[0], np.float64) for x in (q, k, v))
     s = qf[:128] @ kf[:128].T
     p = np.exp(s - s.max(axis=1, keepdims=True))

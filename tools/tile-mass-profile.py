@@ -46,21 +46,24 @@ def probe_kernel(block_q, block_kv, block_kv_compute, rows, steps, variant, head
     skip_on = variant.startswith("skip")
     lanes = kf.tile_mass_lanes(steps)
 
-    def kernel(q_ref, k_ref, v_ref, *rest):
+    def kernel(*refs):
+        force_ref, (q_ref, k_ref, v_ref, *rest) = (refs[0], refs[1:]) if skip_on else (None, refs)
         if mass_on:
-            o_ref, mass_ref, m_ref, l_ref, acc_ref, flag_ref, part_ref, record_ref = rest
+            o_ref, mass_ref, m_ref, l_ref, acc_ref, flag_ref, record_ref = rest
         elif skip_on:
             (o_ref, m_ref, l_ref, acc_ref, flag_ref, seen_ref), mass_ref = rest, None
         else:
             (o_ref, m_ref, l_ref, acc_ref, flag_ref), mass_ref = rest, None
         i, s = pl.program_id(1), pl.program_id(2)
         state = (m_ref, l_ref, acc_ref)
-        mass = kf.TileMass(part_ref, record_ref, s) if mass_on else None
+        mass = kf.TileMass(record_ref, l_ref, s) if mass_on else None
         extra = {}
         if mass_on:
             extra["mass"] = mass
         if skip_on:
-            forced = (s < steps) if variant == "skip_tested" else (s >= steps)  # true / false at run time
+            # the simulator reads scalar-prefetched SMEM as 0 and the compiler cannot fold it: forced is
+            # true (skip_tested: every slice runs) or false (skip_skipped: every slice skips)
+            forced = (force_ref[0] == 0) if variant == "skip_tested" else (force_ref[0] != 0)
             gate = (lambda run: run | forced) if variant == "skip_tested" else (lambda run: run & forced)
             extra["skip"] = kf.SkipSoftmax(SKIP_THRESHOLD, seen_ref, gate)
 
@@ -97,16 +100,27 @@ def probe_kernel(block_q, block_kv, block_kv_compute, rows, steps, variant, head
     if mass_on:
         out_shape.append(jax.ShapeDtypeStruct((1, 1, rows * lanes), jnp.float32))
         out_specs.append(pl.BlockSpec((None, 1, lanes), lambda h, i, s: (h, 0, i)))
-        scratch = scratch + [pltpu.VMEM((block_q, kf.LANES), jnp.float32), pltpu.VMEM((block_q, lanes), jnp.float32)]
+        scratch = scratch + [pltpu.VMEM((block_q, lanes), jnp.float32)]
     if skip_on:
         scratch = scratch + [pltpu.VMEM((block_q, kf.LANES), jnp.float32)]  # the running max beside the bound
-    call = pl.pallas_call(
-        kernel, grid=(1, rows, steps),
-        in_specs=[pl.BlockSpec((None, block_q, head_dim), lambda h, i, s: (h, i, 0)),
-                  pl.BlockSpec((None, block_kv, head_dim), lambda h, i, s: (h, s, 0)),
-                  pl.BlockSpec((None, block_kv, head_dim), lambda h, i, s: (h, s, 0))],
-        out_specs=out_specs, out_shape=out_shape, scratch_shapes=scratch,
-        compiler_params=kf.compiler_params(None), name=f"tile_mass_probe_{variant}")
+    q_spec = pl.BlockSpec((None, block_q, head_dim), lambda h, i, s, *t: (h, i, 0))
+    kv_spec = pl.BlockSpec((None, block_kv, head_dim), lambda h, i, s, *t: (h, s, 0))
+    out_specs = [pl.BlockSpec(spec.block_shape, (lambda f: lambda h, i, s, *t: f(h, i, s))(spec.index_map))
+                 for spec in out_specs]
+    if skip_on:
+        spec = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(1, rows, steps),
+                                            in_specs=[q_spec, kv_spec, kv_spec], out_specs=out_specs,
+                                            scratch_shapes=scratch)
+        inner = pl.pallas_call(kernel, grid_spec=spec, out_shape=out_shape, compiler_params=kf.compiler_params(None),
+                               name=f"tile_mass_probe_{variant}")
+
+        def call(q, k, v):
+            return inner(jnp.zeros((1,), jnp.int32), q, k, v)
+    else:
+        call = pl.pallas_call(
+            kernel, grid=(1, rows, steps), in_specs=[q_spec, kv_spec, kv_spec],
+            out_specs=out_specs, out_shape=out_shape, scratch_shapes=scratch,
+            compiler_params=kf.compiler_params(None), name=f"tile_mass_probe_{variant}")
     shapes = [((1, rows * block_q, head_dim), "bfloat16"), ((1, steps * block_kv, head_dim), "bfloat16"),
               ((1, steps * block_kv, head_dim), "bfloat16")]
     return call, shapes

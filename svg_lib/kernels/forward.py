@@ -153,15 +153,13 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
     numbers are beside the constant).
 
     `mass`: None (the kernels' default), or a `TileMass` (`block_sparse_attention(tile_mass=True)`):
-    each slice's row sums of p, the very values added to l, are also summed apart for this tile and
-    recorded after its last slice (`TileMass`); m, l and acc are computed exactly as without it.
+    after the tile's last slice, each row's l so far is recorded in the step's lane (`TileMass`); m, l
+    and acc are computed exactly as without it.
 
     `skip`: None (the default), or a `SkipSoftmax`: a slice whose every score lies more than its
     threshold below its row's running max skips its exp, row sum and `p @ v` (the block comment above
     `SkipSoftmax`). Lossy; off by default.
     """
-    if mass is not None:
-        mass.start()
     block_q = q_ref.shape[0]
     head_dim = acc_ref.shape[1]
     chunks = k_ref.shape[0] // block_kv_compute
@@ -191,19 +189,16 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
             if skip is not None:
                 skip.seen_ref[...] = jnp.maximum(skip.seen_ref[...], row_max)
             p = jnp.exp(s - _lanes(m_ref[...], block_kv_compute, interpret))
-            l_ref[...] += (part := _lane_sum(p))
-            if mass is not None:
-                mass.add(part)
+            l_ref[...] += _lane_sum(p)
             acc_ref[...] += dot(p.astype(v.dtype), v, NN)                # p @ v
             return
         m_prev = m_ref[...]
         m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True) if row_max is None else row_max)  # [block_q, 128]
         p = jnp.exp(s - _lanes(m_next, block_kv_compute, interpret))
         alpha = jnp.exp(m_prev - m_next)
-        l_ref[...] = alpha * l_ref[...] + (part := _lane_sum(p))
+        l_ref[...] = alpha * l_ref[...] + _lane_sum(p)
         if mass is not None:
             mass.rescale(alpha)
-            mass.add(part)
         m_ref[...] = m_next
         if skip is not None:
             skip.seen_ref[...] = m_next
@@ -245,44 +240,40 @@ class SkipSoftmax:
 # -- the tile's softmax mass, a side output ----------------------------------------------------
 # What a step's tile weighed, for planning the next denoising step's tiles from this one's. The
 # statistic: the tile's softmax mass, the share of each row's probability (over the keys the row
-# computes) that falls in the tile, averaged over the query tile's real rows. Two quantities the
-# kernel holds already make it: the tile's row sums of p (summed into l anyway) and, at finish,
-# each row's l. It is exact (no bound, no estimate), sums to 1 over a query tile's steps, and is
-# what recall counts. The tile's largest score against the row's max was the other candidate: in
-# the bounded body, which computes no max, it would cost a max over every score of the tile, a VPU
-# op per element; the mass costs, per step, one sum of a `[block_q, 128]` block across its lanes and
-# a select, and per query tile a division and a mean (`finish_tile_mass`).
+# computes) that falls in the tile, averaged over the query tile's real rows. It is exact (no bound,
+# no estimate), sums to 1 over a query tile's steps, and is what recall counts. The tile's largest
+# score against the row's final max was the other candidate: the bounded body computes no max, so it
+# would cost a max over every score, a VPU op per element, and the final max is known only at finish.
 #
-# Per query tile the record `[block_q, lanes]` f32 (lanes = steps rounded up to 128) holds in lane s
-# the row sums of step s's tile relative to the row's current m, rescaled with l whenever m moves
-# (the running max, the switch to the bound), so that at finish record / l is each row's share.
+# How it is kept cheap: the kernel already sums each row's p into l. After each visited step the
+# row's l so far (summed across its lanes) goes into lane s of a per-row record `[block_q, lanes]`
+# (lanes: steps rounded up to 128): a cross-lane sum and a select per step, nothing per slice. At
+# finish, lane s less lane s - 1 is the step's own row sum (one lane shift per query tile), divided
+# by the row's final l its share, averaged over rows its mass. Whenever m moves (the running max,
+# the switch to the bound) the record is rescaled with l, so every lane is in the final m's units.
+# Idle steps record nothing; they come after a query tile's visited steps in every schedule
+# (`planner.schedule_rows`, `device_plan.schedule_rows`), so a difference that falls below 0 there
+# is read as 0. A difference carries the rounding of the cumulative sum, about 1e-7 of the row's l.
 
 @dataclasses.dataclass(frozen=True)
 class TileMass:
-    """The tile body's handle on the side output's scratch: `part_ref` `[block_q, 128]` f32, this
-    tile's per-lane partial row sums of p (like l); `record_ref` `[block_q, lanes]` f32, one lane per
-    step of the query tile; `step` the grid step (its lane); `interpret` as the tile body's."""
+    """The tile body's handle on the side output's scratch: `record_ref` `[block_q, lanes]` f32, one
+    lane per step of the query tile; `l_ref` the softmax state's l; `step` the grid step (its lane);
+    `interpret` as the tile body's."""
 
-    part_ref: object
     record_ref: object
+    l_ref: object
     step: object
     interpret: bool = False
 
-    def start(self):
-        self.part_ref[...] = jnp.zeros(self.part_ref.shape, jnp.float32)
-
-    def add(self, part):
-        self.part_ref[...] += part
-
     def rescale(self, alpha):
         """m moved: alpha `[block_q, 128]` = exp(m_old - m_new), as l and acc are scaled."""
-        self.part_ref[...] = alpha * self.part_ref[...]
         self.record_ref[...] = _lanes(alpha, self.record_ref.shape[1], self.interpret) * self.record_ref[...]
 
     def record(self):
-        """Lane `step` of the record := this tile's row sums (across the part's lanes, once per step)."""
+        """Lane `step` of the record := each row's l so far, summed across its lanes (once per step)."""
         rows, lanes = self.record_ref.shape
-        row_sum = jnp.broadcast_to(jnp.sum(self.part_ref[...], axis=1, keepdims=True), (rows, LANES))
+        row_sum = jnp.broadcast_to(jnp.sum(self.l_ref[...], axis=1, keepdims=True), (rows, LANES))
         lane = jax.lax.broadcasted_iota(jnp.int32, (1, lanes), 1)
         self.record_ref[...] = jnp.where(lane == self.step, _lanes(row_sum, lanes, self.interpret),
                                          self.record_ref[...])
@@ -294,16 +285,22 @@ def tile_mass_lanes(steps: int) -> int:
 
 
 def finish_tile_mass(m_ref, l_ref, record_ref, mass_ref, *, q_start, q_tokens: int, interpret=False):
-    """mass_ref `[1, lanes]` := the mean over the query tile's real rows (`q_start + r < q_tokens`)
-    of record / l: lane s holds step s's tile mass. A row that saw no kept key adds 0 (like its
-    output); a NaN row makes its query tile's masses NaN (as its output is NaN)."""
+    """mass_ref `[1, lanes]` := the mean over the query tile's real rows (`q_start + r < q_tokens`) of
+    (record lane s - lane s-1) / l: lane s holds step s's tile mass. A row that saw no kept key adds 0
+    (like its output); a NaN row makes its query tile's masses NaN (as its output is NaN)."""
     rows, lanes = record_ref.shape
     m = m_ref[...]
     row_sum = jnp.broadcast_to(jnp.sum(l_ref[...], axis=1, keepdims=True), m.shape)  # [rows, 128]
     seen = jnp.logical_not(m <= 0.5 * MASK_VALUE) | jnp.isnan(row_sum)
     real = token_ids(q_start, rows, 0) < q_tokens                                    # [rows, 1]
     weight = jnp.where(seen & real, 1.0 / jnp.where(seen, row_sum, 1.0), 0.0)        # [rows, 128]
-    share = record_ref[...] * _lanes(weight, lanes, interpret)
+    cumulative = record_ref[...]
+    lane = jax.lax.broadcasted_iota(jnp.int32, (1, lanes), 1)
+    shifted = jnp.roll(cumulative, 1, axis=1) if interpret else pltpu.roll(cumulative, 1, 1)
+    before = jnp.where(lane == 0, 0.0, shifted)                                      # lane s - 1's
+    own = cumulative - before
+    own = jnp.where(own < 0.0, 0.0, own)       # a select, not a max: NaN passes (an idle lane after a step: 0)
+    share = own * _lanes(weight, lanes, interpret)
     real_rows = jnp.minimum(q_tokens - q_start, rows).astype(jnp.float32)
     mass_ref[...] = jnp.sum(share, axis=0, keepdims=True) / real_rows
 
@@ -367,9 +364,10 @@ def try_bound(q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_max, interpret=Fa
         alpha = jnp.exp(m - b)
         l_ref[...] = alpha * l_ref[...]
         acc_ref[...] = _lanes(alpha, acc_ref.shape[1], interpret) * acc_ref[...]
-        if mass is not None:
-            mass.rescale(alpha)
         m_ref[...] = b
+        if mass is not None:  # earlier lanes rescaled; this step's lane read again from the rescaled l
+            mass.rescale(alpha)
+            mass.record()
         flag_ref[0] = BOUNDED
 
 
@@ -592,7 +590,7 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
     tables = (head_kind, schedule) + (() if head_order is None else (head_order,))
     refs = KernelRefs(prefetch=("head_kind", "schedule", ("head_order", head_order is not None)),
                       inputs=("q", "k", "v", "key_norm"), outputs=("o", ("lse", residuals), ("mass", tile_mass)),
-                      scratch=("m", "l", "acc", "flag", ("part", tile_mass), ("record", tile_mass),
+                      scratch=("m", "l", "acc", "flag", ("record", tile_mass),
                                ("seen", skip_below is not None)))
     on_cpu = plain_interpreter(interpret)
     lanes = tile_mass_lanes(steps)
@@ -606,12 +604,12 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
         return schedule_entry(schedule_ref, (head_kind_ref[head_of(h, head_order_ref)] * nq + i) * steps + s)
 
     def kernel(*, head_kind_ref, schedule_ref, head_order_ref, q_ref, k_ref, v_ref, key_norm_ref, o_ref, lse_ref,
-               mass_ref, m_ref, l_ref, acc_ref, flag_ref, part_ref, record_ref, seen_ref):
+               mass_ref, m_ref, l_ref, acc_ref, flag_ref, record_ref, seen_ref):
         h, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         head = head_of(h, head_order_ref)
         kv_tile, cls = step_of(h, i, s, head_kind_ref, schedule_ref, head_order_ref)
         clear_tail(q_ref, i, q_tokens), clear_tail(k_ref, kv_tile, tokens), clear_tail(v_ref, kv_tile, tokens)
-        mass = TileMass(part_ref, record_ref, s, on_cpu) if tile_mass else None
+        mass = TileMass(record_ref, l_ref, s, on_cpu) if tile_mass else None
         options = {} if mass is None else {"mass": mass}
         if skip_below is not None:
             options["skip"] = SkipSoftmax(float(skip_below), seen_ref)
@@ -657,7 +655,7 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
     scratch = softmax_scratch(block_q, head_dim, bounded=True)
     if tile_mass:
         out_shape, out_specs = _with_tile_mass(out_shape, out_specs, heads, nq, lanes, q_map)
-        scratch = scratch + [pltpu.VMEM((block_q, LANES), jnp.float32), pltpu.VMEM((block_q, lanes), jnp.float32)]
+        scratch = scratch + [pltpu.VMEM((block_q, lanes), jnp.float32)]
     if skip_below is not None:
         scratch = scratch + [pltpu.VMEM((block_q, LANES), jnp.float32)]  # skip-softmax's running max
     outs = pl.pallas_call(
