@@ -7,11 +7,13 @@ frames of the committed clip (4 x 4-pixel patches: 4 frames are 3,840 tokens), 1
 CPU (the B3 forward in interpret mode). Per sampler step and head, recall (the dense softmax mass of
 `rows` sampled queries inside the computed pairs) of:
 
-    fresh    a plan made cold (10 k-means iterations) from that step's q and k
-    kernel   the first step's plan, then at every step the tiles re-chosen from the tile masses the
-             forward measured at the step before and the tile means of this step's q and k
-             ("kernel x4": an unvisited tile's estimate must beat a measured tile 4-fold)
-    frozen   the first step's plan, unchanged
+    fresh        a plan made cold (10 k-means iterations) from that step's q and k
+    warm         the last step's plan made again from its centroids (2 iterations), tiles by centroid score
+    kernel warm  the same warm orders, tiles re-chosen from the tile masses the forward measured at the
+                 step before and the tile means of this step's q and k
+    kernel       the first step's orders kept, tiles re-chosen the same way
+    frozen       the first step's plan, unchanged
+    (`--margins 1 4` adds "kernel x4": an unvisited tile's estimate must beat a measured tile 4-fold)
 
 Then skip-softmax on the fresh plans at each threshold: the share of visited tiles skipped (one key
 slice per tile) and the recall left. Everything is computed here; nothing is read from a file.
@@ -44,7 +46,7 @@ def main():
     ap.add_argument("--density", type=float, default=0.2)
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--thresholds", type=float, nargs="*", default=[8.0, 4.0])
-    ap.add_argument("--margins", type=float, nargs="*", default=[1.0, 4.0])
+    ap.add_argument("--margins", type=float, nargs="*", default=[1.0])
     ap.add_argument("--json")
     a = ap.parse_args()
     frames = load_clip()[:a.frames]
@@ -60,10 +62,10 @@ def main():
           f"density {a.density}, {a.steps} sampler steps (shift 5), {a.rows} sampled rows; {seconds:.0f} s")
     print("recall per step (mean over the heads; per head in the JSON)")
     names = list(run)
-    print(f"{'step':>4s} {'sigma':>6s} " + " ".join(f"{n:>10s}" for n in names))
+    print(f"{'step':>4s} {'sigma':>6s} " + " ".join(f"{n:>11s}" for n in names))
     for s in range(proxy.steps):
-        print(f"{s:4d} {proxy.sigmas[s]:6.3f} " + " ".join(f"{run[n][s].mean():10.3f}" for n in names))
-    print("mean" + " " * 8 + " ".join(f"{run[n][1:].mean():10.3f}" for n in names) + "   (steps 1 on)")
+        print(f"{s:4d} {proxy.sigmas[s]:6.3f} " + " ".join(f"{run[n][s].mean():11.3f}" for n in names))
+    print("mean" + " " * 8 + " ".join(f"{run[n][1:].mean():11.3f}" for n in names) + "   (steps 1 on)")
 
     skip = {}
     fresh = jax.jit(lambda q, k: semantic_plan(q, k, block_q=BLOCK, block_kv=BLOCK, density=a.density, iterations=10))

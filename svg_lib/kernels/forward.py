@@ -248,8 +248,8 @@ class SkipSoftmax:
 # How it is kept cheap: the kernel already sums each row's p into l. After each visited step the
 # row's l so far (summed across its lanes) goes into lane s of a per-row record `[block_q, lanes]`
 # (lanes: steps rounded up to 128): a cross-lane sum and a select per step, nothing per slice. At
-# finish, lane s less lane s - 1 is the step's own row sum (one lane shift per query tile), divided
-# by the row's final l its share, averaged over rows its mass. Whenever m moves (the running max,
+# finish, each lane divided by the row's final l and averaged over the rows, lane s less lane s - 1 is
+# step s's mass (the difference is linear, so it is taken after the mean: one lane shift of one row). Whenever m moves (the running max,
 # the switch to the bound) the record is rescaled with l, so every lane is in the final m's units.
 # Idle steps record nothing; they come after a query tile's visited steps in every schedule
 # (`planner.schedule_rows`, `device_plan.schedule_rows`), so a difference that falls below 0 there
@@ -286,7 +286,7 @@ def tile_mass_lanes(steps: int) -> int:
 
 def finish_tile_mass(m_ref, l_ref, record_ref, mass_ref, *, q_start, q_tokens: int, interpret=False):
     """mass_ref `[1, lanes]` := the mean over the query tile's real rows (`q_start + r < q_tokens`) of
-    (record lane s - lane s-1) / l: lane s holds step s's tile mass. A row that saw no kept key adds 0
+    (record lane s - lane s-1) / l, taken as the difference of the lanes' means: lane s holds step s's tile mass. A row that saw no kept key adds 0
     (like its output); a NaN row makes its query tile's masses NaN (as its output is NaN)."""
     rows, lanes = record_ref.shape
     m = m_ref[...]
@@ -294,15 +294,13 @@ def finish_tile_mass(m_ref, l_ref, record_ref, mass_ref, *, q_start, q_tokens: i
     seen = jnp.logical_not(m <= 0.5 * MASK_VALUE) | jnp.isnan(row_sum)
     real = token_ids(q_start, rows, 0) < q_tokens                                    # [rows, 1]
     weight = jnp.where(seen & real, 1.0 / jnp.where(seen, row_sum, 1.0), 0.0)        # [rows, 128]
-    cumulative = record_ref[...]
+    real_rows = jnp.minimum(q_tokens - q_start, rows).astype(jnp.float32)
+    # the mean over rows first (a difference of lanes is linear), then the lane difference on one row
+    cumulative = jnp.sum(record_ref[...] * _lanes(weight, lanes, interpret), axis=0, keepdims=True) / real_rows
     lane = jax.lax.broadcasted_iota(jnp.int32, (1, lanes), 1)
     shifted = jnp.roll(cumulative, 1, axis=1) if interpret else pltpu.roll(cumulative, 1, 1)
-    before = jnp.where(lane == 0, 0.0, shifted)                                      # lane s - 1's
-    own = cumulative - before
-    own = jnp.where(own < 0.0, 0.0, own)       # a select, not a max: NaN passes (an idle lane after a step: 0)
-    share = own * _lanes(weight, lanes, interpret)
-    real_rows = jnp.minimum(q_tokens - q_start, rows).astype(jnp.float32)
-    mass_ref[...] = jnp.sum(share, axis=0, keepdims=True) / real_rows
+    own = cumulative - jnp.where(lane == 0, 0.0, shifted)                            # lane s less lane s - 1
+    mass_ref[...] = jnp.where(own < 0.0, 0.0, own)  # a select, not a max: NaN passes (idle lanes: below 0)
 
 
 # -- the bounded max ---------------------------------------------------------------------------

@@ -139,33 +139,51 @@ def _one_head(tokens, block_q, block_kv, steps, block_kv_compute, interpret, ski
 
 
 def kernel_planned_run(step_qk, rows, *, block_q: int, block_kv: int, density: float, iterations: int = 10,
-                       block_kv_compute: int | None = None, interpret=None, margins=(1.0,)) -> dict:
-    """Recall per step and head along a sampler run, three ways (float64 `[steps, heads]` each):
+                       warm_iterations: int = 2, block_kv_compute: int | None = None, interpret=None,
+                       margins=(1.0,)) -> dict:
+    """Recall per step and head along a sampler run (float64 `[steps, heads]` each), five ways:
 
-    "fresh": a plan made cold (`iterations`) from each step's q and k; "kernel": a cold plan at the
-    first step, then at each later step the last plan's tiles re-chosen (`next_plan`) from the tile
-    masses its forward measured at the step before and the tile means of this step's q and k;
-    "frozen": the first step's plan at every step. With several `margins` (`next_tiles`), one "kernel"
-    run per margin, named "kernel" for 1 and "kernel x{margin}" otherwise. Recall on the query `rows` (`semantic.plan_recall`).
-    `step_qk`: (q, k) per step. v does not change the masses: zeros are used. Each function is jitted
-    once and runs every step's plan (the plans are data)."""
+    "fresh": a plan made cold (`iterations`) from each step's q and k. "warm": the last step's plan
+    made again from its centroids (`warm_iterations`, as SVG2 after its first step), tiles by centroid
+    score. "kernel warm": the same warm orders, tiles re-chosen (`next_tiles`) from the tile masses the
+    forward measured at the step before (a warm-started tile keeps its index: k-means' cluster j starts
+    from the last step's centroid j) and the tile means of this step's q and k. "kernel": the first
+    step's orders kept, tiles re-chosen the same way (`next_plan`). "frozen": the first step's plan.
+    Every plan starts from the first step's cold one. With several `margins` (`next_tiles`), one
+    "kernel" run per margin ("kernel x{margin}" for those not 1). Recall on the query `rows`
+    (`semantic.plan_recall`). `step_qk`: (q, k) per step. v does not change the masses: zeros are used.
+    Each function is jitted once and runs every step's plan (the plans are data)."""
     import jax
     import jax.numpy as jnp
 
     common = dict(block_q=block_q, block_kv=block_kv, density=density)
     fresh_fn = jax.jit(lambda q, k: semantic_plan(q, k, iterations=iterations, **common))
+    warm_fn = jax.jit(lambda q, k, c: semantic_plan(q, k, iterations=warm_iterations, centroids=c, **common))
     forward = jax.jit(lambda q, k, plan: plan_tile_mass(q, k, jnp.zeros_like(q), plan,
                                                          block_kv_compute=block_kv_compute, interpret=interpret)[1:])
     move = jax.jit(lambda masses, schedule, q, k, plan, margin: next_plan(masses, schedule, q, k, plan, margin=margin))
+
+    @jax.jit
+    def move_warm(masses, schedule, q, k, plan, warm):
+        mass, visited = tile_masses(masses, schedule, plan.grid, plan.steps)
+        return dataclasses.replace(warm, tiles=next_tiles(mass, visited, q, k, warm))
+
     recall = jax.jit(plan_recall)
     names = ["kernel" if m == 1 else f"kernel x{m:g}" for m in margins]
-    out = {name: [] for name in ["fresh", *names, "frozen"]}
+    out = {name: [] for name in ["fresh", "warm", "kernel warm", *names, "frozen"]}
     plans, measured, first = {}, {}, None
     for q, k in step_qk:
         fresh = fresh_fn(q, k)
-        first = fresh if first is None else first
-        for name, margin in zip(names, margins):
-            plans[name] = fresh if name not in plans else move(*measured[name], q, k, plans[name], margin)
+        if first is None:
+            first = fresh
+            plans = {name: fresh for name in ["warm", "kernel warm", *names]}
+        else:
+            plans["warm"] = warm_fn(q, k, plans["warm"].centroids)
+            plans["kernel warm"] = move_warm(*measured["kernel warm"], q, k, plans["kernel warm"],
+                                             warm_fn(q, k, plans["kernel warm"].centroids))
+            for name, margin in zip(names, margins):
+                plans[name] = move(*measured[name], q, k, plans[name], margin)
+        for name in ["kernel warm", *names]:
             measured[name] = forward(q, k, plans[name])     # this step's forward, with its side output
         for name, p in (("fresh", fresh), *plans.items(), ("frozen", first)):
             out[name].append(np.asarray(recall(q, k, p, jnp.asarray(rows)), np.float64))
