@@ -1,4 +1,4 @@
-"""The B3 forward's optional tile-mass side output (kernels.forward, `tile_mass=True`) and the next
+"""The B3 forward's tile-mass side output (kernels.observed, beside kernels.forward) and the next
 step's tiles chosen from it (layers.next_plan), in interpret mode at small sizes: 2 heads, 500 and
 512 tokens, 128-token tiles."""
 import jax
@@ -9,6 +9,7 @@ import pytest
 from svg_lib.core.planner import EMPTY, schedule_entry
 from svg_lib.kernels.device_plan import device_tables
 from svg_lib.kernels.forward import block_sparse_attention
+from svg_lib.kernels.observed import observed_block_sparse_attention
 from svg_lib.layers.next_plan import next_plan, next_tiles, plan_tile_mass, tile_masses
 from svg_lib.layers.semantic import semantic_plan
 
@@ -38,10 +39,11 @@ def _run(q, k, v, schedule, steps, tile_mass, tokens, interpret=True):
     """Head by head (one schedule each): (out, lse[, masses]) stacked over the heads."""
     outs = []
     for h in range(HEADS):
-        outs.append(block_sparse_attention(
-            q[h:h + 1], k[h:h + 1], v[h:h + 1], jnp.zeros((1,), jnp.int32), schedule[h], steps=steps, stage="b3",
-            keep=lambda qi, ki: ki < tokens, block_q=BLOCK, block_kv=BLOCK, block_kv_compute=BLOCK,
-            interpret=interpret, residuals=True, tile_mass=tile_mass))
+        common = dict(steps=steps, stage="b3", keep=lambda qi, ki: ki < tokens, block_q=BLOCK, block_kv=BLOCK,
+                      block_kv_compute=BLOCK, interpret=interpret, residuals=True)
+        args = (q[h:h + 1], k[h:h + 1], v[h:h + 1], jnp.zeros((1,), jnp.int32), schedule[h])
+        outs.append(observed_block_sparse_attention(*args, **common) if tile_mass
+                    else block_sparse_attention(*args, **common))
     return [np.concatenate([np.asarray(o[j]) for o in outs]) for j in range(len(outs[0]))]
 
 
@@ -116,9 +118,9 @@ def test_one_compile_runs_plans_that_change():
     @jax.jit
     def forward(q, k, v, schedule):
         traces.append(1)
-        outs = [block_sparse_attention(q[h:h + 1], k[h:h + 1], v[h:h + 1], jnp.zeros((1,), jnp.int32), schedule[h],
-                                       steps=steps, stage="b3", keep=lambda qi, ki: ki < tokens, block_q=BLOCK,
-                                       block_kv=BLOCK, block_kv_compute=BLOCK, interpret=True, tile_mass=True)
+        outs = [observed_block_sparse_attention(q[h:h + 1], k[h:h + 1], v[h:h + 1], jnp.zeros((1,), jnp.int32),
+                                                schedule[h], steps=steps, stage="b3", keep=lambda qi, ki: ki < tokens,
+                                                block_q=BLOCK, block_kv=BLOCK, block_kv_compute=BLOCK, interpret=True)
                 for h in range(HEADS)]
         return jnp.concatenate([m for _, m in outs])
 
@@ -202,7 +204,7 @@ def test_next_tiles_moves_from_a_light_tile_to_a_heavy_estimate():
 
 
 def test_skip_softmax_drops_only_tiles_far_below_the_running_max():
-    """Skip-softmax (`skip_below`, off by default): key tile 2 lies far below key tile 0 for every query.
+    """Skip-softmax (`skip_below`, off by default; `kernels.observed.skip_softmax_tile`): key tile 2 lies far below key tile 0 for every query.
     Visited after tile 0 it is skipped (mass exactly 0, output that of tile 0 alone); visited first (a
     query tile that sees it before any other) it is not; tile 1, about 8 below, is skipped at threshold 3,
     not at 24; a threshold no gap reaches changes nothing, bit for bit."""
@@ -224,10 +226,9 @@ def test_skip_softmax_drops_only_tiles_far_below_the_running_max():
     schedule = device_tables(jnp.asarray(tiles), tokens=tokens, block_kv=BLOCK, steps=steps).schedule[0]
 
     def run(skip_below):
-        return [np.asarray(x) for x in block_sparse_attention(
+        return [np.asarray(x) for x in observed_block_sparse_attention(
             q, k, v, jnp.zeros((1,), jnp.int32), schedule, steps=steps, stage="b3", keep=lambda qi, ki: ki < tokens,
-            block_q=BLOCK, block_kv=BLOCK, block_kv_compute=BLOCK, interpret=True, tile_mass=True,
-            skip_below=skip_below)]
+            block_q=BLOCK, block_kv=BLOCK, block_kv_compute=BLOCK, interpret=True, skip_below=skip_below)]
 
     plain_out, plain_mass = run(None)
     never_out, never_mass = run(1e6)

@@ -7,7 +7,7 @@ Compile-only (libtpu, no TPU): probe kernels built like the cost probes' "free" 
 running max and the switch to the bound, later steps bounded), each in four variants:
 
     free          the tile body as the kernels run it by default
-    mass          with `tile_mass` on: each step's row sums kept apart and recorded, the masses at finish
+    mass          with kernels.observed's tile mass: each visited step records l (and m), the masses at finish
     skip_tested   with skip-softmax on, every slice tested and (forced by the program id) not skipped
     skip_skipped  with skip-softmax on, every slice tested and (forced) skipped: q k^T and the test only
 
@@ -41,58 +41,58 @@ def probe_kernel(block_q, block_kv, block_kv_compute, rows, steps, variant, head
     from jax.experimental.pallas import tpu as pltpu
 
     from svg_lib.kernels import forward as kf
+    from svg_lib.kernels import observed as ko
 
     mass_on = variant == "mass"
     skip_on = variant.startswith("skip")
-    lanes = kf.tile_mass_lanes(steps)
+    lanes = ko.tile_mass_lanes(steps)
 
     def kernel(q_ref, k_ref, v_ref, *rest):
         if mass_on:
-            o_ref, mass_ref, m_ref, l_ref, acc_ref, flag_ref, record_ref = rest
+            o_ref, mass_ref, m_ref, l_ref, acc_ref, flag_ref, record_ref, m_record_ref = rest
         elif skip_on:
             (o_ref, m_ref, l_ref, acc_ref, flag_ref, seen_ref), mass_ref = rest, None
         else:
             (o_ref, m_ref, l_ref, acc_ref, flag_ref), mass_ref = rest, None
         i, s = pl.program_id(1), pl.program_id(2)
         state = (m_ref, l_ref, acc_ref)
-        mass = kf.TileMass(record_ref, l_ref, s) if mass_on else None
-        extra = {}
-        if mass_on:
-            extra["mass"] = mass
+        mass = ko.TileMass(record_ref, m_record_ref, s) if mass_on else None
+        body, extra = kf.online_softmax_tile, {}
         if skip_on:
             # forced from the program id, which the simulator follows exactly: true (skip_tested, every
             # slice runs) or false (skip_skipped, every slice skips). (A scalar-prefetched flag, tried, left
             # the simulator unable to tell the two apart: both priced the same.)
             forced = (s < steps) if variant == "skip_tested" else (s >= steps)
             gate = (lambda run: run | forced) if variant == "skip_tested" else (lambda run: run & forced)
-            extra["skip"] = kf.SkipSoftmax(SKIP_THRESHOLD, seen_ref, gate)
+            body, extra = ko.skip_softmax_tile, dict(threshold=SKIP_THRESHOLD, seen_ref=seen_ref, gate=gate)
 
         def tile(bounded):
-            kf.online_softmax_tile(q_ref, k_ref, v_ref, *state, keep=None, q_start=i * block_q,
+            body(q_ref, k_ref, v_ref, *state, keep=None, q_start=i * block_q,
                                    k_start=s * block_kv, block_kv_compute=block_kv_compute, interpret=False,
                                    bounded=bounded, **extra)
 
         def first_step():
             tile(False)
-            kf.try_bound(q_ref, *state, flag_ref, jnp.float32(1.0), **({"mass": mass} if mass_on else {}))
+            kf.try_bound(q_ref, *state, flag_ref, jnp.float32(1.0))
 
         @pl.when(s == 0)
         def _():
             kf.init_state(*state, flag_ref)
             if mass_on:
-                record_ref[...] = jnp.zeros(record_ref.shape, jnp.float32)
+                mass.start()
 
         @pl.when(s < steps)
         def _():
             pl.when(s == 0)(first_step)
             pl.when(s > 0)(functools.partial(tile, True))
+            if mass_on:  # every step visits: the kernel records after each one
+                mass.record(l_ref, m_ref, flag_ref)
 
         @pl.when(s == steps - 1)
         def _():
-            if mass_on:
-                kf.finish_tile_mass(m_ref, l_ref, record_ref, mass_ref, q_start=i * block_q,
-                                    q_tokens=rows * block_q)
             kf.finish(*state, o_ref)
+            if mass_on:
+                ko.finish_tile_mass(m_ref, l_ref, mass, mass_ref, q_start=i * block_q, q_tokens=rows * block_q)
 
     out_shape = [jax.ShapeDtypeStruct((1, rows * block_q, head_dim), jnp.bfloat16)]
     out_specs = [pl.BlockSpec((None, block_q, head_dim), lambda h, i, s: (h, i, 0))]
@@ -100,7 +100,7 @@ def probe_kernel(block_q, block_kv, block_kv_compute, rows, steps, variant, head
     if mass_on:
         out_shape.append(jax.ShapeDtypeStruct((1, 1, rows * lanes), jnp.float32))
         out_specs.append(pl.BlockSpec((None, 1, lanes), lambda h, i, s: (h, 0, i)))
-        scratch = scratch + [pltpu.VMEM((block_q, lanes), jnp.float32)]
+        scratch = scratch + [pltpu.VMEM((block_q, lanes), jnp.float32)] * 2
     if skip_on:
         scratch = scratch + [pltpu.VMEM((block_q, kf.LANES), jnp.float32)]  # the running max beside the bound
     q_spec = pl.BlockSpec((None, block_q, head_dim), lambda h, i, s, *t: (h, i, 0))
@@ -195,9 +195,9 @@ def main():
                   "note": ("The B3 tile body (kernels.forward.online_softmax_tile, mask-free, bf16, head_dim 128, a "
                            "query tile's first step with the running max and the switch to the bound, later steps "
                            "bounded, as the cost probes' 'free') with and without its optional side output "
-                           "(mass: tile_mass=True, each visited step records the row's l so far in one lane, a "
-                           "cross-lane sum and a select; finish divides, averages over rows and takes lane "
-                           "differences) and its optional skip-softmax branch (skip_tested: every slice tested, "
+                           "(mass: kernels.observed's tile mass, each visited step records the row's l so far in one "
+                           "lane, a cross-lane sum and a select, and its m while not on the bound; finish brings "
+                           "lanes to the final m, divides, averages over rows and takes lane differences) and its optional skip-softmax branch (skip_tested: every slice tested, "
                            "none skipped; skip_skipped: every slice tested and skipped; both forced by the "
                            "program id, which the profile follows, since it cannot see data). per_step: cycles "
                            "per grid step, (4 steps - 2 steps) / 2; per_query_tile: (2 query tiles - 1) less 2 "

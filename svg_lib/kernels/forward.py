@@ -52,7 +52,6 @@ masked), B1 the least (masked only). The probes record each body's VLIW bundles 
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -122,7 +121,7 @@ def _lane_sum(p):
 
 
 def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_start, k_start,
-                         block_kv_compute, interpret=False, bounded=False, mass=None, skip=None):
+                         block_kv_compute, interpret=False, bounded=False):
     """Fold one key/value tile into the running softmax state of one query tile.
 
     q_ref `[block_q, head_dim]`; k_ref, v_ref `[block_kv, head_dim]`; m_ref `[block_q, 128]` f32
@@ -151,14 +150,6 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
     copy). On a TPU the loop is unrolled up to `MAX_UNROLLED_CHUNKS` chunks: each unrolled
     chunk is another copy of the body in instruction memory, bought for a shorter step (the
     numbers are beside the constant).
-
-    `mass`: None (the kernels' default), or a `TileMass` (`block_sparse_attention(tile_mass=True)`):
-    after the tile's last slice, each row's l so far is recorded in the step's lane (`TileMass`); m, l
-    and acc are computed exactly as without it.
-
-    `skip`: None (the default), or a `SkipSoftmax`: a slice whose every score lies more than its
-    threshold below its row's running max skips its exp, row sum and `p @ v` (the block comment above
-    `SkipSoftmax`). Lossy; off by default.
     """
     block_q = q_ref.shape[0]
     head_dim = acc_ref.shape[1]
@@ -174,133 +165,22 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
             q_ids = q_start + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)
             k_ids = k_start + c * block_kv_compute + jax.lax.broadcasted_iota(jnp.int32, (1, block_kv_compute), 1)
             s = jnp.where(keep(q_ids, k_ids), s, MASK_VALUE)
-        if skip is None:
-            update(s, v)
-        else:
-            row_max = jnp.max(s, axis=1, keepdims=True)                  # [block_q, 1]
-            seen = skip.seen_ref if bounded else m_ref                   # the running max (m, unless bounded)
-            pl.when(skip.gate(jnp.max(row_max - seen[...]) >= -skip.threshold))(
-                lambda: update(s, v, row_max=row_max))
-        return carry
-
-    def update(s, v, row_max=None):
-        """The online-softmax update of m, l and acc by one slice's scores `s`."""
         if bounded:
-            if skip is not None:
-                skip.seen_ref[...] = jnp.maximum(skip.seen_ref[...], row_max)
             p = jnp.exp(s - _lanes(m_ref[...], block_kv_compute, interpret))
             l_ref[...] += _lane_sum(p)
             acc_ref[...] += dot(p.astype(v.dtype), v, NN)                # p @ v
-            return
+            return carry
         m_prev = m_ref[...]
-        m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True) if row_max is None else row_max)  # [block_q, 128]
+        m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))  # [block_q, 128]
         p = jnp.exp(s - _lanes(m_next, block_kv_compute, interpret))
         alpha = jnp.exp(m_prev - m_next)
         l_ref[...] = alpha * l_ref[...] + _lane_sum(p)
-        if mass is not None:
-            mass.rescale(alpha)
         m_ref[...] = m_next
-        if skip is not None:
-            skip.seen_ref[...] = m_next
         pv = dot(p.astype(v.dtype), v, NN)                               # p @ v
         acc_ref[...] = _lanes(alpha, head_dim, interpret) * acc_ref[...] + pv
+        return carry
 
     jax.lax.fori_loop(0, chunks, chunk, None, unroll=chunks <= MAX_UNROLLED_CHUNKS)
-    if mass is not None:
-        mass.record()
-
-
-# -- skip-softmax: an optional, lossy branch -----------------------------------------------------
-# After q k^T, a slice whose every score lies more than `threshold` below its row's running max adds
-# terms of at most exp(-threshold) of the row's largest: skip its exp, row sum and `p @ v` (BLASST;
-# LiteAttention carries the skips to later steps). One test per slice for the whole block, so that
-# it takes one branch: a row max of the scores (the running body takes it anyway; the bounded body
-# pays for it, a VPU op per score) and a max over the block's rows. The bounded body's m is the
-# Cauchy-Schwarz bound, up to BOUND_SLACK above the real max: testing against it would skip slices
-# that hold a row's largest terms. So the running max is kept beside it (`seen_ref`), written by the
-# running body and raised by every bounded slice that runs; a skipped slice never holds a new max
-# (all its scores are below the old one). A NaN score may be skipped where the backend's max drops
-# NaN. Priced by tools/tile-mass-profile.py.
-
-@dataclasses.dataclass(frozen=True)
-class SkipSoftmax:
-    """Skip-softmax's state for the tile body: `threshold` > 0 (natural-log units); `seen_ref`
-    `[block_q, 128]` f32 the row's running max (lane-replicated, like m); `gate_fn`: None, or
-    `gate(run) -> run` applied to the test's outcome (the cost probes force each branch with it: the
-    static profile cannot see data)."""
-
-    threshold: float
-    seen_ref: object
-    gate_fn: object = None
-
-    def gate(self, run):
-        return run if self.gate_fn is None else self.gate_fn(run)
-
-
-# -- the tile's softmax mass, a side output ----------------------------------------------------
-# What a step's tile weighed, for planning the next denoising step's tiles from this one's. The
-# statistic: the tile's softmax mass, the share of each row's probability (over the keys the row
-# computes) that falls in the tile, averaged over the query tile's real rows. It is exact (no bound,
-# no estimate), sums to 1 over a query tile's steps, and is what recall counts. The tile's largest
-# score against the row's final max was the other candidate: the bounded body computes no max, so it
-# would cost a max over every score, a VPU op per element, and the final max is known only at finish.
-#
-# How it is kept cheap: the kernel already sums each row's p into l. After each visited step the
-# row's l so far (summed across its lanes) goes into lane s of a per-row record `[block_q, lanes]`
-# (lanes: steps rounded up to 128): a cross-lane sum and a select per step, nothing per slice. At
-# finish, each lane divided by the row's final l and averaged over the rows, lane s less lane s - 1 is
-# step s's mass (the difference is linear, so it is taken after the mean: one lane shift of one row). Whenever m moves (the running max,
-# the switch to the bound) the record is rescaled with l, so every lane is in the final m's units.
-# Idle steps record nothing; they come after a query tile's visited steps in every schedule
-# (`planner.schedule_rows`, `device_plan.schedule_rows`), so a difference that falls below 0 there
-# is read as 0. A difference carries the rounding of the cumulative sum, about 1e-7 of the row's l.
-
-@dataclasses.dataclass(frozen=True)
-class TileMass:
-    """The tile body's handle on the side output's scratch: `record_ref` `[block_q, lanes]` f32, one
-    lane per step of the query tile; `l_ref` the softmax state's l; `step` the grid step (its lane);
-    `interpret` as the tile body's."""
-
-    record_ref: object
-    l_ref: object
-    step: object
-    interpret: bool = False
-
-    def rescale(self, alpha):
-        """m moved: alpha `[block_q, 128]` = exp(m_old - m_new), as l and acc are scaled."""
-        self.record_ref[...] = _lanes(alpha, self.record_ref.shape[1], self.interpret) * self.record_ref[...]
-
-    def record(self):
-        """Lane `step` of the record := each row's l so far, summed across its lanes (once per step)."""
-        rows, lanes = self.record_ref.shape
-        row_sum = jnp.broadcast_to(jnp.sum(self.l_ref[...], axis=1, keepdims=True), (rows, LANES))
-        lane = jax.lax.broadcasted_iota(jnp.int32, (1, lanes), 1)
-        self.record_ref[...] = jnp.where(lane == self.step, _lanes(row_sum, lanes, self.interpret),
-                                         self.record_ref[...])
-
-
-def tile_mass_lanes(steps: int) -> int:
-    """Lanes of the per-row record: `steps` rounded up to a multiple of 128."""
-    return -(-steps // LANES) * LANES
-
-
-def finish_tile_mass(m_ref, l_ref, record_ref, mass_ref, *, q_start, q_tokens: int, interpret=False):
-    """mass_ref `[1, lanes]` := the mean over the query tile's real rows (`q_start + r < q_tokens`) of
-    (record lane s - lane s-1) / l, taken as the difference of the lanes' means: lane s holds step s's tile mass. A row that saw no kept key adds 0
-    (like its output); a NaN row makes its query tile's masses NaN (as its output is NaN)."""
-    rows, lanes = record_ref.shape
-    m = m_ref[...]
-    row_sum = jnp.broadcast_to(jnp.sum(l_ref[...], axis=1, keepdims=True), m.shape)  # [rows, 128]
-    seen = jnp.logical_not(m <= 0.5 * MASK_VALUE) | jnp.isnan(row_sum)
-    real = token_ids(q_start, rows, 0) < q_tokens                                    # [rows, 1]
-    weight = jnp.where(seen & real, 1.0 / jnp.where(seen, row_sum, 1.0), 0.0)        # [rows, 128]
-    real_rows = jnp.minimum(q_tokens - q_start, rows).astype(jnp.float32)
-    # the mean over rows first (a difference of lanes is linear), then the lane difference on one row
-    cumulative = jnp.sum(record_ref[...] * _lanes(weight, lanes, interpret), axis=0, keepdims=True) / real_rows
-    lane = jax.lax.broadcasted_iota(jnp.int32, (1, lanes), 1)
-    shifted = jnp.roll(cumulative, 1, axis=1) if interpret else pltpu.roll(cumulative, 1, 1)
-    own = cumulative - jnp.where(lane == 0, 0.0, shifted)                            # lane s less lane s - 1
-    mass_ref[...] = jnp.where(own < 0.0, 0.0, own)  # a select, not a max: NaN passes (idle lanes: below 0)
 
 
 # -- the bounded max ---------------------------------------------------------------------------
@@ -342,11 +222,11 @@ def key_norm_max(k):
     return jnp.sqrt(jnp.max(jnp.sum(kf * kf, axis=-1), axis=-1))
 
 
-def try_bound(q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_max, interpret=False, mass=None):
+def try_bound(q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_max, interpret=False):
     """After a query tile's first running-max step: switch the tile to the bounded max if every
     row's bound b = |q_i| max|k| (1 + BOUND_MARGIN) lies within BOUND_SLACK of its running max (one
     test for the whole tile, so that the next steps take one branch), else keep the running max
-    for good. The switch rescales l and acc to m = b (and a `TileMass` record with them)."""
+    for good. The switch rescales l and acc to m = b."""
     q = q_ref[...].astype(jnp.float32)
     bound = jnp.sqrt(jnp.sum(q * q, axis=1, keepdims=True)) * (key_norm_max * (1.0 + BOUND_MARGIN))  # [block_q, 1]
     m = m_ref[...]
@@ -363,9 +243,6 @@ def try_bound(q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_max, interpret=Fa
         l_ref[...] = alpha * l_ref[...]
         acc_ref[...] = _lanes(alpha, acc_ref.shape[1], interpret) * acc_ref[...]
         m_ref[...] = b
-        if mass is not None:  # earlier lanes rescaled; this step's lane read again from the rescaled l
-            mass.rescale(alpha)
-            mass.record()
         flag_ref[0] = BOUNDED
 
 
@@ -540,8 +417,7 @@ def dense_flash_attention(q, k, v, *, block_q, block_kv, block_kv_compute, inter
 # -- block-sparse: B1, B2, B3 ---------------------------------------------------------------
 
 def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, block_q, block_kv,
-                           block_kv_compute, interpret, vmem_limit_bytes=None, residuals=False, head_order=None,
-                           tile_mass=False, skip_below=None):
+                           block_kv_compute, interpret, vmem_limit_bytes=None, residuals=False, head_order=None):
     """B1 / B2 / B3 over a planner schedule.
 
     schedule: int32 `[ceil(kinds * nq * steps / 2)]` from the planner (`TilePlan.schedule`,
@@ -560,19 +436,7 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
     splits the grid's head rows into contiguous halves between its two cores; the routed layer
     gives an order that balances the kinds between them (`routing.balanced_order`) without
     moving any array.
-
-    tile_mass: also return, last, f32 `[heads, nq * steps]`, aligned with the schedule: for grid step
-    (h, i, s) the softmax mass of the tile it visited (the mean over query tile i's real rows of the
-    share of each row's probability that falls in that tile; 0 at idle steps; the block comment above
-    `TileMass`). Off by default, and then the kernel is exactly the one without it; on, the output
-    (and lse) are bit-identical to off.
-
-    skip_below: None (off, the default), or a threshold t > 0: skip-softmax (`SkipSoftmax`): a key slice
-    whose every score is more than t below its row's running max skips its exp and `p @ v`. Lossy.
-    With `tile_mass`, a step whose slices were all skipped records mass 0.
     """
-    if skip_below is not None and not (isinstance(skip_below, (int, float)) and skip_below > 0):
-        raise ValueError(f"skip_below must be None or a number > 0 (a gap in logits), got {skip_below!r}")
     record = check_method(stage, PLANNED_METHODS, what="block-sparse stage")
     keeps = keep if isinstance(keep, tuple) else (keep,)
     heads, q_tokens, head_dim = q.shape
@@ -587,11 +451,9 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
         raise ValueError(f"head_order must be int32 [{heads}], a permutation of the heads; got {tuple(head_order.shape)}")
     tables = (head_kind, schedule) + (() if head_order is None else (head_order,))
     refs = KernelRefs(prefetch=("head_kind", "schedule", ("head_order", head_order is not None)),
-                      inputs=("q", "k", "v", "key_norm"), outputs=("o", ("lse", residuals), ("mass", tile_mass)),
-                      scratch=("m", "l", "acc", "flag", ("record", tile_mass),
-                               ("seen", skip_below is not None)))
+                      inputs=("q", "k", "v", "key_norm"), outputs=("o", ("lse", residuals)),
+                      scratch=("m", "l", "acc", "flag"))
     on_cpu = plain_interpreter(interpret)
-    lanes = tile_mass_lanes(steps)
 
     def head_of(h, head_order_ref):
         """The head that grid row h runs: h, or head_order[h]."""
@@ -602,20 +464,15 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
         return schedule_entry(schedule_ref, (head_kind_ref[head_of(h, head_order_ref)] * nq + i) * steps + s)
 
     def kernel(*, head_kind_ref, schedule_ref, head_order_ref, q_ref, k_ref, v_ref, key_norm_ref, o_ref, lse_ref,
-               mass_ref, m_ref, l_ref, acc_ref, flag_ref, record_ref, seen_ref):
+               m_ref, l_ref, acc_ref, flag_ref):
         h, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         head = head_of(h, head_order_ref)
         kv_tile, cls = step_of(h, i, s, head_kind_ref, schedule_ref, head_order_ref)
         clear_tail(q_ref, i, q_tokens), clear_tail(k_ref, kv_tile, tokens), clear_tail(v_ref, kv_tile, tokens)
-        mass = TileMass(record_ref, l_ref, s, on_cpu) if tile_mass else None
-        options = {} if mass is None else {"mass": mass}
-        if skip_below is not None:
-            options["skip"] = SkipSoftmax(float(skip_below), seen_ref)
         body = functools.partial(online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
                                  q_start=i * block_q, k_start=kv_tile * block_kv,
-                                 block_kv_compute=block_kv_compute, interpret=on_cpu, **options)
-        switch = functools.partial(try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[head], on_cpu,
-                                   **({} if mass is None else {"mass": mass}))
+                                 block_kv_compute=block_kv_compute, interpret=on_cpu)
+        switch = functools.partial(try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[head], on_cpu)
         tile = lambda keep: visit(body, keep, flag_ref, switch)  # noqa: E731
 
         def masked_tile():  # the predicate of this head's kind (one kind unless routing)
@@ -625,8 +482,6 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
         @pl.when(s == 0)
         def _():
             init_state(m_ref, l_ref, acc_ref, flag_ref)
-            if mass is not None:
-                record_ref[...] = jnp.zeros(record_ref.shape, jnp.float32)  # idle steps keep 0
 
         if record.masks_full_tiles:  # B1: skip empty tiles, but mask every visited one
             pl.when(cls != EMPTY)(masked_tile)
@@ -636,9 +491,6 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
 
         @pl.when(s == steps - 1)
         def _():
-            if mass is not None:  # before finish: the same m and l
-                finish_tile_mass(m_ref, l_ref, record_ref, mass_ref, q_start=i * block_q, q_tokens=q_tokens,
-                                 interpret=on_cpu)
             finish(m_ref, l_ref, acc_ref, o_ref, on_cpu, lse_ref)
 
     @refs.index_map
@@ -650,13 +502,7 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
         return head_of(h, head_order_ref), step_of(h, i, s, head_kind_ref, schedule_ref, head_order_ref)[0], 0
 
     out_shape, out_specs = _outputs(q, block_q, q_map, residuals)
-    scratch = softmax_scratch(block_q, head_dim, bounded=True)
-    if tile_mass:
-        out_shape, out_specs = _with_tile_mass(out_shape, out_specs, heads, nq, lanes, q_map)
-        scratch = scratch + [pltpu.VMEM((block_q, lanes), jnp.float32)]
-    if skip_below is not None:
-        scratch = scratch + [pltpu.VMEM((block_q, LANES), jnp.float32)]  # skip-softmax's running max
-    outs = pl.pallas_call(
+    return pl.pallas_call(
         refs.kernel(kernel),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=len(tables),
@@ -666,25 +512,9 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
                       pl.BlockSpec((None, block_kv, head_dim), kv_map),
                       pl.BlockSpec(memory_space=pltpu.SMEM)],  # [heads] f32 key-norm maxima
             out_specs=out_specs,
-            scratch_shapes=scratch),
+            scratch_shapes=softmax_scratch(block_q, head_dim, bounded=True)),
         out_shape=out_shape,
         compiler_params=compiler_params(vmem_limit_bytes),
         interpret=interpret,
         name=f"{stage}_block_sparse_attention",
     )(*tables, q, k, v, key_norm_max(k))
-    if not tile_mass:
-        return outs
-    masses = outs[-1].reshape(heads, nq, lanes)[:, :, :steps].reshape(heads, nq * steps)
-    return (*outs[:-1], masses)
-
-
-def _with_tile_mass(out_shape, out_specs, heads, nq, lanes, q_map):
-    """The outputs with the tile masses appended: f32 `[heads, 1, nq * lanes]`, one `[1, lanes]` row block
-    per (head, query tile) (a row that broadcasts down sublanes, like lse's), written at the tile's last step."""
-    def row_map(*grid_and_tables):
-        h, i, _ = q_map(*grid_and_tables)
-        return h, 0, i
-    shapes = tuple(out_shape) if isinstance(out_shape, tuple) else (out_shape,)
-    specs = tuple(out_specs) if isinstance(out_specs, tuple) else (out_specs,)
-    return (shapes + (jax.ShapeDtypeStruct((heads, 1, nq * lanes), jnp.float32),),
-            specs + (pl.BlockSpec((None, 1, lanes), row_map),))

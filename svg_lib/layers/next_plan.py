@@ -3,7 +3,7 @@
 A plan made at one denoising step (`semantic.semantic_plan`) fixes two things: the token orders
 (its clusters, the tiles' contents) and which tiles are computed. The orders age slowly; the
 choice of tiles can move cheaply if each step's forward says how much every computed tile
-weighed. The B3 forward does so with `tile_mass=True` (`kernels.forward.block_sparse_attention`):
+weighed. The B3 forward does so with its tile-mass side output (`kernels.observed`):
 per grid step, the softmax mass of the tile it visited (each row's share of its probability over
 the keys it computes, averaged over the query tile's rows), a `[heads, nq * steps]` f32 side
 output aligned with the schedule. From it, per head and query tile:
@@ -40,7 +40,7 @@ import numpy as np
 
 from svg_lib.core.planner import EMPTY, schedule_entry
 from svg_lib.kernels.device_plan import device_tables
-from svg_lib.kernels.forward import block_sparse_attention
+from svg_lib.kernels.observed import observed_block_sparse_attention
 from svg_lib.layers.semantic import (SemanticCentroids, SemanticPlan, check_plan, into_cluster_order, plan_recall,
                                      semantic_plan, tile_budget, tile_means, tile_scores, top_tiles)
 from svg_lib.layers.semantic_clusters import capacities
@@ -135,10 +135,10 @@ def _one_head(tokens, block_q, block_kv, steps, block_kv_compute, interpret, ski
         return k_ids < tokens
 
     def run(q, k, v, schedule):
-        out, masses = block_sparse_attention(q[None], k[None], v[None], jnp.zeros((1,), jnp.int32), schedule,
-                                             steps=steps, stage="b3", keep=not_padding, block_q=block_q,
-                                             block_kv=block_kv, block_kv_compute=block_kv_compute,
-                                             interpret=interpret, tile_mass=True, skip_below=skip_below)
+        out, masses = observed_block_sparse_attention(q[None], k[None], v[None], jnp.zeros((1,), jnp.int32), schedule,
+                                                      steps=steps, stage="b3", keep=not_padding, block_q=block_q,
+                                                      block_kv=block_kv, block_kv_compute=block_kv_compute,
+                                                      interpret=interpret, tile_mass=True, skip_below=skip_below)
         return out[0], masses[0]
     return run
 
