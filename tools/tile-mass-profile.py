@@ -7,7 +7,9 @@ Compile-only (libtpu, no TPU): probe kernels built like the cost probes' "free" 
 running max and the switch to the bound, later steps bounded), each in four variants:
 
     free          the tile body as the kernels run it by default
-    mass          with kernels.observed's tile mass: each visited step records l (and m), the masses at finish
+    mass          with kernels.observed's tile mass on a tile that passed the bound's test (every step
+                  records its l; the masses at finish)
+    mass_running  the same on a tile that failed it (each step records its m too)
     skip_tested   with skip-softmax on, every slice tested and (forced by the program id) not skipped
     skip_skipped  with skip-softmax on, every slice tested and (forced) skipped: q k^T and the test only
 
@@ -30,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "svg_lib" / "data" / "tile_mass_cost.json"
 BLOCKS = ((3328, 1536, 512), (512, 256, 256))   # block_q, block_kv, block_kv_compute
-VARIANTS = ("free", "mass", "skip_tested", "skip_skipped")
+VARIANTS = ("free", "mass", "mass_running", "skip_tested", "skip_skipped")
 SKIP_THRESHOLD = 10.0  # any value: the probes force the branch; the data never reach the simulator
 
 
@@ -43,7 +45,7 @@ def probe_kernel(block_q, block_kv, block_kv_compute, rows, steps, variant, head
     from svg_lib.kernels import forward as kf
     from svg_lib.kernels import observed as ko
 
-    mass_on = variant == "mass"
+    mass_on = variant.startswith("mass")
     skip_on = variant.startswith("skip")
     lanes = ko.tile_mass_lanes(steps)
 
@@ -85,8 +87,8 @@ def probe_kernel(block_q, block_kv, block_kv_compute, rows, steps, variant, head
         def _():
             pl.when(s == 0)(first_step)
             pl.when(s > 0)(functools.partial(tile, True))
-            if mass_on:  # every step visits: the kernel records after each one
-                mass.record(l_ref, m_ref, flag_ref)
+            if mass_on:  # every step visits: the kernel records after each one; m too only on a running tile
+                mass.record(l_ref, m_ref, flag_ref, running=(s < steps) if variant == "mass_running" else (s >= steps))
 
         @pl.when(s == steps - 1)
         def _():
@@ -195,9 +197,12 @@ def main():
                   "note": ("The B3 tile body (kernels.forward.online_softmax_tile, mask-free, bf16, head_dim 128, a "
                            "query tile's first step with the running max and the switch to the bound, later steps "
                            "bounded, as the cost probes' 'free') with and without its optional side output "
-                           "(mass: kernels.observed's tile mass, each visited step records the row's l so far in one "
-                           "lane, a cross-lane sum and a select, and its m while not on the bound; finish brings "
-                           "lanes to the final m, divides, averages over rows and takes lane differences) and its optional skip-softmax branch (skip_tested: every slice tested, "
+                           "(mass: kernels.observed's tile mass on a query tile that passed the bound's test, each "
+                           "visited step records the row's l so far in one lane, a cross-lane sum and a select; "
+                           "mass_running: on a tile that failed it, each step records its m too; finish brings "
+                           "lanes to the final m, divides, averages over rows and takes lane differences; which "
+                           "of the two is forced by the program id: the profile reads the kernel's SMEM flag as "
+                           "RUNNING) and its optional skip-softmax branch (skip_tested: every slice tested, "
                            "none skipped; skip_skipped: every slice tested and skipped; both forced by the "
                            "program id, which the profile follows, since it cannot see data). per_step: cycles "
                            "per grid step, (4 steps - 2 steps) / 2; per_query_tile: (2 query tiles - 1) less 2 "

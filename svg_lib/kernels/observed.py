@@ -65,15 +65,16 @@ class TileMass:
         self.record_ref[...] = jnp.zeros(self.record_ref.shape, jnp.float32)
         self.m_record_ref[...] = jnp.full(self.m_record_ref.shape, jnp.inf, jnp.float32)
 
-    def record(self, l_ref, m_ref, flag_ref):
+    def record(self, l_ref, m_ref, flag_ref, running=None):
         """After a visited step: lane `step` := each row's l, summed across its lanes; and its m while
-        the query tile is not on the bound."""
+        the query tile is not on the bound (`running`: None reads it from `flag_ref`; the cost probes
+        give it from the program id, since the static profile reads the flag as RUNNING)."""
         rows, lanes = self.record_ref.shape
         lane = jax.lax.broadcasted_iota(jnp.int32, (1, lanes), 1) == self.step
         row_sum = jnp.broadcast_to(jnp.sum(l_ref[...], axis=1, keepdims=True), (rows, LANES))
         self.record_ref[...] = jnp.where(lane, _lanes(row_sum, lanes, self.interpret), self.record_ref[...])
 
-        @pl.when(flag_ref[0] != BOUNDED)
+        @pl.when(flag_ref[0] != BOUNDED if running is None else running)
         def _():
             self.m_record_ref[...] = jnp.where(lane, _lanes(m_ref[...], lanes, self.interpret), self.m_record_ref[...])
 
