@@ -9,7 +9,7 @@ running max and the switch to the bound, later steps bounded), each in four vari
     free          the tile body as the kernels run it by default
     mass          with kernels.observed's tile mass on a tile that passed the bound's test (every step
                   records its l; the masses at finish)
-    mass_running  the same on a tile that failed it (each step records its m too)
+    mass_running  the same on a tile that failed it (the running-max body, which records its m too)
     skip_tested   with skip-softmax on, every slice tested and (forced by the program id) not skipped
     skip_skipped  with skip-softmax on, every slice tested and (forced) skipped: q k^T and the test only
 
@@ -68,6 +68,9 @@ def probe_kernel(block_q, block_kv, block_kv_compute, rows, steps, variant, head
             gate = (lambda run: run | forced) if variant == "skip_tested" else (lambda run: run & forced)
             body, extra = ko.skip_softmax_tile, dict(threshold=SKIP_THRESHOLD, seen_ref=seen_ref, gate=gate)
 
+        if mass_on:  # the record inside each body's branch, as the kernel has it
+            body, extra = functools.partial(ko.recording_tile, mass=mass), {}
+
         def tile(bounded):
             body(q_ref, k_ref, v_ref, *state, keep=None, q_start=i * block_q,
                                    k_start=s * block_kv, block_kv_compute=block_kv_compute, interpret=False,
@@ -86,9 +89,7 @@ def probe_kernel(block_q, block_kv, block_kv_compute, rows, steps, variant, head
         @pl.when(s < steps)
         def _():
             pl.when(s == 0)(first_step)
-            pl.when(s > 0)(functools.partial(tile, True))
-            if mass_on:  # every step visits: the kernel records after each one; m too only on a running tile
-                mass.record(l_ref, m_ref, flag_ref, running=(s < steps) if variant == "mass_running" else (s >= steps))
+            pl.when(s > 0)(functools.partial(tile, variant != "mass_running"))
 
         @pl.when(s == steps - 1)
         def _():
@@ -199,10 +200,10 @@ def main():
                            "bounded, as the cost probes' 'free') with and without its optional side output "
                            "(mass: kernels.observed's tile mass on a query tile that passed the bound's test, each "
                            "visited step records the row's l so far in one lane, a cross-lane sum and a select; "
-                           "mass_running: on a tile that failed it, each step records its m too; finish brings "
-                           "lanes to the final m, divides, averages over rows and takes lane differences; which "
-                           "of the two is forced by the program id: the profile reads the kernel's SMEM flag as "
-                           "RUNNING) and its optional skip-softmax branch (skip_tested: every slice tested, "
+                           "mass_running: on a tile that failed it, its running-max body records its m too (compare "
+                           "it with cost_reference.json's free_running, not with free); finish brings "
+                           "lanes to the final m, divides, averages over rows and takes lane differences; the "
+                           "record runs inside the tile body's branch, where its work overlaps the matmuls) and its optional skip-softmax branch (skip_tested: every slice tested, "
                            "none skipped; skip_skipped: every slice tested and skipped; both forced by the "
                            "program id, which the profile follows, since it cannot see data). per_step: cycles "
                            "per grid step, (4 steps - 2 steps) / 2; per_query_tile: (2 query tiles - 1) less 2 "

@@ -17,12 +17,13 @@ no estimate), sums to 1 over a query tile's steps, and is what recall counts. Th
 the tile's largest score against the row's final max, would cost a max over every score in the
 bounded body (which computes no max: a VPU op per element), and the final max is known only at finish.
 
-How it is kept cheap: the kernel already sums each row's p into l. After each visited step the row's
-l so far (summed across its lanes) goes into lane s of a per-row record `[block_q, lanes]` (lanes:
-steps rounded up to 128): a cross-lane sum and a select per step, nothing per key slice. While a
-query tile still runs the running max (its first step before the switch, or every step of a tile
-that failed the bound's test), the row's m goes into lane s of a second record; a tile on the bound
-never moves m, so its lanes need none (they keep +inf, read as "in the final m's units"). At finish
+How it is kept cheap: the kernel already sums each row's p into l. At the end of each visited
+step's tile body the row's l so far (summed across its lanes) goes into lane s of a per-row record
+`[block_q, lanes]` (lanes: steps rounded up to 128): a cross-lane sum and a select per step, nothing
+per key slice. A running-max body (a query tile's first step, before the switch to the bound, or
+every step of a tile that failed the bound's test) also puts the row's m into lane s of a second
+record; a body on the bound never moves m, so its lanes need none (they keep +inf, read as "in the
+final m's units"). At finish
 each lane is brought to the final m (exp(m_s - m)), divided by the row's final l, averaged over the
 rows, and lane s less lane s - 1 is step s's mass (the difference is linear, so it is taken after the
 mean, on one row). Idle steps record nothing; they come after a query tile's visited steps in every
@@ -40,7 +41,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, schedule_entry
-from svg_lib.kernels.forward import (BOUNDED, LANES, MAX_UNROLLED_CHUNKS, MASK_VALUE, NN, NT, _lane_sum, _lanes,
+from svg_lib.kernels.forward import (LANES, MAX_UNROLLED_CHUNKS, MASK_VALUE, NN, NT, _lane_sum, _lanes,
                                      _outputs, clear_tail, compiler_params, dot, finish, init_state, key_norm_max,
                                      online_softmax_tile, plain_interpreter, softmax_scratch, token_ids, try_bound,
                                      visit)
@@ -65,18 +66,26 @@ class TileMass:
         self.record_ref[...] = jnp.zeros(self.record_ref.shape, jnp.float32)
         self.m_record_ref[...] = jnp.full(self.m_record_ref.shape, jnp.inf, jnp.float32)
 
-    def record(self, l_ref, m_ref, flag_ref, running=None):
-        """After a visited step: lane `step` := each row's l, summed across its lanes; and its m while
-        the query tile is not on the bound (`running`: None reads it from `flag_ref`; the cost probes
-        give it from the program id, since the static profile reads the flag as RUNNING)."""
+    def record(self, l_ref, m_ref, bounded: bool):
+        """At the end of a tile body: lane `step` := each row's l, summed across its lanes; and, from a
+        running-max body (`bounded` False, known when tracing), its m. Called inside the body's own
+        branch: a separate branch after it cost the static profile 4 times as much (its work could not
+        overlap the tile's matmuls)."""
         rows, lanes = self.record_ref.shape
         lane = jax.lax.broadcasted_iota(jnp.int32, (1, lanes), 1) == self.step
         row_sum = jnp.broadcast_to(jnp.sum(l_ref[...], axis=1, keepdims=True), (rows, LANES))
         self.record_ref[...] = jnp.where(lane, _lanes(row_sum, lanes, self.interpret), self.record_ref[...])
-
-        @pl.when(flag_ref[0] != BOUNDED if running is None else running)
-        def _():
+        if not bounded:
             self.m_record_ref[...] = jnp.where(lane, _lanes(m_ref[...], lanes, self.interpret), self.m_record_ref[...])
+
+
+def recording_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, mass: TileMass, body=None, bounded=False, **kwargs):
+    """A tile body (`body`, default `forward.online_softmax_tile`) followed by the tile mass's record,
+    in the same branch. A switch to the bound after it needs nothing: the lane keeps the (l, m) pair
+    it was recorded with."""
+    (online_softmax_tile if body is None else body)(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, bounded=bounded,
+                                                     **kwargs)
+    mass.record(l_ref, m_ref, bounded)
 
 
 def tile_mass_lanes(steps: int) -> int:
@@ -208,6 +217,8 @@ def observed_block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stag
         mass = TileMass(record_ref, m_record_ref, s, on_cpu) if tile_mass else None
         tile_body = (functools.partial(skip_softmax_tile, threshold=float(skip_below), seen_ref=seen_ref) if skip
                      else online_softmax_tile)
+        if mass is not None:
+            tile_body = functools.partial(recording_tile, mass=mass, body=tile_body)
         body = functools.partial(tile_body, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
                                  q_start=i * block_q, k_start=kv_tile * block_kv,
                                  block_kv_compute=block_kv_compute, interpret=on_cpu)
@@ -229,8 +240,6 @@ def observed_block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stag
         else:
             pl.when(cls == FULL)(lambda: tile(None))
             pl.when(cls == PARTIAL)(masked_tile)
-        if mass is not None:
-            pl.when(cls != EMPTY)(lambda: mass.record(l_ref, m_ref, flag_ref))
 
         @pl.when(s == steps - 1)
         def _():
