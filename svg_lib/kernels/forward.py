@@ -416,6 +416,23 @@ def dense_flash_attention(q, k, v, *, block_q, block_kv, block_kv_compute, inter
 
 # -- block-sparse: B1, B2, B3 ---------------------------------------------------------------
 
+def schedule_tables(q, head_kind, schedule, *, steps, keep, block_q, head_order=None):
+    """(keeps, tables): the predicates as a tuple, one per kind of head, and the scalar-prefetched
+    tables `(head_kind, schedule[, head_order])`, their shapes checked against q `[heads, tokens,
+    head_dim]`, the kinds, the query tiles and `steps` before anything is traced."""
+    keeps = keep if isinstance(keep, tuple) else (keep,)
+    heads, q_tokens, _ = q.shape
+    nq = -(-q_tokens // block_q)
+    words = -(-len(keeps) * nq * steps // 2)
+    if tuple(schedule.shape) != (words,) or tuple(head_kind.shape) != (heads,):
+        raise ValueError(f"for {len(keeps)} kind(s) x {nq} query tiles x {steps} steps and {heads} heads the "
+                         f"schedule must be int32 [{words}] and head_kind int32 [{heads}] (planner.pack_schedule / "
+                         f"stack_schedules); got {tuple(schedule.shape)} and {tuple(head_kind.shape)}")
+    if head_order is not None and tuple(head_order.shape) != (heads,):
+        raise ValueError(f"head_order must be int32 [{heads}], a permutation of the heads; got {tuple(head_order.shape)}")
+    return keeps, (head_kind, schedule) + (() if head_order is None else (head_order,))
+
+
 def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, block_q, block_kv,
                            block_kv_compute, interpret, vmem_limit_bytes=None, residuals=False, head_order=None):
     """B1 / B2 / B3 over a planner schedule.
@@ -438,18 +455,11 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
     moving any array.
     """
     record = check_method(stage, PLANNED_METHODS, what="block-sparse stage")
-    keeps = keep if isinstance(keep, tuple) else (keep,)
+    keeps, tables = schedule_tables(q, head_kind, schedule, steps=steps, keep=keep, block_q=block_q,
+                                    head_order=head_order)
     heads, q_tokens, head_dim = q.shape
     tokens = k.shape[1]
     nq = -(-q_tokens // block_q)
-    words = -(-len(keeps) * nq * steps // 2)
-    if tuple(schedule.shape) != (words,) or tuple(head_kind.shape) != (heads,):
-        raise ValueError(f"for {len(keeps)} kind(s) x {nq} query tiles x {steps} steps and {heads} heads the "
-                         f"schedule must be int32 [{words}] and head_kind int32 [{heads}] (planner.pack_schedule / "
-                         f"stack_schedules); got {tuple(schedule.shape)} and {tuple(head_kind.shape)}")
-    if head_order is not None and tuple(head_order.shape) != (heads,):
-        raise ValueError(f"head_order must be int32 [{heads}], a permutation of the heads; got {tuple(head_order.shape)}")
-    tables = (head_kind, schedule) + (() if head_order is None else (head_order,))
     refs = KernelRefs(prefetch=("head_kind", "schedule", ("head_order", head_order is not None)),
                       inputs=("q", "k", "v", "key_norm"), outputs=("o", ("lse", residuals)),
                       scratch=("m", "l", "acc", "flag"))

@@ -43,7 +43,7 @@ from jax.experimental.pallas import tpu as pltpu
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, schedule_entry
 from svg_lib.kernels.forward import (LANES, MAX_UNROLLED_CHUNKS, MASK_VALUE, NN, NT, _lane_sum, _lanes,
                                      _outputs, clear_tail, compiler_params, dot, finish, init_state, key_norm_max,
-                                     online_softmax_tile, plain_interpreter, softmax_scratch, token_ids, try_bound,
+                                     online_softmax_tile, plain_interpreter, schedule_tables, softmax_scratch, token_ids, try_bound,
                                      visit)
 from svg_lib.kernels.refs import KernelRefs
 from svg_lib.methods import PLANNED_METHODS, check_method
@@ -184,16 +184,11 @@ def observed_block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stag
                                    or not skip_below > 0):
         raise ValueError(f"skip_below must be None or a number > 0 (a gap in logits), got {skip_below!r}")
     record = check_method(stage, PLANNED_METHODS, what="block-sparse stage")
-    keeps = keep if isinstance(keep, tuple) else (keep,)
+    keeps, tables = schedule_tables(q, head_kind, schedule, steps=steps, keep=keep, block_q=block_q,
+                                    head_order=head_order)
     heads, q_tokens, head_dim = q.shape
     tokens = k.shape[1]
     nq = -(-q_tokens // block_q)
-    words = -(-len(keeps) * nq * steps // 2)
-    if tuple(schedule.shape) != (words,) or tuple(head_kind.shape) != (heads,):
-        raise ValueError(f"for {len(keeps)} kind(s) x {nq} query tiles x {steps} steps and {heads} heads the "
-                         f"schedule must be int32 [{words}] and head_kind int32 [{heads}]; got "
-                         f"{tuple(schedule.shape)} and {tuple(head_kind.shape)}")
-    tables = (head_kind, schedule) + (() if head_order is None else (head_order,))
     skip = skip_below is not None
     refs = KernelRefs(prefetch=("head_kind", "schedule", ("head_order", head_order is not None)),
                       inputs=("q", "k", "v", "key_norm"), outputs=("o", ("lse", residuals), ("mass", tile_mass)),
