@@ -35,6 +35,19 @@ BLOCK_Q, BLOCK_KV, HALF_WIDTH = 512, 256, 768  # band |q - k| <= 768: 8 key tile
 STEPS, STEP_SHIFT = 8, 3
 FORMS = ("default", "heads_parallel", "split", "one_core")
 CYCLES = re.compile(r"estimated_cycles:\s*(\d+)")
+NOTE = (
+    "One number per kernel: the simulated cycles of one call, which halve where the grid's parallel steps"
+    ' split between the two TensorCores. The profile cannot be trusted for scalar-prefetched table values'
+    ' (the probes found zeros; here, with one head, the kind read was not 0), so the schedule decoder '
+    "(forward.schedule_entry) was replaced, for this measurement only, by arithmetic giving the band's B3"
+    " schedule (checked against the planner's); every step runs the body the real schedule gives it. "
+    'Profiling aborts (an instruction the profiler does not simulate) where heads x nq is odd and all of '
+    'it is parallel, so nq is a power of two here; such grids compile. Result (v5p, 8k-32k tokens): a '
+    'megacore chip shares the steps of all parallel axes together, so the default grid and the split form'
+    ' both run at about half of one_core for 1, 2 and 3 heads (split 1.4 % slower at 2 heads, equal at 1 '
+    'and 3); only with the head axis alone parallel does one head leave a core idle (heads_parallel: 1 '
+    'head = one_core, 3 heads = 2/3 of it). Written by tools/megacore-split.py.'
+)
 
 
 def band_b3_classes(tokens: int):
@@ -112,8 +125,8 @@ def measure(target: str, tokens: int, heads_list, profile_dir: str) -> list[dict
             for path in glob.glob(os.path.join(profile_dir, "*")):
                 os.remove(path)
             start = time.perf_counter()
-            compile_fn(f, [((heads,), "int32"), ((nq * STEPS // 2,), "int32")] + [((heads, tokens, 128), "bfloat16")] * 3,
-                       target)
+            shapes = [((heads,), "int32"), ((nq * STEPS // 2,), "int32")] + [((heads, tokens, 128), "bfloat16")] * 3
+            compile_fn(f, shapes, target)
             found = [int(c) for p in glob.glob(os.path.join(profile_dir, "*block_sparse*_static_llo_profile.textproto"))
                      for c in CYCLES.findall(Path(p).read_text())]
             if len(found) != 1:
@@ -123,6 +136,16 @@ def measure(target: str, tokens: int, heads_list, profile_dir: str) -> list[dict
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     fw.compiler_params = original_params
     return rows
+
+
+def git_commit() -> str | None:
+    """The short commit of the tree measured (None outside a git checkout)."""
+    import subprocess
+    try:
+        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def main() -> None:
@@ -157,15 +180,12 @@ def main() -> None:
                   "heads_parallel": "grid (heads, nq, steps), only the head axis parallel",
                   "split": "core_split=True: grid (2, heads, nq/2, steps), only the leading axis parallel",
                   "one_core": "no parallel axis: one TensorCore runs every step"},
-        "note": ("The static profile reads scalar-prefetched tables as zeros; the schedule decoder was replaced by "
-                 "arithmetic giving the band's B3 schedule (checked against the planner's), for this measurement only. "
-                 "A megacore chip shares the steps of all parallel axes together: default and split both run at about "
-                 "half of one_core for 1, 2 and 3 heads; only with the head axis alone parallel does one head leave a "
-                 "core idle (heads_parallel, 1 head = one_core). Written by tools/megacore-split.py."),
-        "versions": versions(), "rows": rows}
+        "note": NOTE,
+        "versions": versions(), "commit": git_commit(), "rows": rows}
     Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
     for r in rows:
-        print(f"{args.target} {r['tokens']:>6} tokens  heads {r['heads']}  {r['form']:15} {r['cycles']:>10,} cycles  {r['vs_one_core']:.3f} of one core")
+        print(f"{args.target} {r['tokens']:>6} tokens  heads {r['heads']}  {r['form']:15} {r['cycles']:>10,} cycles  "
+              f"{r['vs_one_core']:.3f} of one core")
 
 
 if __name__ == "__main__":
