@@ -230,6 +230,15 @@ def without_libtpu(monkeypatch, tmp_path):
     monkeypatch.setenv("SVG_LIB_CACHE_DIR", str(tmp_path / "cache"))
 
 
+def test_cost_grad_without_libtpu_says_what_to_install(without_libtpu, capsys, monkeypatch):
+    import svg_lib.cli.cost as cost_command
+
+    monkeypatch.setattr(cost_command, "has_libtpu", lambda: False)
+    code, out, err = run(capsys, "cost", "--preset", "small", "--grad")
+    assert code != 0 and out == "" and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and "--grad" in err and "pip install" in err
+
+
 @pytest.mark.parametrize("argv", [["--preset", "blog"], ["--preset", "blog", "--sweep", "--backward"],
                                   ["--preset", "small"], ["--preset", "blog", "--target", "v5e"]])
 def test_cost_without_libtpu_reads_the_committed_cycles(without_libtpu, capsys, argv):

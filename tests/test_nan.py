@@ -226,6 +226,22 @@ def test_semantic_attention():
     check(out, grads, keep, keep)
 
 
+def test_a_plan_from_nan_keys_computes_their_tile():
+    """A plan made from the NaN inputs: one NaN key turns its head's centroids NaN, and the tile it was
+    put in is still computed by every query tile, so the NaN reaches every row of that head, as it
+    would in a softmax over all keys; the other heads' plans see no NaN key and rank by score."""
+    (q, k, v), _, (_, ck, _) = inputs()
+    plan = svg_lib.semantic_plan(q, k, block_q=BLOCK, block_kv=BLOCK, density=0.5, iterations=1)
+    nan_tile = int(np.asarray(plan.k_place)[1, NAN_K]) // BLOCK
+    tiles = np.asarray(plan.tiles)
+    assert tiles[1, :, nan_tile].all()
+    assert not np.isfinite(np.asarray(plan.centroids.k)[1]).all()       # the centroids did go NaN
+    clean = svg_lib.semantic_plan(q, ck, block_q=BLOCK, block_kv=BLOCK, density=0.5, iterations=1)
+    np.testing.assert_array_equal(tiles[2], np.asarray(clean.tiles)[2])  # a clean head: the same plan
+    out = nan_rows(svg_lib.semantic_attention(q, k, v, plan, interpret=True))
+    assert out[1].all()
+
+
 def test_finite_inputs_are_untouched():
     """The clean inputs give finite outputs and gradients, and rows keeping nothing are exactly 0."""
     _, w, (q, k, v) = inputs()

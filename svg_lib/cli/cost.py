@@ -8,11 +8,13 @@ import json
 import sys
 
 from svg_lib.chips import DEFAULT_TARGET, TARGETS
+from svg_lib.environment import MissingCompiler, has_libtpu, missing_compiler_message
 from svg_lib.cli.common import Command, add_problem_arguments, config_from_args
 from svg_lib.problem import BLOG_SWEEP_V6E_MS
 from svg_lib.instruments.tpu.cost import (BLOG_RATIOS, EVIDENCE, MODEL_METHODS, REFERENCE_FILE, backward_tile_cost, cost_model,
                               filled_from, load_reference, tile_cost, training_model)
 from svg_lib.instruments.tpu.probes import BLOCKS_KIND, FAILING_KIND
+from svg_lib.instruments.tpu.step_profile import model_of_profile, profile_gradient
 
 BLOG_SWEEP_BQ = (1024, 3328, 4864)
 SWEEP_KINDS = ("free", "svg_masked", "idle")
@@ -28,6 +30,13 @@ def _cost_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also model the blog's BQ sweep (BKV 1536; BQ 1024, 3328, 4864): three more block sizes")
     parser.add_argument("--backward", action="store_true",
                         help="also the backward's kernels (ours fused and split, Splash's) and a training step's model")
+    parser.add_argument("--grad", action="store_true",
+                        help="also the static profile of the whole training step's attention (jax.grad of --grad-method, "
+                             "one compile with the profile on) beside the training model (implies --backward); its time and memory grow "
+                             "fast with the grid: keep the problem small (16,128 tokens at 1024 x 512: minutes, 13 GB)")
+    parser.add_argument("--grad-method", choices=("dense", "b1", "b2", "b3"), default="b3",
+                        help="the method whose jax.grad --grad profiles (default b3; dense is the one whose tiles the "
+                             "profile simulates: the others read their schedules from SMEM, which it reads as 0)")
     parser.add_argument("--refresh", action="store_true", help="recompile the probes even if cached")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
@@ -61,8 +70,32 @@ def _training_table(model: dict) -> str:
     return "\n".join(lines)
 
 
+def _grad_table(compared: dict, method: str) -> str:
+    """The training model beside the whole step's profile, part by part."""
+    lines = [f"training model vs the whole step's profile, {method}",
+             f"  {'part':9} {'model':>13} {'profile':>13} {'model / profile':>16}"]
+    model, profile = compared["model"], compared["profile"]
+    for part in ("forward", "backward", "total"):
+        lines.append(f"  {part:9} {model[part]:13,.0f} {profile[part]:13,.0f} {compared['ratios'][part]:16.3f}")
+    lines.append(f"  (the profile's total holds XLA's ops too, {profile['others']:,} cycles, which the model leaves out)")
+    if "model_as_simulated" in compared:
+        sim = compared["model_as_simulated"]
+        lines.append(f"  the model of what the profile simulates ({method}'s grids, every step idle):")
+        for part in ("forward", "backward", "total"):
+            lines.append(f"  {part:9} {sim[part]:13,.0f} {profile[part]:13,.0f} "
+                         f"{compared['ratios_as_simulated'][part]:16.3f}")
+        anchored = compared["anchored"]
+        lines.append(f"  the whole step, the profile's cycles plus each computed step's body less the idle step simulated "
+                     f"in its place: forward {anchored['forward']:,.0f}, backward {anchored['backward']:,.0f}, total "
+                     f"{anchored['total']:,.0f} (model / this: backward {model['backward'] / anchored['backward']:.3f}, "
+                     f"total {model['total'] / anchored['total']:.3f})")
+    return "\n".join(lines)
+
+
 def _cost_run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    if args.grad and not has_libtpu():  # before any probing: the committed cycles cannot stand in for a compile
+        raise MissingCompiler(missing_compiler_message("--grad (the static profile of a whole jax.grad)"))
     bq, bkv = config.block_q, config.block_kv
     cost = tile_cost(args.target, config, refresh=args.refresh)
     committed = cost.cache_path == str(REFERENCE_FILE)  # no libtpu here: the committed cycles, said so
@@ -93,11 +126,17 @@ def _cost_run(args: argparse.Namespace) -> int:
             sweep[sq] = {"model_cycles": cost_model(at, c, methods=("b2",))["b2"],
                          "blog_ms": BLOG_SWEEP_V6E_MS.get(sq), "tile_cost": c.to_json()}
         out["sweep_b2_bkv1536"] = sweep
+    if args.grad:
+        args.backward = True
     if args.backward:
         bwd = backward_tile_cost(args.target, block_q=bq, block_kv=bkv, block_kv_compute=cost.block_kv_compute,
                                  head_dim=config.head_dim, kinds=("free", "svg_masked"), refresh=args.refresh)
         out["backward_cost"] = {k: v for k, v in bwd.to_json().items() if k != "raw"}
         out["training_model"] = training_model(config, cost, bwd)
+    if args.grad:
+        step = profile_gradient(config, args.grad_method, args.target, show=not args.json)
+        out["grad_profile"] = step.to_json()
+        out["grad_vs_model"] = model_of_profile(step, cost, bwd)
     out["tile_cost"].pop("raw", None)
     if args.json:
         print(json.dumps(out))
@@ -114,6 +153,10 @@ def _cost_run(args: argparse.Namespace) -> int:
         print()
         print(bwd.table())
         print(_training_table(out["training_model"]))
+    if args.grad:
+        print()
+        print(step.table())
+        print(_grad_table(out["grad_vs_model"], args.grad_method))
     if sweep:
         base = sweep[3328]["model_cycles"] if 3328 in sweep else None
         print("\nB2 block-size sweep, BKV 1536 (model cycles without the per-row terms; blog ms measured on a v6e)")

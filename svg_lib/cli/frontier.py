@@ -11,6 +11,8 @@ import time
 
 from svg_lib.cli.common import Command, output_file
 from svg_lib.instruments.tools.frontier import DEFAULT_MASKS, MASKS, frontier, plot, table
+from svg_lib.instruments.tools.frontier_records import DEFAULT_POLICY, DENOISING_STEPS, RECORD_MASKS, run
+from svg_lib.layers.plan_reuse import RefreshPolicy
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,7 +21,14 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--masks", default=",".join(DEFAULT_MASKS), metavar="LIST",
                         help=f"comma-separated mask families of {','.join(MASKS)} (default {','.join(DEFAULT_MASKS)}; "
                              "semantic adds a few minutes of k-means on a CPU)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument("--json", metavar="PATH", type=output_file,
+                        help="write every cost on the frontier as JSON records to PATH instead of the table: per mask, "
+                             "chip, head kind of the clip (content, mixed, spatial, temporal, local3d at 75,600 tokens) "
+                             "and recall target, attention + plan (amortized) + permutation ms "
+                             "(svg_lib.instruments.tools.frontier_records; minutes of k-means on a CPU)")
+    parser.add_argument("--refresh-every", type=int, default=DEFAULT_POLICY.every, metavar="STEPS",
+                        help=f"with --json: semantic tiles plan again every STEPS of the {DENOISING_STEPS}-step run "
+                             f"(default {DEFAULT_POLICY.every}; 0: never after the first)")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -29,14 +38,25 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError(f"--masks takes a comma-separated list of {', '.join(MASKS)}; got {args.masks!r}")
     if args.rows < 1:
         raise ValueError(f"--rows must be a positive number of query rows, got {args.rows}")
+    if args.refresh_every < 0:
+        raise ValueError(f"--refresh-every must be a number of steps >= 1, or 0 for never, got {args.refresh_every}")
     start = time.perf_counter()
+    if args.json:
+        policy = RefreshPolicy(every=args.refresh_every or None)
+        chosen = masks if args.masks != ",".join(DEFAULT_MASKS) else RECORD_MASKS  # the records price semantic tiles too
+        result = run(rows=args.rows, masks=chosen, policy=policy, bar=True)
+        result["seconds"] = time.perf_counter() - start
+        result["command"] = "python -m svg_lib frontier --json PATH" + (f" --rows {args.rows}" if args.rows != 64 else "")
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+        n = len(result["records"])
+        print(f"wrote {n} records to {args.json} ({result['seconds']:.0f} s)")
+        return 0
     result = frontier(rows=args.rows, masks=masks, bar=True)
     plot(result, args.plot)
     result["plot"] = str(args.plot)
     result["seconds"] = time.perf_counter() - start
-    if args.json:
-        print(json.dumps(result))
-        return 0
     print(table(result))
     print(f"plot: {result['plot']} ({result['seconds']:.0f} s)")
     return 0

@@ -370,9 +370,11 @@ def attention_fused(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, stag
             write_dq(dq_acc, dq_out, dq_hbm.at[h], sem)
 
     out = jax.ShapeDtypeStruct(k.shape, k.dtype)
+    # dq's output is pinned to HBM: left to XLA (`pl.ANY`), a small one may be placed in VMEM, and
+    # the compiler's static profile cannot simulate `write_dq`'s copy then (a VMEM-to-VMEM DMA)
     dq, dk, dv = _call(kernel, prefetch, (q, k, v, do, lse_rows, di_rows), grid=(heads, nk, steps_t),
                        in_specs=in_specs, out_specs=[pl.BlockSpec(memory_space=pl.ANY), kv, kv],
-                       out_shape=[jax.ShapeDtypeStruct((heads, dq_rows(q_tokens), head_dim), q.dtype), out, out],
+                       out_shape=[pltpu.HBM((heads, dq_rows(q_tokens), head_dim), q.dtype), out, out],
                        scratch=fused_scratch(nq_pad, block_q, block_kv, head_dim, q.dtype),
                        semantics=("parallel", "arbitrary", "arbitrary"), vmem_limit_bytes=vmem_limit_bytes,
                        interpret=interpret, name=f"{stage}_attention_fused_bwd")

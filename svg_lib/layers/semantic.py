@@ -318,6 +318,15 @@ def tile_means(x, place, block: int):
     return jax.vmap(lambda xh, th: member_means(xh, th, sizes))(x, tile_of_token)
 
 
+def nonfinite_tiles(k, k_place, block_kv: int):
+    """bool `[heads, nk]`: the key tiles (of the order whose inverse is `k_place` int `[heads, tokens]`)
+    that hold a key of `k` `[heads, tokens, d]` with a NaN or an infinity: one mean per tile of a
+    flag per key (`tile_means`, a matmul with one column; no scatter)."""
+    jnp = _jax().numpy
+    flag = jnp.logical_not(jnp.isfinite(k).all(axis=-1, keepdims=True)).astype(jnp.float32)
+    return tile_means(flag, k_place, block_kv)[..., 0] > 0
+
+
 def plan_from_orders(q, k, q_order, k_order, *, block_q: int, block_kv: int, steps: int, top_p=None,
                      pinned=None, means=None, places=None) -> SemanticPlan:
     """The plan of given token orders: tiles cut from `q_order` and `k_order` (int `[heads, tokens]`),
@@ -334,6 +343,10 @@ def plan_from_orders(q, k, q_order, k_order, *, block_q: int, block_kv: int, ste
     else:  # the tiles' means, known already (k-means' centroids): no sort to find each token's tile
         q_cent, k_cent = means
     scores = tile_scores(q_cent, k_cent, capacities(q.shape[1], block_kv))
+    # a key tile holding a non-finite key ranks first for every query tile, so that its NaN reaches
+    # the rows as in a softmax over every key: one NaN key turns every k-means centroid NaN, and
+    # the scores of NaN centroids rank the tiles by index, which would drop it and hide the NaN
+    scores = _jax().numpy.where(nonfinite_tiles(k, k_place, block_kv)[:, None, :], _jax().numpy.inf, scores)
     tiles = select_tiles(scores, steps, top_p=top_p, pinned=pinned)
     return SemanticPlan(q_order, k_order, q_place, k_place, tiles, SemanticCentroids(q_cent, k_cent), block_q,
                         block_kv, steps)

@@ -13,6 +13,14 @@ The choice is SVG's profiling made tile-aligned: for a few sampled query rows, t
 head's dense softmax mass that falls inside each candidate's computed pairs (`plan_recall`); the
 head takes the candidate with the highest. Candidates should be compared at equal computed pairs:
 give the band mask and the semantic plan the same density.
+
+Positional heads have more candidates than SVG's two bands: the six axis orders of the video's
+(frame, height, width) grid, each with a static band of tiles chosen from the head's own sampled
+rows (`axis_orders`). `route_orders` adds them and prices the choice: each candidate comes with a
+cost (the attention's cycles by the cost model plus its permutation's, computed by the caller,
+`instruments.tools.axis_order_cost`), and each head takes the cheapest candidate whose recall is
+within `tolerance` of its best (`cheapest_near_best`). So no candidate at least as recalling as
+the chosen one is cheaper.
 """
 from __future__ import annotations
 
@@ -20,7 +28,8 @@ import numpy as np
 
 from svg_lib.core.geometry import temporal_major_permutation
 from svg_lib.core.svg_masks import SVGMask
-from svg_lib.layers.semantic import SemanticPlan, plan_recall
+from svg_lib.layers.axis_orders import AXIS_ORDERS, check_order, order_plan, order_tiles
+from svg_lib.layers.semantic import SemanticPlan, check_density, plan_recall, tile_budget
 
 CANDIDATES = ("spatial", "temporal", "semantic")  # choice codes 0, 1, 2
 
@@ -95,3 +104,78 @@ def route(q, k, plan: SemanticPlan, mask: SVGMask, rows):
     recalls = candidate_recalls(q, k, plan, mask, rows)
     choice = jnp.argmax(recalls, axis=1).astype(jnp.int32)
     return routed_plan(plan, mask, choice), choice, recalls
+
+
+# -- with the six axis orders, priced --------------------------------------------------------
+
+def order_candidates(orders=AXIS_ORDERS) -> tuple[str, ...]:
+    """The candidates' names in `route_orders`' code order: CANDIDATES, then "order:<order>" per order."""
+    return CANDIDATES + tuple(f"order:{check_order(o)}" for o in orders)
+
+
+def candidate_plans(q, k, plan: SemanticPlan, mask: SVGMask, rows, *, density: float, orders=AXIS_ORDERS):
+    """`[spatial band, temporal band, plan, *one plan per order]`: each axis order with its static tiles
+    chosen from the sampled `rows` at `density` (`axis_orders.order_tiles`; q, k `[heads, tokens,
+    head_dim]`, frame-major, on `mask.geometry`'s grid), all at `plan`'s blocks."""
+    spatial, temporal = band_plans(mask, plan)
+    nk = -(-plan.tokens // plan.block_kv)
+    steps = tile_budget(check_density(density), nk)
+    extra = [order_plan(order_tiles(q, k, mask.geometry, o, rows, density=density, block_q=plan.block_q,
+                                    block_kv=plan.block_kv), mask.geometry, o, block_q=plan.block_q,
+                        block_kv=plan.block_kv, centroids=plan.centroids, steps=steps) for o in orders]
+    return [spatial, temporal, plan] + extra
+
+
+def pick_plan(plans, choice) -> SemanticPlan:
+    """The plan each head runs: head h takes row h of `plans[choice[h]]` (int `[heads]`, may be traced).
+    Its `steps` is the largest of the plans', so every choice fits one program."""
+    import jax.numpy as jnp
+
+    choice = jnp.asarray(choice)
+
+    def pick(rows):
+        sel = choice.reshape((-1,) + (1,) * (rows[0].ndim - 1))
+        out = rows[0]
+        for i, r in enumerate(rows[1:], start=1):
+            out = jnp.where(sel == i, r, out)
+        return out
+
+    first = plans[0]
+    fields = [pick([getattr(p, f) for p in plans]) for f in ("q_order", "k_order", "q_place", "k_place", "tiles")]
+    return SemanticPlan(*fields, plans[2].centroids if len(plans) > 2 else first.centroids, first.block_q,
+                        first.block_kv, max(p.steps for p in plans))
+
+
+def cheapest_near_best(recalls, costs, tolerance: float = 0.0):
+    """int32 `[heads]`: per head, the cheapest candidate among those whose recall is within `tolerance`
+    of the head's best (equal costs: the higher recall, then the first). recalls f32 `[heads, candidates]`; costs `[candidates]` or
+    `[heads, candidates]` (any unit, lower is better). Any candidate recalling at least as much as the
+    chosen one costs at least as much. Traceable."""
+    import jax.numpy as jnp
+
+    recalls = jnp.asarray(recalls)
+    costs = jnp.broadcast_to(jnp.asarray(costs, jnp.float32), recalls.shape)
+    if not 0.0 <= float(tolerance) < 1.0:
+        raise ValueError(f"tolerance is a recall margin in [0, 1), got {tolerance!r}")
+    near = recalls >= recalls.max(axis=1, keepdims=True) - tolerance
+    cheapest = jnp.where(near, costs, jnp.inf).min(axis=1, keepdims=True)
+    # among the cheapest of those (equal costs), the one of highest recall
+    return jnp.argmax(jnp.where(near & (costs == cheapest), recalls, -jnp.inf), axis=1).astype(jnp.int32)
+
+
+def route_orders(q, k, plan: SemanticPlan, mask: SVGMask, rows, costs, *, density: float, orders=AXIS_ORDERS,
+                 tolerance: float = 0.0):
+    """`(routed plan, choice int32 [heads], recalls f32 [heads, candidates])` over SVG's bands, semantic
+    tiles and the axis orders (`candidate_plans`, codes as `order_candidates(orders)`): each head takes
+    the cheapest candidate within `tolerance` of its best recall on the sampled `rows`
+    (`cheapest_near_best`). `costs`: `[candidates]` or `[heads, candidates]`."""
+    import jax.numpy as jnp
+
+    plans = candidate_plans(q, k, plan, mask, rows, density=density, orders=orders)
+    costs = jnp.asarray(costs, jnp.float32)
+    if costs.shape[-1] != len(plans):
+        raise ValueError(f"costs must give one cost per candidate ({len(plans)}: {', '.join(order_candidates(orders))}), "
+                         f"got shape {tuple(costs.shape)}")
+    recalls = jnp.stack([plan_recall(q, k, p, rows) for p in plans], axis=1)
+    choice = cheapest_near_best(recalls, costs, tolerance)
+    return pick_plan(plans, choice), choice, recalls
