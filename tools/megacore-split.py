@@ -1,12 +1,11 @@
 #!/usr/bin/env python3
 """Does one head keep both TensorCores of a megacore chip busy? The compiler's static profile of the B3
-forward on a v5p (or v4), four grids, 1, 2 and 3 heads; writes svg_lib/data/megacore_split.json.
+forward on a v5p (or v4), three grids, 1, 2 and 3 heads; writes svg_lib/data/megacore_split.json.
 
-Forms (all the same kernel, `svg_lib.kernels.forward.block_sparse_attention`):
-  default         grid (heads, nq, steps), ("parallel", "parallel", "arbitrary"): what the series runs
-  heads_parallel  the same grid with only the head axis "parallel"
-  split           core_split=True: grid (2, heads, nq / 2, steps), only the leading axis "parallel"
-  one_core        the same grid with no "parallel" axis: one core runs every step (the reference)
+Forms (all the same kernel, `svg_lib.kernels.forward.block_sparse_attention`, its grid (heads, nq, steps)):
+  default         ("parallel", "parallel", "arbitrary"): what the series runs
+  heads_parallel  only the head axis "parallel"
+  one_core        no "parallel" axis: one core runs every step (the reference)
 
 The static profile reads scalar-prefetched tables as zeros (svg_lib.instruments.tpu.probes), which would
 make every step idle; here the schedule's decoder (`forward.schedule_entry`) is replaced, for this
@@ -14,7 +13,8 @@ measurement only, by arithmetic on the step index that gives the B3 schedule of 
 against the planner's schedule below), so every step runs the body the real schedule gives it. The
 profile's cycles are a simulation of the compiled program, nothing run; compare them, do not turn them
 into seconds. Profiling aborts where the parallel steps do not split evenly (an odd heads x nq: the core
-split then divides by it, an instruction the profiler does not simulate), so nq is even here.
+split then divides by it, an instruction the profiler does not simulate), so nq is even here. The backward's
+counterpart: tools/megacore-backward.py.
 
     PYTHONPATH=$PWD python tools/megacore-split.py [--target v5p] [--tokens 8192 16384 32768] [--out PATH]
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 BLOCK_Q, BLOCK_KV, HALF_WIDTH = 512, 256, 768  # band |q - k| <= 768: 8 key tiles per query tile
 STEPS, STEP_SHIFT = 8, 3
-FORMS = ("default", "heads_parallel", "split", "one_core")
+FORMS = ("default", "heads_parallel", "one_core")
 CYCLES = re.compile(r"estimated_cycles:\s*(\d+)")
 NOTE = (
     "One number per kernel: the simulated cycles of one call, which halve where the grid's parallel steps"
@@ -43,10 +43,10 @@ NOTE = (
     " schedule (checked against the planner's); every step runs the body the real schedule gives it. "
     'Profiling aborts (an instruction the profiler does not simulate) where heads x nq is odd and all of '
     'it is parallel, so nq is a power of two here; such grids compile. Result (v5p, 8k-32k tokens): a '
-    'megacore chip shares the steps of all parallel axes together, so the default grid and the split form'
-    ' both run at about half of one_core for 1, 2 and 3 heads (split 1.4 % slower at 2 heads, equal at 1 '
-    'and 3); only with the head axis alone parallel does one head leave a core idle (heads_parallel: 1 '
-    'head = one_core, 3 heads = 2/3 of it). Written by tools/megacore-split.py.'
+    'megacore chip shares the steps of all parallel axes together, so the default grid runs at about half '
+    'of one_core for 1, 2 and 3 heads: the forward needs no split of its own; only with the head axis alone '
+    'parallel does one head leave a core idle (heads_parallel: 1 head = one_core, 3 heads = 2/3 of it). '
+    'Written by tools/megacore-split.py.'
 )
 
 
@@ -99,6 +99,8 @@ def check_entry(tokens: int) -> None:
 
 
 def measure(target: str, tokens: int, heads_list, profile_dir: str) -> list[dict]:
+    from jax.experimental.pallas import tpu as pltpu
+
     import svg_lib.kernels.forward as fw
     from svg_lib.instruments.tpu.compiler import compile_fn
 
@@ -107,21 +109,21 @@ def measure(target: str, tokens: int, heads_list, profile_dir: str) -> list[dict
     original_params = fw.compiler_params
 
     def params_for(form):
-        if form == "heads_parallel":
-            return lambda limit, sem=None: original_params(limit, ("parallel", "arbitrary", "arbitrary"))
-        if form == "one_core":
-            return lambda limit, sem=None: original_params(limit, ("arbitrary",) * (len(sem) if sem else 3))
-        return original_params
+        """The kernel's `compiler_params` with the form's dimension semantics (the default's own)."""
+        semantics = {"heads_parallel": ("parallel", "arbitrary", "arbitrary"), "one_core": ("arbitrary",) * 3}
+        if form not in semantics:
+            return original_params
+        return lambda limit: pltpu.CompilerParams(dimension_semantics=semantics[form], vmem_limit_bytes=limit)
 
     rows = []
     for heads in heads_list:
         for form in FORMS:
             fw.compiler_params = params_for(form)
 
-            def f(head_kind, schedule, q, k, v, split=form == "split"):
+            def f(head_kind, schedule, q, k, v):
                 return fw.block_sparse_attention(q, k, v, head_kind, schedule, steps=STEPS, stage="b3",
                                                  keep=lambda qi, ki: ki < tokens, block_q=BLOCK_Q, block_kv=BLOCK_KV,
-                                                 block_kv_compute=BLOCK_KV, interpret=False, core_split=split)
+                                                 block_kv_compute=BLOCK_KV, interpret=False)
             for path in glob.glob(os.path.join(profile_dir, "*")):
                 os.remove(path)
             start = time.perf_counter()
@@ -178,7 +180,6 @@ def main() -> None:
         "dtype": "bfloat16", "mask": f"band |q - k| <= {HALF_WIDTH}, B3 (tile-aligned): {STEPS} steps per query tile",
         "forms": {"default": "grid (heads, nq, steps), parallel x parallel x arbitrary (the series' kernel)",
                   "heads_parallel": "grid (heads, nq, steps), only the head axis parallel",
-                  "split": "core_split=True: grid (2, heads, nq/2, steps), only the leading axis parallel",
                   "one_core": "no parallel axis: one TensorCore runs every step"},
         "note": NOTE,
         "versions": versions(), "commit": git_commit(), "rows": rows}

@@ -349,12 +349,9 @@ def softmax_scratch(block_q, head_dim, bounded=False):
     return state + [pltpu.SMEM((1,), jnp.int32)] if bounded else state  # flag: switched to the bound
 
 
-def compiler_params(vmem_limit_bytes, semantics=None):
-    # heads and query tiles are independent; the kv axis carries the softmax state. A megacore chip
-    # (v4, v5p) shares the steps of all "parallel" axes together between its two TensorCores, in two
-    # contiguous halves (the compiler's static profile of a v5p: svg_lib/data/megacore_split.json),
-    # so one head's query tiles already keep both cores busy.
-    return pltpu.CompilerParams(dimension_semantics=semantics or ("parallel", "parallel", "arbitrary"),
+def compiler_params(vmem_limit_bytes):
+    # heads and query tiles are independent; the kv axis carries the softmax state
+    return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary"),
                                 vmem_limit_bytes=vmem_limit_bytes)
 
 
@@ -420,8 +417,7 @@ def dense_flash_attention(q, k, v, *, block_q, block_kv, block_kv_compute, inter
 # -- block-sparse: B1, B2, B3 ---------------------------------------------------------------
 
 def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, block_q, block_kv,
-                           block_kv_compute, interpret, vmem_limit_bytes=None, residuals=False, head_order=None,
-                           core_split=False):
+                           block_kv_compute, interpret, vmem_limit_bytes=None, residuals=False, head_order=None):
     """B1 / B2 / B3 over a planner schedule.
 
     schedule: int32 `[ceil(kinds * nq * steps / 2)]` from the planner (`TilePlan.schedule`,
@@ -440,13 +436,6 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
     splits the grid's head rows into contiguous halves between its two cores; the routed layer
     gives an order that balances the kinds between them (`routing.balanced_order`) without
     moving any array.
-    core_split: False (the default), or True for the split form: grid `(2, heads, ceil(nq / 2), steps)`
-    whose leading axis, the only "parallel" one, gives each of a megacore chip's two TensorCores one
-    contiguous half of every head's query tiles. Where nq is odd, the second
-    half's last row is a dummy that repeats query tile nq - 1's blocks and computes nothing (its
-    output block is the one already finished and resident). Needs nq >= 2. Off by default: the
-    compiler's static profile of a v5p found the default grid already shared by both cores for any
-    head count (svg_lib/data/megacore_split.json), so nothing picks the split form today.
     """
     record = check_method(stage, PLANNED_METHODS, what="block-sparse stage")
     keeps = keep if isinstance(keep, tuple) else (keep,)
@@ -460,12 +449,6 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
                          f"stack_schedules); got {tuple(schedule.shape)} and {tuple(head_kind.shape)}")
     if head_order is not None and tuple(head_order.shape) != (heads,):
         raise ValueError(f"head_order must be int32 [{heads}], a permutation of the heads; got {tuple(head_order.shape)}")
-    if core_split not in (False, True):
-        raise TypeError(f"core_split must be True or False, got {core_split!r}")
-    if core_split and nq < 2:
-        raise ValueError(f"core_split halves each head's {nq} query tile(s) between two cores: it needs at least 2 "
-                         f"(q tokens {q_tokens}, block_q {block_q}); use core_split=False")
-    half = -(-nq // 2)
     tables = (head_kind, schedule) + (() if head_order is None else (head_order,))
     refs = KernelRefs(prefetch=("head_kind", "schedule", ("head_order", head_order is not None)),
                       inputs=("q", "k", "v", "key_norm"), outputs=("o", ("lse", residuals)),
@@ -480,8 +463,9 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
         """(key tile, class) of grid step (h, i, s): entry (kind, i, s) of the schedule."""
         return schedule_entry(schedule_ref, (head_kind_ref[head_of(h, head_order_ref)] * nq + i) * steps + s)
 
-    def run(h, i, s, *, head_kind_ref, schedule_ref, head_order_ref, q_ref, k_ref, v_ref, key_norm_ref, o_ref,
-            lse_ref, m_ref, l_ref, acc_ref, flag_ref):
+    def kernel(*, head_kind_ref, schedule_ref, head_order_ref, q_ref, k_ref, v_ref, key_norm_ref, o_ref, lse_ref,
+               m_ref, l_ref, acc_ref, flag_ref):
+        h, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         head = head_of(h, head_order_ref)
         kv_tile, cls = step_of(h, i, s, head_kind_ref, schedule_ref, head_order_ref)
         clear_tail(q_ref, i, q_tokens), clear_tail(k_ref, kv_tile, tokens), clear_tail(v_ref, kv_tile, tokens)
@@ -509,42 +493,12 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
         def _():
             finish(m_ref, l_ref, acc_ref, o_ref, on_cpu, lse_ref)
 
-    if core_split:
-        grid, semantics = (2, heads, half, steps), ("parallel", "arbitrary", "arbitrary", "arbitrary")
-
-        def tile_ids(c, h, r, s):
-            """(head row, query tile, step) of split grid step (c, h, r, s); the dummy row (c, r) past
-            the last query tile (odd nq) repeats that tile's last step, so that it fetches nothing new."""
-            i = c * half + r
-            if nq % 2 == 0:
-                return h, i, s
-            past = i >= nq
-            return h, jnp.where(past, nq - 1, i), jnp.where(past, steps - 1, s)
-
-        def kernel(**kw):
-            c, h, r, s = (pl.program_id(a) for a in range(4))
-            ids = tile_ids(c, h, r, s)
-            if nq % 2 == 0:
-                run(*ids, **kw)
-            else:
-                pl.when(c * half + r < nq)(lambda: run(*ids, **kw))
-    else:
-        grid, semantics = (heads, nq, steps), None
-
-        def tile_ids(h, i, s):
-            return h, i, s
-
-        def kernel(**kw):
-            run(pl.program_id(0), pl.program_id(1), pl.program_id(2), **kw)
-
     @refs.index_map
-    def q_map(*ids, head_kind_ref, schedule_ref, head_order_ref):
-        h, i, s = tile_ids(*ids)
+    def q_map(h, i, s, *, head_kind_ref, schedule_ref, head_order_ref):
         return head_of(h, head_order_ref), i, 0
 
     @refs.index_map
-    def kv_map(*ids, head_kind_ref, schedule_ref, head_order_ref):
-        h, i, s = tile_ids(*ids)
+    def kv_map(h, i, s, *, head_kind_ref, schedule_ref, head_order_ref):
         return head_of(h, head_order_ref), step_of(h, i, s, head_kind_ref, schedule_ref, head_order_ref)[0], 0
 
     out_shape, out_specs = _outputs(q, block_q, q_map, residuals)
@@ -552,7 +506,7 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
         refs.kernel(kernel),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=len(tables),
-            grid=grid,
+            grid=(heads, nq, steps),
             in_specs=[pl.BlockSpec((None, block_q, head_dim), q_map),
                       pl.BlockSpec((None, block_kv, head_dim), kv_map),
                       pl.BlockSpec((None, block_kv, head_dim), kv_map),
@@ -560,7 +514,7 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
             out_specs=out_specs,
             scratch_shapes=softmax_scratch(block_q, head_dim, bounded=True)),
         out_shape=out_shape,
-        compiler_params=compiler_params(vmem_limit_bytes, semantics),
+        compiler_params=compiler_params(vmem_limit_bytes),
         interpret=interpret,
         name=f"{stage}_block_sparse_attention",
     )(*tables, q, k, v, key_norm_max(k))
