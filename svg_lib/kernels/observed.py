@@ -1,0 +1,291 @@
+"""The block-sparse forward that also reports what each tile weighed, and skip-softmax beside it.
+
+`observed_block_sparse_attention` is `forward.block_sparse_attention` (the same grid, schedule,
+tile body, bounded max and finish: its output and lse are bit-identical) with two options:
+
+* `tile_mass` (on by default here): a side output f32 `[heads, nq * steps]`, aligned with the
+  schedule: for grid step (h, i, s) the softmax mass of the tile it visited, for planning the next
+  denoising step's tiles from this one's (`layers.next_plan`). 0 at idle steps.
+* `skip_below` (off by default): skip-softmax, a lossy branch (`skip_softmax_tile`).
+
+The series' kernels in `forward` are left exactly as they are (the probes' digest and the notebooks'
+excerpts of their source read them); this module reuses their pieces.
+
+The statistic: the tile's softmax mass, the share of each row's probability (over the keys the row
+computes) that falls in the tile, averaged over the query tile's real rows. It is exact (no bound,
+no estimate), sums to 1 over a query tile's steps, and is what recall counts. The other candidate,
+the tile's largest score against the row's final max, would cost a max over every score in the
+bounded body (which computes no max: a VPU op per element), and the final max is known only at finish.
+
+How it is kept cheap: the kernel already sums each row's p into l. At the end of each visited
+step's tile body the row's l so far (summed across its lanes) goes into lane s of a per-row record
+`[block_q, lanes]` (lanes: steps rounded up to 128): a cross-lane sum and a select per step, nothing
+per key slice. A running-max body (a query tile's first step, before the switch to the bound, or
+every step of a tile that failed the bound's test) also puts the row's m into lane s of a second
+record; a body on the bound never moves m, so its lanes need none (they keep +inf, read as "in the
+final m's units"). At finish
+each lane is brought to the final m (exp(m_s - m)), divided by the row's final l, averaged over the
+rows, and lane s less lane s - 1 is step s's mass (the difference is linear, so it is taken after the
+mean, on one row). Idle steps record nothing; they come after a query tile's visited steps in every
+schedule (`planner.schedule_rows`, `device_plan.schedule_rows`), so a difference below 0 there reads
+0. A mass carries the rounding of the cumulative sum: about 1e-7 absolute.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from svg_lib.core.planner import EMPTY, FULL, PARTIAL, schedule_entry
+from svg_lib.kernels.forward import (LANES, MAX_UNROLLED_CHUNKS, MASK_VALUE, NN, NT, _lane_sum, _lanes,
+                                     _outputs, clear_tail, compiler_params, dot, finish, init_state, key_norm_max,
+                                     online_softmax_tile, plain_interpreter, softmax_scratch, token_ids, try_bound,
+                                     visit)
+from svg_lib.kernels.refs import KernelRefs
+from svg_lib.methods import PLANNED_METHODS, check_method
+
+
+# -- the tile mass ----------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class TileMass:
+    """The side output's scratch: `record_ref` `[block_q, lanes]` f32, each row's l so far at each
+    visited step; `m_record_ref` `[block_q, lanes]` f32, the row's m at steps that ran the running max
+    (+inf elsewhere); `step` the grid step (its lane); `interpret` as the tile body's."""
+
+    record_ref: object
+    m_record_ref: object
+    step: object
+    interpret: bool = False
+
+    def start(self):
+        self.record_ref[...] = jnp.zeros(self.record_ref.shape, jnp.float32)
+        self.m_record_ref[...] = jnp.full(self.m_record_ref.shape, jnp.inf, jnp.float32)
+
+    def record(self, l_ref, m_ref, bounded: bool):
+        """At the end of a tile body: lane `step` := each row's l, summed across its lanes; and, from a
+        running-max body (`bounded` False, known when tracing), its m. Called inside the body's own
+        branch: a separate branch after it cost the static profile 4 times as much (its work could not
+        overlap the tile's matmuls)."""
+        rows, lanes = self.record_ref.shape
+        lane = jax.lax.broadcasted_iota(jnp.int32, (1, lanes), 1) == self.step
+        row_sum = jnp.broadcast_to(jnp.sum(l_ref[...], axis=1, keepdims=True), (rows, LANES))
+        self.record_ref[...] = jnp.where(lane, _lanes(row_sum, lanes, self.interpret), self.record_ref[...])
+        if not bounded:
+            self.m_record_ref[...] = jnp.where(lane, _lanes(m_ref[...], lanes, self.interpret), self.m_record_ref[...])
+
+
+def recording_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, mass: TileMass, body=None, bounded=False, **kwargs):
+    """A tile body (`body`, default `forward.online_softmax_tile`) followed by the tile mass's record,
+    in the same branch. A switch to the bound after it needs nothing: the lane keeps the (l, m) pair
+    it was recorded with."""
+    (online_softmax_tile if body is None else body)(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, bounded=bounded,
+                                                     **kwargs)
+    mass.record(l_ref, m_ref, bounded)
+
+
+def tile_mass_lanes(steps: int) -> int:
+    """Lanes of the per-row records: `steps` rounded up to a multiple of 128."""
+    return -(-steps // LANES) * LANES
+
+
+def finish_tile_mass(m_ref, l_ref, mass: TileMass, mass_ref, *, q_start, q_tokens: int, interpret=False):
+    """mass_ref `[1, lanes]` := lane s holds step s's tile mass (module docstring). A row that saw no
+    kept key adds 0 (like its output); a NaN row makes its query tile's masses NaN (as its output is NaN)."""
+    rows, lanes = mass.record_ref.shape
+    m = m_ref[...]
+    row_sum = jnp.broadcast_to(jnp.sum(l_ref[...], axis=1, keepdims=True), m.shape)   # [rows, 128]
+    seen = jnp.logical_not(m <= 0.5 * MASK_VALUE) | jnp.isnan(row_sum)
+    real = token_ids(q_start, rows, 0) < q_tokens                                     # [rows, 1]
+    weight = jnp.where(seen & real, 1.0 / jnp.where(seen, row_sum, 1.0), 0.0)         # [rows, 128]
+    m_rec = mass.m_record_ref[...]
+    to_final = jnp.where(m_rec == jnp.inf, 1.0, jnp.exp(m_rec - _lanes(m, lanes, interpret)))
+    real_rows = jnp.minimum(q_tokens - q_start, rows).astype(jnp.float32)
+    cumulative = jnp.sum(mass.record_ref[...] * to_final * _lanes(weight, lanes, interpret), axis=0,
+                         keepdims=True) / real_rows                                   # [1, lanes]
+    lane = jax.lax.broadcasted_iota(jnp.int32, (1, lanes), 1)
+    shifted = jnp.roll(cumulative, 1, axis=1) if interpret else pltpu.roll(cumulative, 1, 1)
+    own = cumulative - jnp.where(lane == 0, 0.0, shifted)                             # lane s less lane s - 1
+    mass_ref[...] = jnp.where(own < 0.0, 0.0, own)  # a select, not a max: NaN passes (idle lanes: below 0)
+
+
+# -- skip-softmax: an optional, lossy tile body ---------------------------------------------------
+# After q k^T, a slice whose every score lies more than `threshold` below its row's running max adds
+# terms of at most exp(-threshold) of the row's largest: skip its exp, row sum and `p @ v` (BLASST;
+# LiteAttention carries the skips to later steps). One test per slice for the whole block, so that it
+# takes one branch: a row max of the scores (the running body takes it anyway; the bounded body pays
+# for it, a VPU op per score) and a max over the block's rows. The bounded body's m is the
+# Cauchy-Schwarz bound, up to BOUND_SLACK above the real max: testing against it would skip slices that
+# hold a row's largest terms. So the running max is kept beside it (`seen_ref`), written by the
+# running body and raised by every bounded slice that runs; a skipped slice never holds a new max (all
+# its scores are below the old one). A NaN score may be skipped where the backend's max drops NaN.
+# Priced by tools/tile-mass-profile.py.
+
+def skip_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_start, k_start, block_kv_compute,
+                      interpret=False, bounded=False, threshold: float, seen_ref, gate=None):
+    """`forward.online_softmax_tile` with skip-softmax: each key slice whose every score lies more than
+    `threshold` below its row's running max (`seen_ref` `[block_q, 128]` f32 beside the bound; m itself
+    with the running max) skips its exp, row sum and `p @ v`. `gate`: None, or `gate(run) -> run`
+    applied to the test's outcome (the cost probes force each branch with it: the profile cannot see data)."""
+    block_q = q_ref.shape[0]
+    head_dim = acc_ref.shape[1]
+    chunks = k_ref.shape[0] // block_kv_compute
+    gate = (lambda run: run) if gate is None else gate
+
+    def chunk(c, carry):
+        q = q_ref[...]
+        ks = pl.ds(pl.multiple_of(c * block_kv_compute, block_kv_compute), block_kv_compute)
+        k = k_ref[ks, :]
+        v = v_ref[ks, :]
+        s = dot(q, k, NT)
+        if keep is not None:
+            q_ids = q_start + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)
+            k_ids = k_start + c * block_kv_compute + jax.lax.broadcasted_iota(jnp.int32, (1, block_kv_compute), 1)
+            s = jnp.where(keep(q_ids, k_ids), s, MASK_VALUE)
+        row_max = jnp.max(s, axis=1, keepdims=True)                          # [block_q, 1]
+        seen = seen_ref if bounded else m_ref                                # the running max
+        pl.when(gate(jnp.max(row_max - seen[...]) >= -threshold))(functools.partial(update, s, v, row_max))
+        return carry
+
+    def update(s, v, row_max):
+        if bounded:
+            seen_ref[...] = jnp.maximum(seen_ref[...], row_max)
+            p = jnp.exp(s - _lanes(m_ref[...], block_kv_compute, interpret))
+            l_ref[...] += _lane_sum(p)
+            acc_ref[...] += dot(p.astype(v.dtype), v, NN)
+            return
+        m_prev = m_ref[...]
+        m_next = jnp.maximum(m_prev, row_max)
+        p = jnp.exp(s - _lanes(m_next, block_kv_compute, interpret))
+        alpha = jnp.exp(m_prev - m_next)
+        l_ref[...] = alpha * l_ref[...] + _lane_sum(p)
+        m_ref[...] = m_next
+        seen_ref[...] = m_next
+        acc_ref[...] = _lanes(alpha, head_dim, interpret) * acc_ref[...] + dot(p.astype(v.dtype), v, NN)
+
+    jax.lax.fori_loop(0, chunks, chunk, None, unroll=chunks <= MAX_UNROLLED_CHUNKS)
+
+
+# -- the observed forward -----------------------------------------------------------------------
+
+def observed_block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, block_q, block_kv,
+                                    block_kv_compute, interpret, vmem_limit_bytes=None, residuals=False,
+                                    head_order=None, tile_mass=True, skip_below=None):
+    """`forward.block_sparse_attention` (same arguments, same output and lse) with the tile masses
+    appended to what it returns when `tile_mass`: f32 `[heads, nq * steps]` aligned with the schedule
+    (module docstring); and with `skip_below` (None: off), skip-softmax at that threshold (a step whose
+    slices were all skipped records mass 0). The extra VMEM: two `[block_q, lanes]` f32 records (and one
+    `[block_q, 128]` with skip-softmax), not counted by the memory budget."""
+    if skip_below is not None and (isinstance(skip_below, bool) or not isinstance(skip_below, (int, float))
+                                   or not skip_below > 0):
+        raise ValueError(f"skip_below must be None or a number > 0 (a gap in logits), got {skip_below!r}")
+    record = check_method(stage, PLANNED_METHODS, what="block-sparse stage")
+    keeps = keep if isinstance(keep, tuple) else (keep,)
+    heads, q_tokens, head_dim = q.shape
+    tokens = k.shape[1]
+    nq = -(-q_tokens // block_q)
+    words = -(-len(keeps) * nq * steps // 2)
+    if tuple(schedule.shape) != (words,) or tuple(head_kind.shape) != (heads,):
+        raise ValueError(f"for {len(keeps)} kind(s) x {nq} query tiles x {steps} steps and {heads} heads the "
+                         f"schedule must be int32 [{words}] and head_kind int32 [{heads}]; got "
+                         f"{tuple(schedule.shape)} and {tuple(head_kind.shape)}")
+    tables = (head_kind, schedule) + (() if head_order is None else (head_order,))
+    skip = skip_below is not None
+    refs = KernelRefs(prefetch=("head_kind", "schedule", ("head_order", head_order is not None)),
+                      inputs=("q", "k", "v", "key_norm"), outputs=("o", ("lse", residuals), ("mass", tile_mass)),
+                      scratch=("m", "l", "acc", "flag", ("record", tile_mass), ("m_record", tile_mass),
+                               ("seen", skip)))
+    on_cpu = plain_interpreter(interpret)
+    lanes = tile_mass_lanes(steps)
+
+    def head_of(h, head_order_ref):
+        return h if head_order_ref is None else head_order_ref[h]
+
+    def step_of(h, i, s, head_kind_ref, schedule_ref, head_order_ref):
+        return schedule_entry(schedule_ref, (head_kind_ref[head_of(h, head_order_ref)] * nq + i) * steps + s)
+
+    def kernel(*, head_kind_ref, schedule_ref, head_order_ref, q_ref, k_ref, v_ref, key_norm_ref, o_ref, lse_ref,
+               mass_ref, m_ref, l_ref, acc_ref, flag_ref, record_ref, m_record_ref, seen_ref):
+        h, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+        head = head_of(h, head_order_ref)
+        kv_tile, cls = step_of(h, i, s, head_kind_ref, schedule_ref, head_order_ref)
+        clear_tail(q_ref, i, q_tokens), clear_tail(k_ref, kv_tile, tokens), clear_tail(v_ref, kv_tile, tokens)
+        mass = TileMass(record_ref, m_record_ref, s, on_cpu) if tile_mass else None
+        tile_body = (functools.partial(skip_softmax_tile, threshold=float(skip_below), seen_ref=seen_ref) if skip
+                     else online_softmax_tile)
+        if mass is not None:
+            tile_body = functools.partial(recording_tile, mass=mass, body=tile_body)
+        body = functools.partial(tile_body, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
+                                 q_start=i * block_q, k_start=kv_tile * block_kv,
+                                 block_kv_compute=block_kv_compute, interpret=on_cpu)
+        switch = functools.partial(try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[head], on_cpu)
+        tile = lambda keep: visit(body, keep, flag_ref, switch)  # noqa: E731
+
+        def masked_tile():
+            for kind, keep_kind in enumerate(keeps):
+                pl.when(head_kind_ref[head] == kind)(functools.partial(tile, keep_kind))
+
+        @pl.when(s == 0)
+        def _():
+            init_state(m_ref, l_ref, acc_ref, flag_ref)
+            if mass is not None:
+                mass.start()
+
+        if record.masks_full_tiles:
+            pl.when(cls != EMPTY)(masked_tile)
+        else:
+            pl.when(cls == FULL)(lambda: tile(None))
+            pl.when(cls == PARTIAL)(masked_tile)
+
+        @pl.when(s == steps - 1)
+        def _():
+            finish(m_ref, l_ref, acc_ref, o_ref, on_cpu, lse_ref)
+            if mass is not None:
+                finish_tile_mass(m_ref, l_ref, mass, mass_ref, q_start=i * block_q, q_tokens=q_tokens,
+                                 interpret=on_cpu)
+
+    @refs.index_map
+    def q_map(h, i, s, *, head_kind_ref, schedule_ref, head_order_ref):
+        return head_of(h, head_order_ref), i, 0
+
+    @refs.index_map
+    def kv_map(h, i, s, *, head_kind_ref, schedule_ref, head_order_ref):
+        return head_of(h, head_order_ref), step_of(h, i, s, head_kind_ref, schedule_ref, head_order_ref)[0], 0
+
+    out_shape, out_specs = _outputs(q, block_q, q_map, residuals)
+    out_shape = tuple(out_shape) if isinstance(out_shape, tuple) else (out_shape,)
+    out_specs = tuple(out_specs) if isinstance(out_specs, tuple) else (out_specs,)
+    scratch = softmax_scratch(block_q, head_dim, bounded=True)
+    if tile_mass:
+        def row_map(*grid_and_tables):  # one [1, lanes] row block per (head, query tile), like lse's
+            hh, ii, _ = q_map(*grid_and_tables)
+            return hh, 0, ii
+        out_shape += (jax.ShapeDtypeStruct((heads, 1, nq * lanes), jnp.float32),)
+        out_specs += (pl.BlockSpec((None, 1, lanes), row_map),)
+        scratch = scratch + [pltpu.VMEM((block_q, lanes), jnp.float32)] * 2
+    if skip:
+        scratch = scratch + [pltpu.VMEM((block_q, LANES), jnp.float32)]
+    outs = pl.pallas_call(
+        refs.kernel(kernel),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=len(tables),
+            grid=(heads, nq, steps),
+            in_specs=[pl.BlockSpec((None, block_q, head_dim), q_map),
+                      pl.BlockSpec((None, block_kv, head_dim), kv_map),
+                      pl.BlockSpec((None, block_kv, head_dim), kv_map),
+                      pl.BlockSpec(memory_space=pltpu.SMEM)],
+            out_specs=list(out_specs),
+            scratch_shapes=scratch),
+        out_shape=list(out_shape),
+        compiler_params=compiler_params(vmem_limit_bytes),
+        interpret=interpret,
+        name=f"{stage}_observed_block_sparse_attention",
+    )(*tables, q, k, v, key_norm_max(k))
+    if not tile_mass:
+        return outs[0] if len(outs) == 1 else tuple(outs)
+    masses = outs[-1].reshape(heads, nq, lanes)[:, :, :steps].reshape(heads, nq * steps)
+    return (*outs[:-1], masses) if len(outs) > 2 else (outs[0], masses)
