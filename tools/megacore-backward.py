@@ -171,7 +171,8 @@ def git_commit() -> str | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--target", default="v5p", choices=("v5p", "v4"))
+    parser.add_argument("--target", default="v5p", choices=("v5p", "v4"),
+                        help="v4's static profile aborted in libtpu 0.0.42.1 (its DMA latency model)")
     parser.add_argument("--tokens", type=int, nargs="+", default=[8192, 16384], help="multiples of 512")
     parser.add_argument("--heads", type=int, nargs="+", default=[1, 2, 3, 5])
     parser.add_argument("--out", default=str(REPO / "svg_lib" / "data" / "megacore_backward.json"))

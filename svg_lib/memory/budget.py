@@ -36,8 +36,10 @@ def split_backward_is_faster(heads: int, generation: str | None) -> bool:
     heads and tiles parallel, so both cores share every head, at 0.71 of one head's fused cycles per
     head (`MEGACORE_SPLIT_PER_HEAD`: the dq and dk/dv kernels do 7 matmuls per tile against the fused
     kernel's 5, halved). Split wins where heads x 0.71 < ceil(heads / 2): one head only (measured split
-    / fused on a v5p: 0.70 at 1 head, 1.38 at 2, 1.05 at 3, 1.17 to 1.19 at 5). On every other chip
-    each TensorCore is its own device and the fused backward stays the faster one.
+    / fused on a v5p: 0.70 at 1 head, 1.38 at 2, 1.05 at 3, 1.17 to 1.19 at 5). A v4, the other
+    megacore, takes the v5p's figures: its static profile aborts in libtpu 0.0.42.1 (the profiler's DMA
+    latency model). On every other chip each TensorCore is its own device and the fused backward stays
+    the faster one.
     """
     target = TARGETS.get(tpu_memory(generation).generation)
     if target is None or not target.megacore:
