@@ -54,7 +54,8 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
     means the attached TPU, or a v6e off TPU; name one to compile for another (svg_lib.instruments.tpu.compiler).
     `backward` (dense, b1, b2, b3): which backward `jax.grad` runs, "fused" (dq, dk and dv in one
     kernel), "split" (a dq kernel and a dk/dv kernel), or None: fused where one head's dq fits in
-    VMEM beside it (`memory.budget.check_memory`).
+    VMEM beside it, except with one head on a megacore v4 or v5p, where the split kernels keep both
+    TensorCores busy and are faster (`memory.budget.check_memory`, `split_backward_is_faster`).
 
     A mask's way through here runs one way: plan once (tile classes and the forward's and
     backward's schedules, `TilePlan.tables`; Splash's mask info), check memory once on that plan
@@ -226,7 +227,8 @@ def attention(q, k, v, mask: Mask | None = None, *, method: str, block_q: int = 
     Differentiable: `jax.grad` runs Pallas backward kernels over the same tiles for dense,
     b1, b2 and b3 (svg_lib.kernels.backward; b3's gradient is that of its rounded mask), and Splash's
     own backward for splash and splash_dense. `backward`: "fused" (one kernel computes dq, dk and dv
-    of a tile), "split" (a dq kernel, then a dk/dv kernel), or None, fused where it fits in VMEM.
+    of a tile), "split" (a dq kernel, then a dk/dv kernel), or None, fused where it fits in VMEM (split
+    for one head on a megacore v4 or v5p, where it is faster).
 
     `split_heads`: on a v7x, whose two TensorCores jax shows as two devices, None (the default)
     splits the heads evenly over the chip's two devices (`runtime.head_split_devices` says when:

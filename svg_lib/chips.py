@@ -37,8 +37,9 @@ class TpuTarget:
 
     @property
     def megacore(self) -> bool:
-        """True where two TensorCores are joined as one jax device (v4, v5p): Mosaic splits a kernel's
-        leading "parallel" grid axis between them (`parallel_split`)."""
+        """True where two TensorCores are joined as one jax device (v4, v5p): Mosaic splits the steps of
+        a kernel's "parallel" grid axes, taken together in grid order, between them (`parallel_split`;
+        the static profile: svg_lib/data/megacore_split.json)."""
         return self.tensor_cores > self.devices_per_chip
 
     @property
@@ -113,8 +114,9 @@ def targets_table() -> str:
 
 
 def parallel_split(extent: int, cores: int = 2) -> tuple:
-    """How a megacore chip's `cores` TensorCores share a kernel's leading "parallel" grid axis of
-    `extent` steps: contiguous ranges, one per core (the first ones one longer when it does not divide).
+    """How a megacore chip's `cores` TensorCores share a kernel's "parallel" grid steps (all parallel
+    axes together, `extent` of them): contiguous ranges, one per core (the first ones one longer when it
+    does not divide).
 
     >>> parallel_split(10)
     (range(0, 5), range(5, 10))

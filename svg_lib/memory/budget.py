@@ -12,12 +12,39 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from svg_lib.chips import TARGETS
 from svg_lib.core.planner import KernelTables, TilePlan
 from svg_lib.memory.smem import SmemEstimate, SmemOverflowError, check_schedule_fits, estimate_smem
-from svg_lib.memory.vmem import SPLASH_METHODS, VmemEstimate, check_fits, estimate_vmem
+from svg_lib.memory.vmem import SPLASH_METHODS, VmemEstimate, check_fits, estimate_vmem, tpu_memory
 from svg_lib.methods import METHODS
 
 BACKWARD_FORMS = ("fused", "split")
+# On a megacore chip (v4, v5p: two TensorCores, one jax device) the split backward's cycles per head, as a
+# fraction of the fused backward's for one head: 0.699 to 0.707 in the compiler's static profile of a v5p
+# (svg_lib/data/megacore_backward.json, tools/megacore-backward.py: jax.grad of B3 on a band, 512 x 256
+# tiles, bf16, head_dim 128, 8,192 and 16,384 tokens), rounded up.
+MEGACORE_SPLIT_PER_HEAD = 0.71
+
+
+def split_backward_is_faster(heads: int, generation: str | None) -> bool:
+    """Whether the split backward beats the fused one for `heads` heads on `generation` (None: the
+    attached TPU, or the offline v6e), by the static profile's figures.
+
+    Only a megacore chip (`TpuTarget.megacore`: v4, v5p) can differ: its two TensorCores share the
+    steps of a kernel's "parallel" grid axes. The fused kernel has only its head axis parallel, so its
+    heads split between the cores, ceil(heads / 2) of them on the busier one; the split kernels have
+    heads and tiles parallel, so both cores share every head, at 0.71 of one head's fused cycles per
+    head (`MEGACORE_SPLIT_PER_HEAD`: the dq and dk/dv kernels do 7 matmuls per tile against the fused
+    kernel's 5, halved). Split wins where heads x 0.71 < ceil(heads / 2): one head only (measured split
+    / fused on a v5p: 0.70 at 1 head, 1.38 at 2, 1.05 at 3, 1.17 to 1.19 at 5). A v4, the other
+    megacore, takes the v5p's figures: its static profile aborts in libtpu 0.0.42.1 (the profiler's DMA
+    latency model). On every other chip each TensorCore is its own device and the fused backward stays
+    the faster one.
+    """
+    target = TARGETS.get(tpu_memory(generation).generation)
+    if target is None or not target.megacore:
+        return False
+    return heads * MEGACORE_SPLIT_PER_HEAD < -(-heads // 2)
 
 
 @dataclass(frozen=True)
@@ -64,7 +91,8 @@ def check_memory(method: str, *, heads: int, head_dim: int, dtype, block_q: int,
     refusal names larger blocks that fit); `tables`: the schedules the backward reads (dense,
     b1, b2, b3); `splash_mask`: how a Splash method holds its mask (`splash.splash_mask_form`).
     `backward`: "fused", "split", or None to take the fused backward wherever one head's dq fits
-    in VMEM beside it (`q_len` padded query rows; the split form otherwise).
+    in VMEM beside it (`q_len` padded query rows; the split form otherwise), except where the split
+    one is faster (`split_backward_is_faster`: one head on a megacore v4 or v5p).
     Raises a ValueError for a forward that does not fit; returns a `MemoryBudget`.
     """
     if backward not in (None,) + BACKWARD_FORMS:
@@ -83,6 +111,8 @@ def check_memory(method: str, *, heads: int, head_dim: int, dtype, block_q: int,
     form = backward
     if form is None:
         form = "fused" if q_len is not None and estimate("fused").fits else "split"
+        if form == "fused" and split_backward_is_faster(heads, generation):
+            form = "split"
     kernels = (estimate("fused"),) if form == "fused" else (estimate("dq"), estimate("dkv"))
     # the fused kernel walks the transposed schedule only; the split form walks both
     tables_read = () if tables is None else (("transposed schedule", tables.schedule_t),) + (
