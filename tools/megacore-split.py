@@ -140,16 +140,6 @@ def measure(target: str, tokens: int, heads_list, profile_dir: str) -> list[dict
     return rows
 
 
-def git_commit() -> str | None:
-    """The short commit of the tree measured (None outside a git checkout)."""
-    import subprocess
-    try:
-        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", default="v5p", choices=("v5p", "v4"))
@@ -166,6 +156,7 @@ def main() -> None:
     os.environ["LIBTPU_INIT_ARGS"] = " ".join([os.environ.get("LIBTPU_INIT_ARGS", ""),
                                                f"--xla_jf_dump_static_llo_profile_to={profile_dir}"]).strip()
     import svg_lib  # noqa: F401  (sets up libtpu sharing before jax starts)
+    from svg_lib.instruments.tools.report import git_commit  # the commit measured, "+ local changes" if dirty
     from svg_lib.instruments.tpu.probes import versions
     rows = []
     for tokens in args.tokens:
