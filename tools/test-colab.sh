@@ -29,6 +29,8 @@
 #                        Colab's libtpu can prove; each such compile takes one to four minutes of a
 #                        core through jax 0.7.2;
 #      test_cost.py      the static profile's cycles, recorded with the pinned libtpu only;
+#      test_step_profile.py  a whole jax.grad under the static profile: the pinned libtpu's profiler
+#                        (Colab's libtpu 0.0.21.1 exits without a profile there);
 #      test_masks.py, test_planner.py  masks, pair counts and schedule tables in numpy; the jax
 #                        side of a mask (its kernel predicate) runs inside the kernel tests, which
 #                        compare every masked kernel with float64 here;
@@ -127,7 +129,7 @@ echo "make test-colab: every notebook (${#notebooks[@]}), working directory $CON
 (cd "$CONTENT" && env -u PYTHONPATH "$PY" "svg-tpu/tools/execute-notebooks.py" --check --cwd . --jobs 0 \
    --expect "09_scaling_out.ipynb= s to compile" "${notebooks[@]}") || status=1
 
-PINNED_ONLY="test_browser test_compiler test_cost test_masks test_planner test_layers test_execute_notebooks
+PINNED_ONLY="test_browser test_compiler test_cost test_step_profile test_masks test_planner test_layers test_execute_notebooks
   test_bench test_synthetic test_exercises test_tuner test_semantic_plan test_semantic_quality test_semantic_router
   test_radial test_pooled test_knobs test_yourcode_cells"  # see step 4 above
 ignore=()
