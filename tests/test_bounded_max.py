@@ -223,8 +223,8 @@ def _tiles_that_switched(monkeypatch):
     verdicts = []
     original = forward.try_bound
 
-    def recorded(q_ref, m_ref, l_ref, acc_ref, flag_ref, *args):
-        original(q_ref, m_ref, l_ref, acc_ref, flag_ref, *args)
+    def recorded(q_ref, m_ref, l_ref, acc_ref, flag_ref, *args, **kwargs):
+        original(q_ref, m_ref, l_ref, acc_ref, flag_ref, *args, **kwargs)
         jax.debug.callback(lambda f: verdicts.append(int(f) == forward.BOUNDED), flag_ref[0])
 
     monkeypatch.setattr(forward, "try_bound", recorded)

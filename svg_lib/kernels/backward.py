@@ -35,10 +35,13 @@ p = exp(s - lse) is NaN across every tile the row computes (masked pairs too), a
 reaches the gradients through the tiles' matmuls (0 * NaN = NaN); nothing here tests for it.
 
 Arrays here are not padded, like the forward's: q, do `[heads, tokens, head_dim]` (q pre-scaled),
-k, v the same, lse and D `[heads, 1, tokens]`. The part of a last, partial block past the end is
-cleared in VMEM as in the forward (`forward.clear_tail`): q, do, k and v to zero, lse to +inf (so
-p is exactly 0 there), D to zero. Key columns past the end are then masked as in the forward, and
-query rows past it add nothing to dk or dv.
+k, v the same, lse and D `[heads, 1, tokens]`. The part of a last, partial block past the end holds
+unspecified values; as in the forward, no input block is written, and the tail is neutralised where it
+is read (`forward.real_part`, a select on the loaded value): a masked tile (every tile that reaches key
+padding is one) zeroes k and v past the end, and the transposed bodies, whose dk and dv sum over query
+rows, zero q and do past the end and read lse as +inf (p exactly 0) and D as 0 there, in every tile of
+a problem whose last query tile is partial. Key columns past the end are masked as in the forward;
+query rows past it add nothing to dk or dv, and their dq rows are never written.
 """
 from __future__ import annotations
 
@@ -51,26 +54,32 @@ from jax.experimental.pallas import tpu as pltpu
 
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, KernelTables, schedule_entry
 from svg_lib.methods import METHODS
-from svg_lib.kernels.forward import MASK_VALUE, MAX_UNROLLED_CHUNKS, NN, NT, clear_tail, dot, token_ids
+from svg_lib.kernels.forward import (MASK_VALUE, NN, NT, dot, partial_tail, real_part, token_ids,
+                                     unroll_chunks)
 
 TN = (((0,), (0,)), ((), ()))  # dot_general dimensions of a^T @ b: contract both operands' first dims
 
 
 def _dq_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_acc, *, keep, q_start, k_start,
-             block_kv_compute):
+             block_kv_compute, kv_tokens=None):
     """Add one key tile's share of dq to `dq_acc` `[block_q, head_dim]` f32.
 
     q_ref, do_ref `[block_q, head_dim]`; k_ref, v_ref `[block_kv, head_dim]`; lse_ref, di_ref
     `[1, block_q]` f32 rows, turned into columns once per chunk. (Blocks `[block_q, 128]`
     replicated over lanes, like the forward's m and l, cost more cycles per step by the TPU
     compiler's static profile: CONTRIBUTING.md, "Measurements behind the kernels".)
-    `keep` as in the forward's tile body.
+    `keep` and `kv_tokens` as in the forward's tile body: a masked tile zeroes k and v past the
+    end (ds is 0 there, but 0 * NaN is NaN). Query rows past the end only reach their own dq rows,
+    which are never written.
     """
     block_q = q_ref.shape[0]
 
     def chunk(c, carry):
         ks = pl.ds(pl.multiple_of(c * block_kv_compute, block_kv_compute), block_kv_compute)
         k, v = k_ref[ks, :], v_ref[ks, :]
+        if keep is not None and kv_tokens is not None:
+            k_first = k_start + c * block_kv_compute
+            k, v = real_part(k, k_first, kv_tokens), real_part(v, k_first, kv_tokens)
         s = dot(q_ref[...], k, NT)                                  # [block_q, bkc]
         if keep is not None:
             q_ids, k_ids = token_ids(q_start, block_q, 0), token_ids(k_start + c * block_kv_compute,
@@ -83,39 +92,47 @@ def _dq_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_acc, *, keep, q_st
         return carry
 
     chunks = k_ref.shape[0] // block_kv_compute
-    jax.lax.fori_loop(0, chunks, chunk, None, unroll=chunks <= MAX_UNROLLED_CHUNKS)
+    jax.lax.fori_loop(0, chunks, chunk, None, unroll=unroll_chunks(chunks))
 
 
 def _dkv_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, *, keep, q_start, k_start,
-              block_kv_compute, dq_acc=None):
+              block_kv_compute, dq_acc=None, q_tokens=None, kv_tokens=None):
     """Add one query tile's share of dk and dv to `dk_acc`, `dv_acc` `[block_kv, head_dim]` f32,
     and with `dq_acc` (the fused backward) that key tile's share of dq to `dq_acc` `[block_q, head_dim]` f32.
 
     Computed transposed, keys on rows: lse_ref, di_ref are rows `[1, block_q]` f32. The fused
     backward's one extra line is dq's matmul, `ds^T` turned back (`TN`): p and ds are computed
     once per tile for all three gradients, where the two-kernel form computes them twice.
+    `q_tokens`, `kv_tokens`: None, or the token counts where the last query (key) tile is partial.
+    dk and dv sum over the query rows, so rows past the end are neutralised in every tile (q and do
+    zero, lse +inf, D zero: p and ds are exactly 0 there); a masked tile zeroes k and v past the end.
     """
     block_q = q_ref.shape[0]
 
     def chunk(c, carry):
         ks = pl.ds(pl.multiple_of(c * block_kv_compute, block_kv_compute), block_kv_compute)
         k, v, q, do = k_ref[ks, :], v_ref[ks, :], q_ref[...], do_ref[...]
+        if q_tokens is not None:
+            q, do = real_part(q, q_start, q_tokens), real_part(do, q_start, q_tokens)
+        if keep is not None and kv_tokens is not None:
+            k_first = k_start + c * block_kv_compute
+            k, v = real_part(k, k_first, kv_tokens), real_part(v, k_first, kv_tokens)
         s_t = dot(k, q, NT)                                         # [bkc, block_q]
         if keep is not None:
             q_ids, k_ids = token_ids(q_start, block_q, 1), token_ids(k_start + c * block_kv_compute,
                                                                        block_kv_compute, 0)
             s_t = jnp.where(keep(q_ids, k_ids), s_t, MASK_VALUE)
-        p_t = jnp.exp(s_t - lse_ref[...])
+        p_t = jnp.exp(s_t - real_part(lse_ref[...], q_start, q_tokens, axis=1, fill=jnp.inf))  # lse: [1, block_q]
         dv_acc[ks, :] += dot(p_t.astype(do.dtype), do, NN)          # [bkc, head_dim]
         dp_t = dot(v, do, NT)                                       # [bkc, block_q]
-        ds_t = (p_t * (dp_t - di_ref[...])).astype(q.dtype)
+        ds_t = (p_t * (dp_t - real_part(di_ref[...], q_start, q_tokens, axis=1))).astype(q.dtype)
         dk_acc[ks, :] += dot(ds_t, q, NN)                           # [bkc, head_dim]
         if dq_acc is not None:
             dq_acc[...] += dot(ds_t, k, TN)                         # [block_q, head_dim]
         return carry
 
     chunks = k_ref.shape[0] // block_kv_compute
-    jax.lax.fori_loop(0, chunks, chunk, None, unroll=chunks <= MAX_UNROLLED_CHUNKS)
+    jax.lax.fori_loop(0, chunks, chunk, None, unroll=unroll_chunks(chunks))
 
 
 def _visit(stage, cls, tile):
@@ -155,15 +172,6 @@ def _padding_class(block_kv, tokens):
     return padding_class
 
 
-def _clear_tails(q_tile, kv_tile, q_tokens, kv_tokens, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref):
-    """`clear_tail` for every input block of a backward step: the query side's (q, do, and the
-    lse and D rows; `q_tokens` long) at query tile `q_tile`, the key side's (k, v) at `kv_tile`."""
-    for ref, tile, n, axis, fill in ((q_ref, q_tile, q_tokens, 0, 0.0), (do_ref, q_tile, q_tokens, 0, 0.0),
-                                     (lse_ref, q_tile, q_tokens, 1, jnp.inf), (di_ref, q_tile, q_tokens, 1, 0.0),
-                                     (k_ref, kv_tile, kv_tokens, 0, 0.0), (v_ref, kv_tile, kv_tokens, 0, 0.0)):
-        clear_tail(ref, tile, n, axis=axis, fill=fill)
-
-
 def _call(kernel, prefetch, operands, *, grid, in_specs, out_specs, out_shape, scratch, semantics, vmem_limit_bytes,
           interpret, name):
     return pl.pallas_call(
@@ -200,7 +208,6 @@ def attention_dq(q, k, v, do, lse_rows, di_rows, schedule, *, steps, stage, keep
         q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_ref, dq_acc = refs[n:]
         i, s = pl.program_id(1), pl.program_id(2)
         kv_tile, cls = step_at(refs[:n], i, s)
-        _clear_tails(i, kv_tile, q_tokens, tokens, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref)
 
         @pl.when(s == 0)
         def _():
@@ -208,7 +215,8 @@ def attention_dq(q, k, v, do, lse_rows, di_rows, schedule, *, steps, stage, keep
 
         def tile(masked):
             _dq_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_acc, keep=keep if masked else None,
-                     q_start=i * block_q, k_start=kv_tile * block_kv, block_kv_compute=block_kv_compute)
+                     q_start=i * block_q, k_start=kv_tile * block_kv, block_kv_compute=block_kv_compute,
+                     kv_tokens=partial_tail(tokens, block_kv))
         _visit(stage, cls, tile)
 
         @pl.when(s == steps - 1)
@@ -256,7 +264,6 @@ def attention_dkv(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, stage,
         q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_ref, dv_ref, dk_acc, dv_acc = refs[n:]
         j, s = pl.program_id(1), pl.program_id(2)
         q_tile, cls = step_at(refs[:n], j, s)
-        _clear_tails(q_tile, j, q_tokens, tokens, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref)
 
         @pl.when(s == 0)
         def _():
@@ -265,7 +272,8 @@ def attention_dkv(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, stage,
 
         def tile(masked):
             _dkv_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, keep=keep if masked else None,
-                      q_start=q_tile * block_q, k_start=j * block_kv, block_kv_compute=block_kv_compute)
+                      q_start=q_tile * block_q, k_start=j * block_kv, block_kv_compute=block_kv_compute,
+                      q_tokens=partial_tail(q_tokens, block_q), kv_tokens=partial_tail(tokens, block_kv))
         _visit(stage, cls, tile)
 
         @pl.when(s == steps_t - 1)
@@ -342,7 +350,6 @@ def attention_fused(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, stag
         q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_hbm, dk_ref, dv_ref, dq_acc, dk_acc, dv_acc, dq_out, sem = refs[n:]
         h, j, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         q_tile, cls = step_at(refs[:n], j, s)
-        _clear_tails(q_tile, j, q_tokens, tokens, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref)
 
         @pl.when((j == 0) & (s == 0))
         def _():
@@ -357,7 +364,8 @@ def attention_fused(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, stag
             rows = pl.ds(pl.multiple_of(q_tile * block_q, block_q), block_q)
             _dkv_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, keep=keep if masked else None,
                       q_start=q_tile * block_q, k_start=j * block_kv, block_kv_compute=block_kv_compute,
-                      dq_acc=dq_acc.at[rows, :])
+                      dq_acc=dq_acc.at[rows, :], q_tokens=partial_tail(q_tokens, block_q),
+                      kv_tokens=partial_tail(tokens, block_kv))
         _visit(stage, cls, tile)
 
         @pl.when(s == steps_t - 1)

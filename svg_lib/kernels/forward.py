@@ -23,10 +23,16 @@ the same tiles (`finish`; tests/test_nan.py states it as a model and checks ever
 Arrays here are not padded: q `[heads, tokens, head_dim]` (pre-scaled by 1/sqrt(head_dim)), k and
 v `[heads, tokens, head_dim]`, any token count. The grid has `ceil(tokens / block)` tiles per axis,
 and where the last tile is partial its VMEM block reaches past the array's end: what lies there is
-unspecified (the DMA copies only the array's rows; both interpreters fill it with NaN), so at the
-steps whose block reaches past the end each kernel sets that part to zero in VMEM (`clear_tail`)
-before any tile body reads it, and the bodies see what a zero-padded copy would have given them. The
-part of an output block past the end is never written to HBM. No padded copy of q, k, v or the
+unspecified (the DMA copies only the array's rows; on a TPU the rest is whatever the buffer held,
+both interpreters fill it with NaN). The kernels never write into an input block: they neutralise
+the tail where they read it (`real_part`, a select on the loaded value). Key columns past the end are
+masked (every tile reaching them is masked), and a masked tile selects its v slice's rows past the end
+to zero, so that a NaN there never meets `p @ v` (0 * NaN is NaN); query rows past the end compute
+garbage that is never written to HBM, and the bound's test leaves them out (`try_bound`). An earlier
+version cleared the tail in place, writing zeros into the k and v input blocks: on a real TPU (v5e,
+libtpu 0.0.42.1) that write corrupted other rows of the kernel's state (float32, rows 8-15 and
+112-119 of every 256-row query tile that visited the last key tile), where both interpreters were
+right; reading the tail as it lies and masking it is right on both. No padded copy of q, k, v or the
 output is made in HBM: at the case study's size those copies were hundreds of MiB of temporaries
 (CONTRIBUTING.md, "Measurements behind the kernels").
 
@@ -73,6 +79,14 @@ LANES = 128
 # (the blog's tiles) shorter per step than the rolled loop for about twice the code; more are left
 # rolled (CONTRIBUTING.md, "Measurements behind the kernels").
 MAX_UNROLLED_CHUNKS = 3
+
+
+def unroll_chunks(chunks: int) -> bool:
+    """Whether a tile body unrolls its loop of `chunks` key slices (read when tracing, so that a
+    measurement can set `MAX_UNROLLED_CHUNKS` for every kernel at once)."""
+    return chunks <= MAX_UNROLLED_CHUNKS
+
+
 NT = (((1,), (1,)), ((), ()))  # dot_general dimensions of a @ b^T: contract both operands' last dims
 NN = (((1,), (0,)), ((), ()))  # a @ b
 
@@ -121,7 +135,7 @@ def _lane_sum(p):
 
 
 def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_start, k_start,
-                         block_kv_compute, interpret=False, bounded=False):
+                         block_kv_compute, interpret=False, bounded=False, kv_tokens=None):
     """Fold one key/value tile into the running softmax state of one query tile.
 
     q_ref `[block_q, head_dim]`; k_ref, v_ref `[block_kv, head_dim]`; m_ref `[block_q, 128]` f32
@@ -139,7 +153,9 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
     `keep` is None (a mask-free tile: the MXU path with no per-element VPU work) or a
     predicate on global token indices, called with a `[block_q, 1]` column of query indices
     and a `[1, block_kv_compute]` row of key indices (it must broadcast them): a predicate on
-    keys alone (padding) then costs one row, not a tile. `interpret` (known at trace time)
+    keys alone (padding) then costs one row, not a tile. `kv_tokens`: None, or the key count when
+    the last key tile is partial: a masked tile then selects its v rows past it to zero (`real_part`;
+    the predicate already masks their scores). `interpret` (known at trace time)
     picks the broadcasts each backend does cheaply (see `_lanes`). Both matmuls go through `dot`,
     which states the precision of the inputs' dtype (`matmul_precision`): float32 tiles get float32
     products on a TPU too, not its default single bf16 pass.
@@ -162,6 +178,8 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
         v = v_ref[ks, :]
         s = dot(q, k, NT)                                                # q @ k^T
         if keep is not None:
+            if kv_tokens is not None:  # NaN past the end must not meet p @ v
+                v = real_part(v, k_start + c * block_kv_compute, kv_tokens)
             q_ids = q_start + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)
             k_ids = k_start + c * block_kv_compute + jax.lax.broadcasted_iota(jnp.int32, (1, block_kv_compute), 1)
             s = jnp.where(keep(q_ids, k_ids), s, MASK_VALUE)
@@ -180,7 +198,7 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
         acc_ref[...] = _lanes(alpha, head_dim, interpret) * acc_ref[...] + pv
         return carry
 
-    jax.lax.fori_loop(0, chunks, chunk, None, unroll=chunks <= MAX_UNROLLED_CHUNKS)
+    jax.lax.fori_loop(0, chunks, chunk, None, unroll=unroll_chunks(chunks))
 
 
 # -- the bounded max ---------------------------------------------------------------------------
@@ -222,15 +240,16 @@ def key_norm_max(k):
     return jnp.sqrt(jnp.max(jnp.sum(kf * kf, axis=-1), axis=-1))
 
 
-def try_bound(q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_max, interpret=False):
+def try_bound(q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_max, interpret=False, *, q_start=0, q_tokens=None):
     """After a query tile's first running-max step: switch the tile to the bounded max if every
     row's bound b = |q_i| max|k| (1 + BOUND_MARGIN) lies within BOUND_SLACK of its running max (one
     test for the whole tile, so that the next steps take one branch), else keep the running max
-    for good. The switch rescales l and acc to m = b."""
+    for good. The switch rescales l and acc to m = b. `q_tokens`: None, or the query count when the
+    last query tile is partial: rows past it (garbage, never written) are left out of the test."""
     q = q_ref[...].astype(jnp.float32)
     bound = jnp.sqrt(jnp.sum(q * q, axis=1, keepdims=True)) * (key_norm_max * (1.0 + BOUND_MARGIN))  # [block_q, 1]
     m = m_ref[...]
-    gap = bound - m                                                          # [block_q, 128]
+    gap = real_part(bound - m, q_start, q_tokens, fill=-jnp.inf)           # [block_q, 128]
     # nan (an inf or nan input) fails the test: made +inf first, since a max may drop nan (the CPU
     # interpreter's does), and a nan bound taken as m would make every row of the tile nan
     ok = jnp.max(jnp.where(jnp.isnan(gap), jnp.inf, gap)) <= BOUND_SLACK
@@ -270,25 +289,21 @@ def token_ids(start, n, axis):
     return start + jax.lax.broadcasted_iota(jnp.int32, (n, 1) if axis == 0 else (1, n), axis)
 
 
-def clear_tail(ref, index, tokens: int, *, axis: int = 0, fill: float = 0.0):
-    """Set the part of block `index` of `ref` (blocks of `ref.shape[axis]` tokens along `axis`)
-    that lies past token `tokens`, the array's end, to `fill`, in VMEM, at the steps whose block
-    reaches that far. Emits nothing where `tokens` is a multiple of the block.
+def partial_tail(tokens: int, block: int):
+    """`tokens` where a tiling of them in blocks of `block` ends in a partial block (whose VMEM tail
+    holds unspecified values), else None: what `real_part` and the tile bodies take, known when tracing."""
+    return tokens if tokens % block else None
 
-    A partial last block holds unspecified values past the array's end (on a TPU, whatever the
-    buffer held before; NaN in the interpreters), and 0 * NaN is NaN in a matmul: a masked score
-    alone would not keep them out. Cleared, they are what zero padding was (or `fill`: +inf for
-    the backward's log-sum-exp rows, which makes p exactly 0 there). A select over one block, at
-    the last tile of an axis only.
-    """
-    size = ref.shape[axis]
-    if tokens % size == 0:
-        return
-    start = index * size
 
-    @pl.when(start + size > tokens)
-    def _():
-        ref[...] = jnp.where(token_ids(start, size, axis) < tokens, ref[...], fill).astype(ref.dtype)
+def real_part(x, start, tokens, *, axis: int = 0, fill: float = 0.0):
+    """`x` with its entries at token ids `tokens` and beyond set to `fill`: x holds the tokens `start
+    ... start + x.shape[axis] - 1` along `axis`. A select on a loaded value: the input block itself is
+    never written (writing an input block's tail corrupted the kernel's state on a real TPU; module
+    docstring). `tokens` None (no partial block on that axis, `partial_tail`) returns x: nothing is
+    emitted. Fill +inf for the backward's log-sum-exp makes p exactly 0 there."""
+    if tokens is None:
+        return x
+    return jnp.where(token_ids(start, x.shape[axis], axis) < tokens, x, jnp.asarray(fill, x.dtype))
 
 
 def init_state(m_ref, l_ref, acc_ref, flag_ref=None):
@@ -379,11 +394,11 @@ def dense_flash_attention(q, k, v, *, block_q, block_kv, block_kv_compute, inter
 
     def kernel(*, q_ref, k_ref, v_ref, key_norm_ref, o_ref, lse_ref, m_ref, l_ref, acc_ref, flag_ref):
         h, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-        clear_tail(q_ref, i, q_tokens), clear_tail(k_ref, j, tokens), clear_tail(v_ref, j, tokens)
         tile = functools.partial(online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
-                                 q_start=i * block_q, k_start=j * block_kv,
-                                 block_kv_compute=block_kv_compute, interpret=on_cpu)
-        switch = functools.partial(try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[h], on_cpu)
+                                 q_start=i * block_q, k_start=j * block_kv, block_kv_compute=block_kv_compute,
+                                 interpret=on_cpu, kv_tokens=partial_tail(tokens, block_kv))
+        switch = functools.partial(try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[h], on_cpu,
+                                   q_start=i * block_q, q_tokens=partial_tail(q_tokens, block_q))
 
         @pl.when(j == 0)
         def _():
@@ -478,11 +493,11 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
         h, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         head = head_of(h, head_order_ref)
         kv_tile, cls = step_of(h, i, s, head_kind_ref, schedule_ref, head_order_ref)
-        clear_tail(q_ref, i, q_tokens), clear_tail(k_ref, kv_tile, tokens), clear_tail(v_ref, kv_tile, tokens)
         body = functools.partial(online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
-                                 q_start=i * block_q, k_start=kv_tile * block_kv,
-                                 block_kv_compute=block_kv_compute, interpret=on_cpu)
-        switch = functools.partial(try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[head], on_cpu)
+                                 q_start=i * block_q, k_start=kv_tile * block_kv, block_kv_compute=block_kv_compute,
+                                 interpret=on_cpu, kv_tokens=partial_tail(tokens, block_kv))
+        switch = functools.partial(try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[head], on_cpu,
+                                   q_start=i * block_q, q_tokens=partial_tail(q_tokens, block_q))
         tile = lambda keep: visit(body, keep, flag_ref, switch)  # noqa: E731
 
         def masked_tile():  # the predicate of this head's kind (one kind unless routing)

@@ -41,10 +41,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, schedule_entry
-from svg_lib.kernels.forward import (LANES, MAX_UNROLLED_CHUNKS, MASK_VALUE, NN, NT, _lane_sum, _lanes,
-                                     _outputs, clear_tail, compiler_params, dot, finish, init_state, key_norm_max,
-                                     online_softmax_tile, plain_interpreter, schedule_tables, softmax_scratch, token_ids, try_bound,
-                                     visit)
+from svg_lib.kernels.forward import (LANES, MASK_VALUE, NN, NT, _lane_sum, _lanes, _outputs, compiler_params, dot,
+                                     finish, init_state, key_norm_max, online_softmax_tile, partial_tail,
+                                     plain_interpreter, real_part, schedule_tables, softmax_scratch, token_ids,
+                                     try_bound, unroll_chunks, visit)
 from svg_lib.kernels.refs import KernelRefs
 from svg_lib.methods import PLANNED_METHODS, check_method
 
@@ -105,8 +105,9 @@ def finish_tile_mass(m_ref, l_ref, mass: TileMass, mass_ref, *, q_start, q_token
     m_rec = mass.m_record_ref[...]
     to_final = jnp.where(m_rec == jnp.inf, 1.0, jnp.exp(m_rec - _lanes(m, lanes, interpret)))
     real_rows = jnp.minimum(q_tokens - q_start, rows).astype(jnp.float32)
-    cumulative = jnp.sum(mass.record_ref[...] * to_final * _lanes(weight, lanes, interpret), axis=0,
-                         keepdims=True) / real_rows                                   # [1, lanes]
+    # rows past the end hold garbage (NaN * 0 is NaN): selected out, not weighted out
+    share = jnp.where(real, mass.record_ref[...] * to_final * _lanes(weight, lanes, interpret), 0.0)
+    cumulative = jnp.sum(share, axis=0, keepdims=True) / real_rows                    # [1, lanes]
     lane = jax.lax.broadcasted_iota(jnp.int32, (1, lanes), 1)
     shifted = jnp.roll(cumulative, 1, axis=1) if interpret else pltpu.roll(cumulative, 1, 1)
     own = cumulative - jnp.where(lane == 0, 0.0, shifted)                             # lane s less lane s - 1
@@ -126,11 +127,14 @@ def finish_tile_mass(m_ref, l_ref, mass: TileMass, mass_ref, *, q_start, q_token
 # Priced by tools/tile-mass-profile.py.
 
 def skip_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_start, k_start, block_kv_compute,
-                      interpret=False, bounded=False, threshold: float, seen_ref, gate=None):
+                      interpret=False, bounded=False, threshold: float, seen_ref, gate=None, kv_tokens=None,
+                      q_tokens=None):
     """`forward.online_softmax_tile` with skip-softmax: each key slice whose every score lies more than
     `threshold` below its row's running max (`seen_ref` `[block_q, 128]` f32 beside the bound; m itself
     with the running max) skips its exp, row sum and `p @ v`. `gate`: None, or `gate(run) -> run`
-    applied to the test's outcome (the cost probes force each branch with it: the profile cannot see data)."""
+    applied to the test's outcome (the cost probes force each branch with it: the profile cannot see data).
+    `kv_tokens` as in the tile body; `q_tokens` (None, or the query count where the last query tile is
+    partial) leaves the garbage rows past it out of the skip test."""
     block_q = q_ref.shape[0]
     head_dim = acc_ref.shape[1]
     chunks = k_ref.shape[0] // block_kv_compute
@@ -143,12 +147,15 @@ def skip_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_sta
         v = v_ref[ks, :]
         s = dot(q, k, NT)
         if keep is not None:
+            if kv_tokens is not None:
+                v = real_part(v, k_start + c * block_kv_compute, kv_tokens)
             q_ids = q_start + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)
             k_ids = k_start + c * block_kv_compute + jax.lax.broadcasted_iota(jnp.int32, (1, block_kv_compute), 1)
             s = jnp.where(keep(q_ids, k_ids), s, MASK_VALUE)
         row_max = jnp.max(s, axis=1, keepdims=True)                          # [block_q, 1]
         seen = seen_ref if bounded else m_ref                                # the running max
-        pl.when(gate(jnp.max(row_max - seen[...]) >= -threshold))(functools.partial(update, s, v, row_max))
+        gap = real_part(row_max - seen[...], q_start, q_tokens, fill=-jnp.inf)
+        pl.when(gate(jnp.max(gap) >= -threshold))(functools.partial(update, s, v, row_max))
         return carry
 
     def update(s, v, row_max):
@@ -167,7 +174,7 @@ def skip_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_sta
         seen_ref[...] = m_next
         acc_ref[...] = _lanes(alpha, head_dim, interpret) * acc_ref[...] + dot(p.astype(v.dtype), v, NN)
 
-    jax.lax.fori_loop(0, chunks, chunk, None, unroll=chunks <= MAX_UNROLLED_CHUNKS)
+    jax.lax.fori_loop(0, chunks, chunk, None, unroll=unroll_chunks(chunks))
 
 
 # -- the observed forward -----------------------------------------------------------------------
@@ -208,16 +215,17 @@ def observed_block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stag
         h, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         head = head_of(h, head_order_ref)
         kv_tile, cls = step_of(h, i, s, head_kind_ref, schedule_ref, head_order_ref)
-        clear_tail(q_ref, i, q_tokens), clear_tail(k_ref, kv_tile, tokens), clear_tail(v_ref, kv_tile, tokens)
         mass = TileMass(record_ref, m_record_ref, s, on_cpu) if tile_mass else None
-        tile_body = (functools.partial(skip_softmax_tile, threshold=float(skip_below), seen_ref=seen_ref) if skip
+        tile_body = (functools.partial(skip_softmax_tile, threshold=float(skip_below), seen_ref=seen_ref,
+                                       q_tokens=partial_tail(q_tokens, block_q)) if skip
                      else online_softmax_tile)
         if mass is not None:
             tile_body = functools.partial(recording_tile, mass=mass, body=tile_body)
         body = functools.partial(tile_body, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
-                                 q_start=i * block_q, k_start=kv_tile * block_kv,
-                                 block_kv_compute=block_kv_compute, interpret=on_cpu)
-        switch = functools.partial(try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[head], on_cpu)
+                                 q_start=i * block_q, k_start=kv_tile * block_kv, block_kv_compute=block_kv_compute,
+                                 interpret=on_cpu, kv_tokens=partial_tail(tokens, block_kv))
+        switch = functools.partial(try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[head], on_cpu,
+                                   q_start=i * block_q, q_tokens=partial_tail(q_tokens, block_q))
         tile = lambda keep: visit(body, keep, flag_ref, switch)  # noqa: E731
 
         def masked_tile():
