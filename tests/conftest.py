@@ -71,6 +71,7 @@ SLOWEST_FIRST = (
 # replica skips it too; the pinned stage runs it. Notebook 09 compiles a v6e:2x4 layer in both.
 def pytest_configure(config):
     config.addinivalue_line("markers", "tpu_interpreter: runs under pltpu.InterpretParams; pinned stage only")
+    config.addinivalue_line("markers", "tpu: needs a real TPU (the kernels compiled and run); skips elsewhere")
     config.addinivalue_line("markers", "not_on_colab: a chip or topology Colab does not offer; pinned stage only")
     config.addinivalue_line("markers", "knobs: a spine notebook run by papermill at other tile sizes; pinned stage only")
     config.addinivalue_line("markers", "lesson: a test of the lesson's core, no compiler (pytest -m lesson; tests/conftest.py)")
@@ -96,6 +97,14 @@ def pytest_collection_modifyitems(config, items):
         if (item.nodeid.split("::", 1)[0] in LESSON_FILES and "tpu_compiler" not in getattr(item, "fixturenames", ())
                 and item.get_closest_marker("tpu_interpreter") is None):
             item.add_marker(pytest.mark.lesson)
+    if any(item.get_closest_marker("tpu") is not None for item in items):
+        import jax
+        if jax.devices()[0].platform != "tpu":
+            skip = pytest.mark.skip(reason=f"needs a real TPU; jax runs on {jax.devices()[0].platform} here "
+                                           "(CI has none: run `pytest -m tpu` on a TPU machine)")
+            for item in items:
+                if item.get_closest_marker("tpu") is not None:
+                    item.add_marker(skip)
     if os.environ.get("SVG_LIB_REPLICA") == "1":
         reasons = {"tpu_interpreter": "TPU-interpreter runs are the pinned stage's (tests/conftest.py)",
                    "not_on_colab": "a chip or topology Colab does not offer: the pinned stage's (tests/conftest.py)"}

@@ -15,6 +15,20 @@ from svg_lib.core.masks import Mask, TileAlignedMask
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
+def on_tpu() -> bool:
+    """Whether jax runs on a TPU here (the kernels then run compiled, not interpreted)."""
+    return jax.devices()[0].platform == "tpu"
+
+
+def method_tolerance(method, dtype, kind="attention"):
+    """The tolerance for `method`'s results of `dtype` on this backend: Splash's float32 matmuls run
+    one bf16 pass on a TPU, and float32 gradients carry a TPU's rounding (svg_lib/kernels/tolerances.py)."""
+    from svg_lib.kernels.tolerances import tolerance
+    from svg_lib.methods import METHODS
+    splash = method in METHODS and METHODS[method].splash
+    return tolerance(dtype, kind, one_bf16_pass=splash and on_tpu(), on_tpu=on_tpu())
+
+
 class ArrayMask(Mask):
     """Any dense pattern as a Mask; exercises the generic (brute-force) pair_counts."""
 

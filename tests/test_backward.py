@@ -12,18 +12,16 @@ from svg_lib.kernels.reference import attention_gradients_float64
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.svg_masks import SVGMask
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, schedule_rows, unpack_schedule
-from svg_lib.kernels.tolerances import tolerance
 from svg_lib.memory.vmem import estimate_vmem
-from helpers import EMPTY_TILE_ROW, HOLEY, needs_race_state, races_found_in, random_qkv
+from helpers import EMPTY_TILE_ROW, HOLEY, method_tolerance, needs_race_state, races_found_in, random_qkv
 
 # 315 tokens: padded to 384 queries (3 tiles of 128) and 512 keys (2 tiles of 256), each key
 # tile in 2 slices of 128, so padding, several chunks and non-square tiles are all exercised.
 MASK = SVGMask.spatial(VideoGeometry(3, 7, 15), 0.35)
 BLOCKS = dict(block_q=128, block_kv=256, block_kv_compute=128)
 METHODS = ["dense", "b1", "b2", "b3", "splash_dense", "splash"]
-# float32: the kernels and float64 differ by float32 rounding. bfloat16: q, k, v, do are bf16 and
-# the kernels round p and ds to bf16 before their matmuls (svg_lib/kernels/tolerances.py says why).
-GRAD_TOL = {dtype: tolerance(dtype, "gradients") for dtype in ("float32", "bfloat16")}
+# Tolerances: helpers.method_tolerance (svg_lib/kernels/tolerances.py says why): float32 rounding, bf16
+# inputs with p and ds rounded to bf16, and on a TPU Splash's one-pass products and the TPU's rounding.
 
 
 def kernel_grads(q, k, v, dout, mask, method, interpret=None, backward=None, **blocks):
@@ -54,7 +52,8 @@ def test_gradients_match_float64(method, dtype):
     dout = random_qkv(4, 2, MASK.tokens, 128, dtype)[0]
     mask = computed_mask(MASK, method)
     got = kernel_grads(q, k, v, dout, None if mask is None else MASK, method)
-    assert_grads_close(got, attention_gradients_float64(q, k, v, dout, None if mask is None else mask.to_dense()), GRAD_TOL[dtype])
+    assert_grads_close(got, attention_gradients_float64(q, k, v, dout, None if mask is None else mask.to_dense()),
+                      method_tolerance(method, dtype, "gradients"))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -66,7 +65,8 @@ def test_split_backward_matches_float64(method, dtype):
     dout = random_qkv(4, 2, MASK.tokens, 128, dtype)[0]
     mask = computed_mask(MASK, method)
     got = kernel_grads(q, k, v, dout, None if mask is None else MASK, method, backward="split")
-    assert_grads_close(got, attention_gradients_float64(q, k, v, dout, None if mask is None else mask.to_dense()), GRAD_TOL[dtype])
+    assert_grads_close(got, attention_gradients_float64(q, k, v, dout, None if mask is None else mask.to_dense()),
+                      method_tolerance(method, dtype, "gradients"))
 
 
 def _pallas_calls(jaxpr):
@@ -154,7 +154,7 @@ def test_rows_that_keep_no_key_get_zero_gradients(mask, method):
     keyless = ~dense.any(axis=1)
     assert keyless.any()
     assert (np.asarray(got[0])[:, keyless] == 0).all(), "a row that keeps no key must get dq = 0"
-    assert_grads_close(got, attention_gradients_float64(q, k, v, dout, dense), GRAD_TOL["float32"])
+    assert_grads_close(got, attention_gradients_float64(q, k, v, dout, dense), method_tolerance(method, "float32", "gradients"))
 
 
 def test_transposed_schedule_visits_each_tile_once_from_the_keys():
@@ -196,7 +196,7 @@ def test_backward_kernels_have_no_races(method, backward):
                                                                                  interpret=params, backward=backward)])
     assert not found, f"{method}: the interpreter reported a race in the {backward} backward"
     mask = computed_mask(MASK, method)
-    assert_grads_close(got, attention_gradients_float64(q, k, v, dout, None if mask is None else mask.to_dense()), GRAD_TOL["float32"])
+    assert_grads_close(got, attention_gradients_float64(q, k, v, dout, None if mask is None else mask.to_dense()), method_tolerance(method, "float32", "gradients"))
 
 
 def test_backward_vmem_estimates():
@@ -246,7 +246,7 @@ def test_gradients_with_padding_inside_the_sequence(method):
     dout = random_qkv(12, 1, mask.tokens, 64, "float32")[0]
     got = kernel_grads(q, k, v, dout, mask, method, block_q=128, block_kv=128)
     assert_grads_close(got, attention_gradients_float64(q, k, v, dout, computed_mask(mask, method, 128, 128).to_dense()),
-                       GRAD_TOL["float32"])
+                       method_tolerance(method, "float32", "gradients"))
 
 @pytest.mark.parametrize("method", ["b3", "splash"])
 def test_attention_first_called_under_jit_and_grad_caches_no_tracer(method):

@@ -23,7 +23,7 @@ from svg_lib.core.planner import EMPTY, plan_tiles
 from svg_lib.kernels.reference import attention_float64
 from svg_lib.kernels.tolerances import tolerance
 
-from helpers import DTYPES, EMPTY_TILE_ROW, HOLEY, needs_race_state, races_found_in, random_qkv
+from helpers import DTYPES, EMPTY_TILE_ROW, HOLEY, method_tolerance, needs_race_state, races_found_in, random_qkv
 
 # -- tolerances ----------------------------------------------------------------------------
 # One place per dtype, with the reasons: svg_lib/kernels/tolerances.py (float32: summation order only,
@@ -129,7 +129,7 @@ def kernel_output(name, method):
 @pytest.mark.parametrize("name", list(CASES))
 def test_method_matches_float64_reference(name, method):
     got = kernel_output(name, method)
-    np.testing.assert_allclose(got, expected_for(name, method), **TOL[CASES[name].dtype],
+    np.testing.assert_allclose(got, expected_for(name, method), **method_tolerance(method, CASES[name].dtype),
                                err_msg=f"{method} on {name}")
 
 
@@ -264,7 +264,7 @@ def test_rows_with_no_kept_key_give_zeros(method):
     assert (plan_tiles(HOLEY, 128, 128).num_steps > 0).all()
     got, qkv = _run_small(HOLEY, method)
     assert (got[:, empty] == 0).all()
-    np.testing.assert_allclose(got, attention_float64(*qkv, dense), **F32)
+    np.testing.assert_allclose(got, attention_float64(*qkv, dense), **method_tolerance(method, "float32"))
 
 
 @pytest.mark.parametrize("method", [
@@ -275,7 +275,8 @@ def test_query_tile_with_no_kept_tile_gives_zeros(method):
     got, qkv = _run_small(EMPTY_TILE_ROW, method)
     assert np.isfinite(got).all()
     assert (got[:, 128:256] == 0).all()
-    np.testing.assert_allclose(got, attention_float64(*qkv, EMPTY_TILE_ROW.to_dense()), **F32)
+    np.testing.assert_allclose(got, attention_float64(*qkv, EMPTY_TILE_ROW.to_dense()),
+                               **method_tolerance(method, "float32"))
 
 
 # -- race detection (the detector: tests/helpers.py) -------------------------------------------

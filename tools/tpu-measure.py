@@ -89,12 +89,15 @@ def main(argv=None) -> int:
     p.add_argument("--parts", nargs="+", default=["forward", "splash", "training", "masks"],
                    choices=["forward", "splash", "training", "masks"])
     p.add_argument("--tiles", type=tiles_arg, default=tiles_arg("3328x1536x512,2048x1024x512,1024x1024x512,512x512"))
-    p.add_argument("--unroll", default="chosen,0,9",
-                   help="key-slice loop settings: 'chosen' (the kernels' own rule) and MAX_UNROLLED_CHUNKS values")
+    p.add_argument("--unroll", default="chosen,rolled,unrolled",
+                   help="key-slice loop settings: 'chosen' (the kernels' rule, forward.unroll_chunks), 'rolled' "
+                        "(never unrolled), 'unrolled' (up to MAX_UNROLLED_CHUNKS whatever the bodies)")
     p.add_argument("--methods", nargs="+", default=list(FORWARD_METHODS))
     p.add_argument("--splash-tiles", type=tiles_arg,
                    default=tiles_arg("2048x2048x512,4096x1024x512,1024x2048x512,2048x1024x1024,1024x512x512"))
     p.add_argument("--train-tiles", type=tiles_arg, default=tiles_arg("2048x1024x512"))
+    p.add_argument("--train-methods", nargs="+", default=list(TRAIN_METHODS))
+    p.add_argument("--train-forms", nargs="+", default=["fused", "split"], choices=["fused", "split"])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--deadline-s", type=float, default=None)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -124,7 +127,7 @@ def main(argv=None) -> int:
     n, heads, d = config.tokens, config.heads, config.head_dim
     keys = jax.random.split(jax.random.key(0), 4)
     q, k, v, dout = (jax.random.normal(key, config.shape, jnp.bfloat16) for key in keys)
-    shipped_unroll = forward.MAX_UNROLLED_CHUNKS
+    shipped = (forward.MAX_UNROLLED_CHUNKS, forward.MAX_UNROLLED_BODIES)
     refs = {}
 
     def out_of_time():
@@ -164,7 +167,9 @@ def main(argv=None) -> int:
         return float(jnp.max(jnp.abs(got - refs[key])))
 
     def set_unroll(setting):
-        forward.MAX_UNROLLED_CHUNKS = shipped_unroll if setting == "chosen" else int(setting)
+        chunks, bodies = shipped
+        forward.MAX_UNROLLED_CHUNKS = 0 if setting == "rolled" else chunks
+        forward.MAX_UNROLLED_BODIES = 99 if setting == "unrolled" else bodies
 
     def build(method, bq, bkv, bkc, backward=None):
         return build_attention(mask, method=method, heads=heads, tokens=n, head_dim=d, dtype=jnp.bfloat16,
@@ -187,6 +192,7 @@ def main(argv=None) -> int:
         tiles = method_tiles(get_preset("blog", block_q=bq, block_kv=bkv), method)
         row.update({"part": part, "method": method, "block_q": bq, "block_kv": bkv, "block_kv_compute": bkc,
                     "unroll": unroll, "max_unrolled_chunks": forward.MAX_UNROLLED_CHUNKS,
+                    "max_unrolled_bodies": forward.MAX_UNROLLED_BODIES,
                     "tiles_visited_per_head": tiles["tiles_visited"], "heads": heads, "tokens": n,
                     "mxu_floor_ms": round(floor, 3), "mxu_fraction": round(floor / row["median_ms"], 4),
                     "max_error": err, "error_rows": len(rows_checked), "compile_s": round(compile_s, 2)})
@@ -201,7 +207,8 @@ def main(argv=None) -> int:
         for bq, bkv, bkc in args.tiles:
             bkc = bkc or default_block_kv_compute(bq, bkv)
             for method in args.methods:
-                settings = ["chosen"] if not METHODS[method].pallas or bkv // bkc == 1 else args.unroll.split(",")
+                ours = METHODS[method].family == "svg_lib"
+                settings = args.unroll.split(",") if ours and bkv // bkc > 1 else ["chosen"]
                 for unroll in settings:
                     if out_of_time():
                         return 0
@@ -217,8 +224,8 @@ def main(argv=None) -> int:
         print("training: forward + backward", flush=True)
         for bq, bkv, bkc in args.train_tiles:
             bkc = bkc or default_block_kv_compute(bq, bkv)
-            for method in TRAIN_METHODS:
-                forms = ("fused", "split") if METHODS[method].pallas else (None,)
+            for method in args.train_methods:
+                forms = args.train_forms if METHODS[method].family == "svg_lib" else (None,)
                 for form in forms:
                     if out_of_time():
                         return 0

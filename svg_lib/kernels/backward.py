@@ -92,7 +92,7 @@ def _dq_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_acc, *, keep, q_st
         return carry
 
     chunks = k_ref.shape[0] // block_kv_compute
-    jax.lax.fori_loop(0, chunks, chunk, None, unroll=unroll_chunks(chunks))
+    jax.lax.fori_loop(0, chunks, chunk, None, unroll=unroll_chunks(chunks, bodies=2))  # mask-free and masked
 
 
 def _dkv_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, *, keep, q_start, k_start,
@@ -132,7 +132,7 @@ def _dkv_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, *, k
         return carry
 
     chunks = k_ref.shape[0] // block_kv_compute
-    jax.lax.fori_loop(0, chunks, chunk, None, unroll=unroll_chunks(chunks))
+    jax.lax.fori_loop(0, chunks, chunk, None, unroll=unroll_chunks(chunks, bodies=2))  # mask-free and masked
 
 
 def _visit(stage, cls, tile):

@@ -74,17 +74,28 @@ from svg_lib.methods import PLANNED_METHODS, check_method
 # unlike -inf it never produces inf - inf = nan in a row that has seen no kept key yet.
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 LANES = 128
-# Unroll the key-chunk loop up to this many chunks. Unrolling is not free: each chunk is one
-# more copy of the body in instruction memory. The static profile found three unrolled chunks
-# (the blog's tiles) shorter per step than the rolled loop for about twice the code; more are left
-# rolled (CONTRIBUTING.md, "Measurements behind the kernels").
+# Unroll the key-chunk loop only where it is short and the kernel carries few tile bodies. Every
+# `pl.when` branch is compiled, so a kernel holds one copy of the body per kind of tile it can run
+# (mask-free, masked; running and bounded max), and unrolling multiplies each copy by the chunks.
+# Measured on a TPU v5e at the case study's tiles (svg_lib/data/tpu_measurements.json, written by
+# tools/tpu-measure.py): with two bodies (B1) three unrolled chunks beat the rolled loop; with four
+# (dense, B2, B3) unrolling made the kernel 2-3x slower, the rolled loop fast. The compiler's static
+# profile, which simulates one body, cannot see this.
 MAX_UNROLLED_CHUNKS = 3
+MAX_UNROLLED_BODIES = 2
 
 
-def unroll_chunks(chunks: int) -> bool:
-    """Whether a tile body unrolls its loop of `chunks` key slices (read when tracing, so that a
-    measurement can set `MAX_UNROLLED_CHUNKS` for every kernel at once)."""
-    return chunks <= MAX_UNROLLED_CHUNKS
+def unroll_chunks(chunks: int, bodies: int = 1) -> bool:
+    """Whether a tile body unrolls its loop of `chunks` key slices, in a kernel that carries `bodies`
+    copies of a tile body (read when tracing, so that a measurement can set the two limits for every
+    kernel at once)."""
+    return chunks <= MAX_UNROLLED_CHUNKS and bodies <= MAX_UNROLLED_BODIES
+
+
+def tile_bodies(masked_kinds: int, mask_free: bool, bounded: bool = True) -> int:
+    """How many copies of the tile body a kernel compiles: one per masked kind of head and one
+    mask-free, each twice where the kernel also runs the bounded max."""
+    return (masked_kinds + int(mask_free)) * (2 if bounded else 1)
 
 
 NT = (((1,), (1,)), ((), ()))  # dot_general dimensions of a @ b^T: contract both operands' last dims
@@ -135,7 +146,7 @@ def _lane_sum(p):
 
 
 def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_start, k_start,
-                         block_kv_compute, interpret=False, bounded=False, kv_tokens=None):
+                         block_kv_compute, interpret=False, bounded=False, kv_tokens=None, bodies=1):
     """Fold one key/value tile into the running softmax state of one query tile.
 
     q_ref `[block_q, head_dim]`; k_ref, v_ref `[block_kv, head_dim]`; m_ref `[block_q, 128]` f32
@@ -155,7 +166,8 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
     and a `[1, block_kv_compute]` row of key indices (it must broadcast them): a predicate on
     keys alone (padding) then costs one row, not a tile. `kv_tokens`: None, or the key count when
     the last key tile is partial: a masked tile then selects its v rows past it to zero (`real_part`;
-    the predicate already masks their scores). `interpret` (known at trace time)
+    the predicate already masks their scores). `bodies`: the copies of this body the kernel carries,
+    which decide the unroll (`unroll_chunks`). `interpret` (known at trace time)
     picks the broadcasts each backend does cheaply (see `_lanes`). Both matmuls go through `dot`,
     which states the precision of the inputs' dtype (`matmul_precision`): float32 tiles get float32
     products on a TPU too, not its default single bf16 pass.
@@ -163,9 +175,9 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
     Two choices serve the CPU interpreter, at no cost on a TPU: kernels call this only under
     `pl.when`, and blocks are read inside the loop. Without them the interpreter copies the
     whole q, k and v arrays at every grid step (XLA turns its write-back of a block into a
-    copy). On a TPU the loop is unrolled up to `MAX_UNROLLED_CHUNKS` chunks: each unrolled
-    chunk is another copy of the body in instruction memory, bought for a shorter step (the
-    numbers are beside the constant).
+    copy). On a TPU the loop is unrolled up to `MAX_UNROLLED_CHUNKS` chunks in a kernel of at most
+    `MAX_UNROLLED_BODIES` bodies: each unrolled chunk is another copy of the body in instruction
+    memory (what was measured is beside the constants).
     """
     block_q = q_ref.shape[0]
     head_dim = acc_ref.shape[1]
@@ -198,7 +210,7 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
         acc_ref[...] = _lanes(alpha, head_dim, interpret) * acc_ref[...] + pv
         return carry
 
-    jax.lax.fori_loop(0, chunks, chunk, None, unroll=unroll_chunks(chunks))
+    jax.lax.fori_loop(0, chunks, chunk, None, unroll=unroll_chunks(chunks, bodies))
 
 
 # -- the bounded max ---------------------------------------------------------------------------
@@ -396,7 +408,8 @@ def dense_flash_attention(q, k, v, *, block_q, block_kv, block_kv_compute, inter
         h, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         tile = functools.partial(online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
                                  q_start=i * block_q, k_start=j * block_kv, block_kv_compute=block_kv_compute,
-                                 interpret=on_cpu, kv_tokens=partial_tail(tokens, block_kv))
+                                 interpret=on_cpu, kv_tokens=partial_tail(tokens, block_kv),
+                                 bodies=tile_bodies(1, mask_free=True))
         switch = functools.partial(try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[h], on_cpu,
                                    q_start=i * block_q, q_tokens=partial_tail(q_tokens, block_q))
 
@@ -495,7 +508,8 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
         kv_tile, cls = step_of(h, i, s, head_kind_ref, schedule_ref, head_order_ref)
         body = functools.partial(online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
                                  q_start=i * block_q, k_start=kv_tile * block_kv, block_kv_compute=block_kv_compute,
-                                 interpret=on_cpu, kv_tokens=partial_tail(tokens, block_kv))
+                                 interpret=on_cpu, kv_tokens=partial_tail(tokens, block_kv),
+                                 bodies=tile_bodies(len(keeps), mask_free=not record.masks_full_tiles))
         switch = functools.partial(try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[head], on_cpu,
                                    q_start=i * block_q, q_tokens=partial_tail(q_tokens, block_q))
         tile = lambda keep: visit(body, keep, flag_ref, switch)  # noqa: E731

@@ -44,7 +44,7 @@ from svg_lib.core.planner import EMPTY, FULL, PARTIAL, schedule_entry
 from svg_lib.kernels.forward import (LANES, MASK_VALUE, NN, NT, _lane_sum, _lanes, _outputs, compiler_params, dot,
                                      finish, init_state, key_norm_max, online_softmax_tile, partial_tail,
                                      plain_interpreter, real_part, schedule_tables, softmax_scratch, token_ids,
-                                     try_bound, unroll_chunks, visit)
+                                     tile_bodies, try_bound, unroll_chunks, visit)
 from svg_lib.kernels.refs import KernelRefs
 from svg_lib.methods import PLANNED_METHODS, check_method
 
@@ -128,7 +128,7 @@ def finish_tile_mass(m_ref, l_ref, mass: TileMass, mass_ref, *, q_start, q_token
 
 def skip_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_start, k_start, block_kv_compute,
                       interpret=False, bounded=False, threshold: float, seen_ref, gate=None, kv_tokens=None,
-                      q_tokens=None):
+                      q_tokens=None, bodies=1):
     """`forward.online_softmax_tile` with skip-softmax: each key slice whose every score lies more than
     `threshold` below its row's running max (`seen_ref` `[block_q, 128]` f32 beside the bound; m itself
     with the running max) skips its exp, row sum and `p @ v`. `gate`: None, or `gate(run) -> run`
@@ -174,7 +174,7 @@ def skip_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_sta
         seen_ref[...] = m_next
         acc_ref[...] = _lanes(alpha, head_dim, interpret) * acc_ref[...] + dot(p.astype(v.dtype), v, NN)
 
-    jax.lax.fori_loop(0, chunks, chunk, None, unroll=unroll_chunks(chunks))
+    jax.lax.fori_loop(0, chunks, chunk, None, unroll=unroll_chunks(chunks, bodies))
 
 
 # -- the observed forward -----------------------------------------------------------------------
@@ -223,7 +223,8 @@ def observed_block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stag
             tile_body = functools.partial(recording_tile, mass=mass, body=tile_body)
         body = functools.partial(tile_body, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
                                  q_start=i * block_q, k_start=kv_tile * block_kv, block_kv_compute=block_kv_compute,
-                                 interpret=on_cpu, kv_tokens=partial_tail(tokens, block_kv))
+                                 interpret=on_cpu, kv_tokens=partial_tail(tokens, block_kv),
+                                 bodies=tile_bodies(len(keeps), mask_free=not record.masks_full_tiles))
         switch = functools.partial(try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[head], on_cpu,
                                    q_start=i * block_q, q_tokens=partial_tail(q_tokens, block_q))
         tile = lambda keep: visit(body, keep, flag_ref, switch)  # noqa: E731
