@@ -36,7 +36,10 @@ def test_cost_line_counts_the_plans_tiles(block_q, block_kv):
     assert f"{full + partial:,} tiles visited, {full + partial:,} masked" in b1
     assert f"{full + partial:,} tiles visited, {partial:,} masked" in b2
     assert f"{plan.grid[0] * plan.steps:,} grid steps" in b2
-    assert "no predicted time" in b2  # no static profile committed at these small tiles
+    floors = dict(re.findall(r"(v5e|v6e) ([\d.]+) ms", b2))   # no static profile at these small tiles: the floor
+    assert "MXU floor" in b2 and set(floors) == {"v5e", "v6e"} and float(floors["v6e"]) < float(floors["v5e"])
+    flops = (full + partial) * 4 * block_q * block_kv * 128
+    assert float(floors["v5e"]) == pytest.approx(flops / 197e12 * 1e3, abs=1e-3)
 
 
 def test_cost_line_predicts_time_where_the_profile_was_committed():
@@ -45,3 +48,5 @@ def test_cost_line_predicts_time_where_the_profile_was_committed():
     times = dict(re.findall(r"(v5e|v6e) ([\d.]+) ms", line))
     assert set(times) == {"v5e", "v6e"} and float(times["v6e"]) < float(times["v5e"])
     assert "simulated" in line
+    measured = re.search(r"measured on a TPU v5e .*: ([\d.]+) ms median", line)
+    assert measured and float(measured.group(1)) > float(times["v5e"]) * 0.5  # the record's B3 at these tiles

@@ -93,13 +93,25 @@ def _probed(chip: str, block_q: int, block_kv: int):
     return load_reference()["groups"]["after"].get((chip, block_q, block_kv))
 
 
+def _measured(mask: Mask, method: str, block_q: int, block_kv: int, heads: int) -> dict | None:
+    """The v5e row measuring `method` at these tiles, where `mask` and `heads` are the case study's."""
+    from svg_lib.instruments.tools.measured import shipped_row
+    from svg_lib.problem import get_preset
+
+    blog = get_preset("blog")
+    if heads != blog.heads or mask != blog.mask():
+        return None
+    return shipped_row(method, block_q, block_kv)
+
+
 def cost_line(mask: Mask, method: str, block_q: int, block_kv: int, *, heads: int = 1, head_dim: int = 128,
               dtype="bfloat16", chips=("v5e", "v6e")) -> str:
     """One line (and a second for time) on what `method` ("b1", "b2", "b3", "dense") costs over
     `mask` at `block_q` x `block_kv`: tiles visited, tiles masked, grid steps, VMEM per chip with its
     fit verdict, the schedule's SMEM, and where the compiler's static profile was committed for these
     tiles, the predicted time per chip (a simulation of a TPU, compile-only; the clock is assumed,
-    `chips.clock_hz`). Computed from the plan: no N x N array, any size up to the case study's."""
+    `chips.clock_hz`), elsewhere the visited tiles' MXU floor per chip (a lower bound), and where a TPU
+    measured the case study's problem at these tiles, that time. Computed from the plan: no N x N array, any size up to the case study's."""
     record = check_method(method)
     plan = plan_tiles(mask, block_q, block_kv)
     computed = record.computed_mask(mask, block_q, block_kv)
@@ -132,7 +144,13 @@ def cost_line(mask: Mask, method: str, block_q: int, block_kv: int, *, heads: in
     if times:
         time = "predicted (static profile, simulated; clock assumed): " + ", ".join(times)
     else:
-        probed = sorted({(bq, bk) for _, bq, bk in load_reference()["groups"]["after"]})
-        time = ("no predicted time: the static profile was committed at " +
-                ", ".join(f"{bq} x {bk}" for bq, bk in probed) + " only")
+        # no profile at these tiles: the analytic floor, the visited tiles' two matmuls at each chip's peak
+        flops = visited * heads * 4 * block_q * block_kv * head_dim
+        floor = ", ".join(f"{chip} {flops / (TARGETS[chip].bf16_tflops * 1e12) * 1e3:.3f} ms" for chip in chips)
+        time = f"MXU floor (the visited tiles' matmuls at each chip's bf16 peak; a lower bound, not a prediction): {floor}"
+    measured = _measured(mask, method, block_q, block_kv, heads)
+    if measured is not None:
+        time += (f"\n  measured on a TPU {measured['chip']} (compiled, jax {measured['jax']}): "
+                 f"{measured['median_ms']:.1f} ms median of {measured['repeats']} calls "
+                 f"(svg_lib/data/tpu_measurements.json)")
     return "; ".join(parts) + "\n  " + time

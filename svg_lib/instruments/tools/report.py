@@ -1,15 +1,15 @@
 """The report a reader with a TPU runs and shares: `python -m svg_lib report`.
 
-Nothing in this series has run on a TPU: every cycle count is the compiler's static profile,
-every timing an interpreter's. The first reader with one can change that in a few minutes. The
-report, on whatever jax finds:
+The series' kernels were measured on a TPU v5e (svg_lib/data/tpu_measurements.json); a reader with
+another chip adds what only that chip can tell in a few minutes. The report, on whatever jax finds:
 
 1. times B0-B3 (`run_benchmark`), each output checked against a float32 reference on sampled
    query rows (all rows at small sizes);
 2. runs the adversarial inputs (`kernels.adversarial`: scores at their bound, up to 1e10) through
    dense and B3 at head_dim 64, 128 and 256 in float32 and bfloat16: finite and exact, or not;
 3. measures the bounded max's pass rate (`layers.profiling.bound_pass_rate`) on the benchmark's
-   random q, k and on planted heads (`layers.synthetic.structured_qkv`);
+   random q, k and on planted heads (`layers.synthetic.structured_qkv`), on the host in float64,
+   every query tile (one BLAS matmul per tile: about 10 s a method on a 2-core CPU at the blog's size);
 4. sets the measured milliseconds beside the cost model's simulated cycles for that chip where the
    committed reference has its tiles (`tpu.cost`), and divides one by the other: nanoseconds per
    simulated cycle, per method. Equal across methods means the model ranks them as the chip does;

@@ -1,0 +1,144 @@
+"""What the kernels measured on a real TPU: svg_lib/data/tpu_measurements.json, read and compared.
+
+The record is written by `tools/tpu-measure.py` on a TPU (wall-clock medians of repeated calls at the
+case study's problem: 75,600 tokens, 10 heads x 128, bf16, SVG spatial mask at density 0.35); each row
+names its chip, date, jax, jaxlib and libtpu, the tiles, how the key-slice loop was compiled, and the
+commit measured. Here it is read back: the row that measured the kernel as it ships (`shipped_row`),
+a table beside the case study's v6e figures and the compiler's static-profile prediction for each chip
+(`measured_table`), and the evidence behind the unroll rule (`unroll_evidence`).
+"""
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+from svg_lib.core.planner import plan_tiles
+from svg_lib.kernels.forward import tile_bodies, unroll_chunks
+from svg_lib.methods import METHODS, check_method
+from svg_lib.problem import BLOG_V6E_MS, get_preset
+
+MEASUREMENTS_FILE = Path(__file__).resolve().parents[2] / "data" / "tpu_measurements.json"
+# the kernels' tile bodies per method, as the forward builds them for one kind of head
+BODIES = {"dense": tile_bodies(1, mask_free=True), "b1": tile_bodies(1, mask_free=False),
+          "b2": tile_bodies(1, mask_free=True), "b3": tile_bodies(1, mask_free=True)}
+LABELS = {"splash_dense": "B0 dense Splash", "dense": "svg_lib dense", "b1": "B1 naive", "b2": "B2 full/edge",
+          "b3": "B3 tile-aligned"}
+
+
+@functools.lru_cache(maxsize=None)
+def _load(path: str) -> tuple:
+    return tuple(json.loads(Path(path).read_text())["rows"])
+
+
+def load_measurements(path: Path = MEASUREMENTS_FILE) -> list[dict]:
+    """Every row of the record, as written by tools/tpu-measure.py."""
+    return [dict(r) for r in _load(str(path))]
+
+
+def shipped_loop(method: str, block_kv: int, block_kv_compute: int) -> str | None:
+    """How the kernel as it ships compiles its key-slice loop at these tiles: "one slice", "unrolled" or
+    "rolled" (`forward.unroll_chunks`); None for Splash, whose loop is its own."""
+    if method not in BODIES:
+        return None
+    chunks = block_kv // block_kv_compute
+    if chunks == 1:
+        return "one slice"
+    return "unrolled" if unroll_chunks(chunks, BODIES[method]) else "rolled"
+
+
+def shipped_row(method: str, block_q: int, block_kv: int, *, chip: str = "v5e", part: str = "forward",
+                rows=None) -> dict | None:
+    """The measured row of `method` at `block_q` x `block_kv` whose loop is compiled as the kernel now
+    ships it (the newest such row), or None where none was measured."""
+    check_method(method)
+    rows = load_measurements() if rows is None else rows
+    found = [r for r in rows if r.get("chip") == chip and r.get("part") in (part, "splash" if part == "forward" else part)
+             and r.get("method") == method and r.get("block_q") == block_q and r.get("block_kv") == block_kv
+             and "median_ms" in r and r.get("backward") in (None, "fused")]
+    if method in BODIES and part == "forward":
+        found = [r for r in found if r.get("loop") == shipped_loop(method, block_kv, r["block_kv_compute"])]
+    return found[-1] if found else None
+
+
+def best_splash(chip: str = "v5e", rows=None) -> dict | None:
+    """The fastest Splash dense row measured on `chip`, at any block sizes: the B0 to beat."""
+    rows = load_measurements() if rows is None else rows
+    splash = [r for r in rows if r.get("chip") == chip and r.get("method") == "splash_dense"
+              and r.get("part") in ("forward", "splash") and "median_ms" in r]
+    return min(splash, key=lambda r: r["median_ms"]) if splash else None
+
+
+def predicted_ms(method: str, chip: str, block_q: int, block_kv: int, block_kv_compute: int,
+                 heads: int = 10) -> float | None:
+    """The cost model's time for the case study's problem (the compiler's static profile of each tile
+    body, committed; simulated, with an assumed clock), or None where the profile has no figure."""
+    from svg_lib.chips import MXUS_FOR_CLOCK, clock_hz
+    from svg_lib.instruments.tpu.cost import committed_tile_cost, model_cycles
+
+    if chip not in MXUS_FOR_CLOCK:
+        return None
+    cost = committed_tile_cost(chip, block_q, block_kv, block_kv_compute)
+    if cost is None:
+        return None
+    mask = get_preset("blog").mask()
+    record = METHODS[method]
+    plan = plan_tiles(mask, block_q, block_kv)
+    b3_plan = plan_tiles(record.computed_mask(mask, block_q, block_kv), block_q, block_kv) \
+        if record.computes == "tile_aligned" else None
+    try:
+        return model_cycles(method, cost, plan, b3_plan, heads) / clock_hz(chip) * 1e3
+    except ValueError:  # a body the profile could not simulate on this chip
+        return None
+
+
+def measured_table(block_q: int = 3328, block_kv: int = 1536, *, chip: str = "v5e",
+                   methods=("splash_dense", "dense", "b1", "b2", "b3"), rows=None) -> str:
+    """A table: each method measured on `chip` at these tiles (median ms, spread, share of the MXU's peak),
+    beside the static profile's prediction for that chip (and its error against the measurement), the
+    case study's v6e figure and the prediction for a v6e."""
+    rows = load_measurements() if rows is None else rows
+    lines = []
+    head = (f"{'':16}{chip + ' measured':>16}{'spread':>14}{'MXU':>6}{chip + ' model':>11}{'model/meas':>11}"
+            f"{'v6e case study':>16}{'v6e model':>11}")
+    lines.append(head)
+    first = None
+    for method in methods:
+        row = shipped_row(method, block_q, block_kv, chip=chip, rows=rows)
+        if row is None:
+            continue
+        first = first or row
+        bkc = row["block_kv_compute"]
+        model = predicted_ms(method, chip, block_q, block_kv, bkc)
+        model_v6e = predicted_ms(method, "v6e", block_q, block_kv, bkc)
+        blog = BLOG_V6E_MS.get(method) if (block_q, block_kv) == (3328, 1536) else None
+        cells = [f"{row['median_ms']:>13.1f} ms", f"{row['min_ms']:.1f}-{row['max_ms']:.1f}",
+                 f"{row['mxu_fraction']:.2f}" if row.get("mxu_fraction") else "-",
+                 f"{model:.1f}" if model else "-", f"{model / row['median_ms']:.2f}" if model else "-",
+                 f"{blog:.2f} ms" if blog else "-", f"{model_v6e:.1f}" if model_v6e else "-"]
+        lines.append(f"{LABELS.get(method, method):16}{cells[0]:>16}{cells[1]:>14}{cells[2]:>6}{cells[3]:>11}"
+                     f"{cells[4]:>11}{cells[5]:>16}{cells[6]:>11}")
+    if first is None:
+        return f"nothing measured on a {chip} at {block_q} x {block_kv}"
+    lines.append(f"{chip}: {first['device_kind']}, compiled, jax {first['jax']}, libtpu {first['libtpu']}, "
+                 f"{first['date']}; median of {first['repeats']} calls (spread: min-max); MXU: the visited tiles' "
+                 f"matmuls at the chip's bf16 peak over the median. model: the compiler's static profile "
+                 f"(simulated, clock assumed), summed over the plan.")
+    return "\n".join(lines)
+
+
+def unroll_evidence(rows=None) -> list[dict]:
+    """Every (method, tiles) measured both with the key-slice loop rolled and unrolled: the tile bodies
+    the kernel carries, both medians, and what the kernel now chooses (`forward.unroll_chunks`)."""
+    rows = load_measurements() if rows is None else rows
+    out = []
+    pairs = {}
+    for r in rows:
+        if r.get("part") == "forward" and r.get("loop") in ("rolled", "unrolled") and r.get("method") in BODIES:
+            pairs.setdefault((r["method"], r["block_q"], r["block_kv"], r["block_kv_compute"]), {})[r["loop"]] = r
+    for (method, bq, bkv, bkc), both in sorted(pairs.items()):
+        if len(both) == 2:
+            out.append({"method": method, "block_q": bq, "block_kv": bkv, "block_kv_compute": bkc,
+                        "bodies": BODIES[method], "rolled_ms": both["rolled"]["median_ms"],
+                        "unrolled_ms": both["unrolled"]["median_ms"], "chosen": shipped_loop(method, bkv, bkc)})
+    return out
