@@ -2,7 +2,7 @@
 
 It validates inputs, scales q and turns the mask into the tables the chosen kernel consumes
 (the planner's job). The series' kernels take any token count as it is (their last tiles are
-partial, cleared in VMEM: `kernels.forward.clear_tail`); only Splash gets copies padded to
+partial, their tails neutralised where they are read: `kernels.forward.real_part`); only Splash gets copies padded to
 whole tiles, and its output sliced. Built kernels are cached, so calling it twice with an
 equal mask (the same one, or one built again from the same parameters: `Mask.cache_key`) and
 shapes traces and plans once.
