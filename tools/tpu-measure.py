@@ -55,6 +55,16 @@ def version(name):
         return None
 
 
+def kernels_sha() -> str:
+    """sha256 of the kernels' source (forward.py, backward.py), first 16 hex digits: what was measured,
+    where a copy of the tree carries no (or a stale) git history."""
+    import hashlib
+    digest = hashlib.sha256()
+    for name in ("forward.py", "backward.py"):
+        digest.update((REPO / "svg_lib" / "kernels" / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
 class Recorder:
     """The file's rows, merged by key, written after every row (a run cut short keeps what it did)."""
 
@@ -65,7 +75,7 @@ class Recorder:
         self.data = json.loads(path.read_text()) if path.exists() else {"rows": []}
         self.run = {"chip": chip, "device_kind": device_kind, "date": datetime.date.today().isoformat(),
                     "jax": version("jax"), "jaxlib": version("jaxlib"), "libtpu": version("libtpu"),
-                    "git_commit": git_commit()}
+                    "git_commit": git_commit(), "kernels_sha": kernels_sha()}
         self.data["note"] = (
             "Wall-clock times on a real TPU, written by tools/tpu-measure.py: the median, min and max of "
             "`repeats` calls after a warm-up, each call until its result was ready. mxu_floor_ms is the work's "

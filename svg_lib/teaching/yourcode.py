@@ -21,7 +21,9 @@ from svg_lib.core.planner import plan_tiles
 from svg_lib.memory.smem import schedule_smem
 from svg_lib.memory.vmem import MiB, estimate_vmem
 from svg_lib.methods import check_method
+from svg_lib.instruments.tools.measured import shipped_row
 from svg_lib.instruments.tpu.cost import load_reference, model_cycles, step_kinds
+from svg_lib.problem import get_preset
 
 
 @dataclass(frozen=True)
@@ -95,9 +97,6 @@ def _probed(chip: str, block_q: int, block_kv: int):
 
 def _measured(mask: Mask, method: str, block_q: int, block_kv: int, heads: int) -> dict | None:
     """The v5e row measuring `method` at these tiles, where `mask` and `heads` are the case study's."""
-    from svg_lib.instruments.tools.measured import shipped_row
-    from svg_lib.problem import get_preset
-
     blog = get_preset("blog")
     if heads != blog.heads or mask != blog.mask():
         return None

@@ -13,7 +13,9 @@ import functools
 import json
 from pathlib import Path
 
+from svg_lib.chips import MXUS_FOR_CLOCK, clock_hz
 from svg_lib.core.planner import plan_tiles
+from svg_lib.instruments.tpu.cost import committed_tile_cost, model_cycles
 from svg_lib.kernels.forward import tile_bodies, unroll_chunks
 from svg_lib.methods import METHODS, check_method
 from svg_lib.problem import BLOG_V6E_MS, get_preset
@@ -73,9 +75,6 @@ def predicted_ms(method: str, chip: str, block_q: int, block_kv: int, block_kv_c
                  heads: int = 10) -> float | None:
     """The cost model's time for the case study's problem (the compiler's static profile of each tile
     body, committed; simulated, with an assumed clock), or None where the profile has no figure."""
-    from svg_lib.chips import MXUS_FOR_CLOCK, clock_hz
-    from svg_lib.instruments.tpu.cost import committed_tile_cost, model_cycles
-
     if chip not in MXUS_FOR_CLOCK:
         return None
     cost = committed_tile_cost(chip, block_q, block_kv, block_kv_compute)
