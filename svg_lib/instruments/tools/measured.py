@@ -17,7 +17,7 @@ from svg_lib.chips import MXUS_FOR_CLOCK, clock_hz
 from svg_lib.core.planner import plan_tiles
 from svg_lib.instruments.tpu.cost import committed_tile_cost, model_cycles
 from svg_lib.kernels.forward import tile_bodies, unroll_chunks
-from svg_lib.methods import METHODS, check_method
+from svg_lib.methods import BASELINE, METHODS, check_method
 from svg_lib.problem import BLOG_V6E_MS, get_preset
 
 MEASUREMENTS_FILE = Path(__file__).resolve().parents[2] / "data" / "tpu_measurements.json"
@@ -66,7 +66,7 @@ def shipped_row(method: str, block_q: int, block_kv: int, *, chip: str = "v5e", 
 def best_splash(chip: str = "v5e", rows=None) -> dict | None:
     """The fastest Splash dense row measured on `chip`, at any block sizes: the B0 to beat."""
     rows = load_measurements() if rows is None else rows
-    splash = [r for r in rows if r.get("chip") == chip and r.get("method") == "splash_dense"
+    splash = [r for r in rows if r.get("chip") == chip and r.get("method") == BASELINE
               and r.get("part") in ("forward", "splash") and "median_ms" in r]
     return min(splash, key=lambda r: r["median_ms"]) if splash else None
 
