@@ -289,3 +289,84 @@ def test_a_density_the_mask_cannot_honour_is_one_warning_line(capsys):
     assert err.strip().endswith("the smallest density that means something at this size is about 0.72")
     code, out, err = run(capsys, "plan", "--preset", "tiny", "--json")  # 0.35: nothing to say
     assert code == 0 and err == ""
+
+# -- flags refused while they are read: one line naming the value and what works, nothing run ----
+
+@pytest.fixture
+def nothing_runs(monkeypatch):
+    """Every command's run replaced by a recorder: a refusal while the flags are read leaves it empty."""
+    import dataclasses
+
+    import svg_lib.cli as cli
+
+    ran = []
+    monkeypatch.setattr(cli, "COMMANDS", tuple(dataclasses.replace(c, run=lambda args: ran.append(args) or 0)
+                                               for c in cli.COMMANDS))
+    return ran
+
+
+def refused(capsys, command, *argv):
+    """The one stderr line of a refused command line (exit status 2, nothing on stdout)."""
+    code, out, err = run(capsys, command, *argv)
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and err.startswith(f"python -m svg_lib {command}: error:")
+    return err
+
+
+def test_an_unknown_topology_names_the_valid_ones(nothing_runs, capsys):
+    from svg_lib.chips import check_topology
+
+    err = refused(capsys, "sharded", "--topology", "v9:2x4")
+    assert "'v9:2x4'" in err and "v6e:AxB" in err and "v5e:AxB" in err and "tpu7x:AxBxC" in err
+    assert "e.g. v6e:2x4" in err and nothing_runs == []
+    for bad in ("v6e", "v6e:2x", "v6e:0x4", "v6e:2x4x1x1"):
+        assert f"{bad!r}" in refused(capsys, "sharded", "--topology", bad)
+    assert check_topology("v6e:2x4") == "v6e:2x4" and check_topology("v7x:2x2x1") == "tpu7x:2x2x1"
+
+
+def test_compile_only_topology_refuses_a_bad_name_before_libtpu(monkeypatch):
+    import svg_lib.instruments.tpu.compiler as compiler
+
+    monkeypatch.setattr(compiler, "require_libtpu", lambda: pytest.fail("libtpu was asked for"))
+    with pytest.raises(ValueError, match=r"unknown TPU topology 'v9:2x4'; .* v6e:AxB"):
+        compiler.compile_only_topology("v6e", "v9:2x4")
+
+
+HEAD_FLAGS = [(command, ["--preset", "tiny"], flag) for command in ("bench", "lower", "compile", "tune", "cost")
+              for flag in ("--heads", "--head-dim")] + [("sharded", [], "--heads")]
+
+
+@pytest.mark.parametrize("command, extra, flag", HEAD_FLAGS)
+def test_zero_heads_are_refused_while_the_flags_are_read(nothing_runs, capsys, command, extra, flag):
+    err = refused(capsys, command, *extra, flag, "0")
+    assert f"argument {flag}: must be a positive integer (1 or more), got 0" in err and nothing_runs == []
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--block-q", "100,256"], ["argument --block-q", "got 100", "multiple of 128", "try 128"]),
+    (["--block-kv", "128,300"], ["argument --block-kv", "got 300", "nearest valid sizes are 256 and 384"]),
+    (["--block-q", "12x"], ["argument --block-q", "comma-separated tile sizes", "'12x'"]),
+])
+def test_tune_refuses_a_bad_tile_size_before_timing_any(nothing_runs, capsys, argv, words):
+    err = refused(capsys, "tune", "--preset", "tiny", *argv)
+    assert all(word in err for word in words) and nothing_runs == []
+
+
+def test_tune_refuses_a_pair_that_cannot_run_before_timing_any(monkeypatch, capsys):
+    import svg_lib.cli.tune as tune_command
+
+    monkeypatch.setattr(tune_command, "tune", lambda *a, **kw: pytest.fail("tune ran"))
+    err = refused(capsys, "tune", "--preset", "tiny", "--block-q", "128,1024", "--block-kv", "128")
+    assert "--block-q 1024 with --block-kv 128 cannot run" in err and "384 tokens" in err
+    assert "give only sizes that fit" in err
+
+
+@pytest.mark.parametrize("command, argv, flag", [("sharded", ["--block-q", "100"], "--block-q"),
+                                                 ("compile", ["--preset", "tiny", "--sweep-block-q", "1024,100"],
+                                                  "--sweep-block-q"),
+                                                 ("bench", ["--preset", "tiny", "--block-kv-compute", "100"],
+                                                  "--block-kv-compute")])
+def test_every_tile_size_flag_is_checked_while_read(nothing_runs, capsys, command, argv, flag):
+    err = refused(capsys, command, *argv)
+    assert f"argument {flag}:" in err and "got 100 (try 128)" in err and nothing_runs == []
+

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from svg_lib.core.geometry import VideoGeometry
+from svg_lib.core.masks import LANES, check_block_size
 from svg_lib.problem import DEFAULT_METHODS, BenchConfig, get_preset
 from svg_lib.progress import is_quiet
 from svg_lib.instruments.tools.bench import check_methods
@@ -51,6 +52,62 @@ def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
+# -- values checked while the flags are read (before any work) ---------------------------------
+
+def argument_type(check: Callable, name: str) -> Callable:
+    """An argparse `type` from a library check: its ValueError becomes argparse's one-line refusal
+    (argparse would print only "invalid value" and drop the check's words)."""
+    def parse(text):
+        try:
+            return check(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+    parse.__name__ = name  # what argparse calls the type in its own messages
+    return parse
+
+
+def _integer(text: str, expected: str) -> int:
+    """`int(text)`, or a ValueError saying what the flag expected (int's own words name no flag value)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"expected {expected}, got {text!r}") from None
+
+
+def _positive_int(text: str) -> int:
+    value = _integer(text, "a positive integer")
+    if value < 1:  # 0 heads would reach the kernels as an empty grid
+        raise ValueError(f"must be a positive integer (1 or more), got {value}")
+    return value
+
+
+def _block_size(text: str) -> int:
+    return check_block_size("a tile size", _integer(text, f"a tile size, a multiple of {LANES} like 512"))
+
+
+def _block_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes:
+        raise ValueError(f"expected comma-separated tile sizes, multiples of {LANES} like 128,256, got {text!r}")
+    return [check_block_size("every tile size", size) for size in sizes]
+
+
+def _block_pair(text: str) -> tuple[int, int]:
+    block_q, sep, block_kv = text.partition("x")
+    if not sep:
+        raise ValueError(f"expected a pair of tile sizes like 1024x512 (block_q x block_kv), got {text!r}")
+    return _block_size(block_q), _block_size(block_kv)
+
+
+positive_int = argument_type(_positive_int, "positive int")
+block_size = argument_type(_block_size, "tile size")       # one multiple of 128
+block_sizes = argument_type(_block_sizes, "tile sizes")    # comma-separated multiples of 128
+block_pair = argument_type(_block_pair, "tile pair")       # 1024x512: block_q x block_kv
+
+
 # -- problem flags shared by every command ---------------------------------------------------
 
 PROBLEM_DEFAULTS = {"text_tokens": 0, "heads": 2, "head_dim": 128, "dtype": "bfloat16"}
@@ -71,13 +128,15 @@ def add_problem_arguments(parser: argparse.ArgumentParser, *, model: bool = True
     parser.add_argument("--density", type=float, metavar="D", help="fraction of pairs the band keeps, in (0, 1]")
     parser.add_argument("--no-sink", action="store_true", help="leave out the first-frame sink")
     if model:
-        parser.add_argument("--heads", type=int, metavar="H", help="attention heads (default 2 without a preset)")
-        parser.add_argument("--head-dim", type=int, metavar="D", help="head dimension (default 128 without a preset)")
+        parser.add_argument("--heads", type=positive_int, metavar="H",
+                            help="attention heads (default 2 without a preset)")
+        parser.add_argument("--head-dim", type=positive_int, metavar="D",
+                            help="head dimension (default 128 without a preset)")
         parser.add_argument("--dtype", choices=("float32", "bfloat16"),
                             help="dtype of q, k, v (default bfloat16 without a preset)")
     if blocks:
-        parser.add_argument("--block-q", type=int, metavar="BQ", help="query tile size, a multiple of 128")
-        parser.add_argument("--block-kv", type=int, metavar="BKV", help="key/value tile size, a multiple of 128")
+        parser.add_argument("--block-q", type=block_size, metavar="BQ", help="query tile size, a multiple of 128")
+        parser.add_argument("--block-kv", type=block_size, metavar="BKV", help="key/value tile size, a multiple of 128")
 
 
 def problem_values(args: argparse.Namespace, keys) -> dict:
@@ -106,7 +165,7 @@ def problem_values(args: argparse.Namespace, keys) -> dict:
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """The problem flags shared by `bench` and `lower`: a preset, then explicit overrides."""
     add_problem_arguments(parser)
-    parser.add_argument("--block-kv-compute", type=int, metavar="C",
+    parser.add_argument("--block-kv-compute", type=block_size, metavar="C",
                         help="keys per inner step of a key tile: a multiple of 128 dividing --block-kv")
     parser.add_argument("--methods", metavar="M1,M2,...",
                         help=f"comma-separated methods (default {','.join(DEFAULT_METHODS)})")
