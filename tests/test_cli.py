@@ -167,35 +167,60 @@ def test_cost_reads_the_problem_flags_into_one_config(monkeypatch, capsys):
 
 
 # -- output paths: every flag that writes a file is checked when the flags are read ------------
+# and treats folders alike: a missing folder is created when the file is written, and --help says so
 
-WRITERS = [("report", "--out", []), ("frontier", "--plot", []), ("bench", "--json", ["--preset", "tiny"]),
-           ("lower", "--json", ["--preset", "tiny"]), ("compile", "--json", ["--preset", "tiny"]),
-           ("tune", "--json", ["--preset", "tiny"]), ("vmem", "--json", []), ("sharded", "--json", [])]
+WRITERS = [("report", "--out", []), ("frontier", "--plot", []), ("frontier", "--json", []),
+           ("bench", "--json", ["--preset", "tiny"]), ("lower", "--json", ["--preset", "tiny"]),
+           ("compile", "--json", ["--preset", "tiny"]), ("tune", "--json", ["--preset", "tiny"]),
+           ("vmem", "--json", []), ("sharded", "--json", [])]
 
 
 @pytest.mark.parametrize("command, flag, extra", WRITERS)
-def test_an_unwritable_output_is_refused_before_any_work(tmp_path, capsys, monkeypatch, command, flag, extra):
-    import dataclasses
-
-    import svg_lib.cli as cli
-
-    ran = []  # no command may start: the path is refused while the flags are read
-    monkeypatch.setattr(cli, "COMMANDS", tuple(dataclasses.replace(c, run=lambda args: ran.append(args) or 0)
-                                               for c in cli.COMMANDS))
+def test_an_unwritable_output_is_refused_before_any_work(tmp_path, capsys, nothing_runs, command, flag, extra):
     a_file = tmp_path / "a_file"
     a_file.write_text("")
-    missing = tmp_path / "missing"
-    for path, words in ((a_file / "x.out", ["a_file", "is a file, not a folder"]),
-                        (missing / "x.out", ["missing", "does not exist"] if flag != "--out" else None)):
-        if words is None:  # a missing report folder is created: it is writable
-            continue
-        code, out, err = run(capsys, command, *extra, flag, str(path))
-        assert code == 2 and out == "" and ran == []
-        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
-        assert err.startswith(f"python -m svg_lib {command}: error: argument {flag}: cannot write")
-        for word in words:
-            assert word in err
-    assert not missing.exists()
+    code, out, err = run(capsys, command, *extra, flag, str(a_file / "x.out"))
+    assert code == 2 and out == "" and nothing_runs == []
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith(f"python -m svg_lib {command}: error: argument {flag}: cannot write")
+    assert "a_file" in err and "is a file, not a folder" in err
+
+
+@pytest.mark.parametrize("command, flag, extra", WRITERS)
+def test_every_output_flag_takes_a_missing_folder_and_says_so(tmp_path, capsys, nothing_runs, command, flag, extra):
+    missing = tmp_path / "missing" / "deeper"
+    code, out, err = run(capsys, command, *extra, flag, str(missing / "x.out"))
+    assert code == 0 and err == "" and len(nothing_runs) == 1
+    assert not missing.parent.exists()  # created when the file is written, not while the flags are read
+    code, out, _ = run(capsys, command, "--help")
+    assert code == 0
+    help_text = " ".join(out.split())
+    assert "a missing folder is created" in help_text[help_text.index(flag + " "):]
+
+
+def test_written_files_create_their_folder(tmp_path, capsys, monkeypatch):
+    from svg_lib.cli.common import write_json
+
+    write_json(str(tmp_path / "a" / "b" / "x.json"), {"x": 1})
+    assert json.loads((tmp_path / "a" / "b" / "x.json").read_text()) == {"x": 1}
+    monkeypatch.setattr("svg_lib.cli.frontier.run", lambda **kw: {"records": [], "masks": list(kw["masks"])})
+    path = tmp_path / "new" / "records.json"
+    code, out, _ = run(capsys, "frontier", "--quiet", "--json", str(path))
+    assert code == 0 and f"wrote 0 records to {path}" in out and json.loads(path.read_text())["records"] == []
+
+
+def test_every_preset_flag_offers_every_preset(capsys):
+    from svg_lib.problem import PRESETS
+
+    for command in commands():
+        code, out, _ = run(capsys, command.name, "--help")
+        if "--preset" in out:
+            assert "{" + ",".join(PRESETS) + "}" in out, command.name
+    code, out, err = run(capsys, "plan", "--preset", "walkthrough", "--json")
+    assert code == 0, err
+    assert json.loads(out) == expected_stats(21, 8, 15, 0.35, 256, 128)
+    err = refused(capsys, "plan", "--frames", "3")
+    assert "--preset " + "|".join(PRESETS) in err
 
 
 def test_output_path_checks(tmp_path):

@@ -104,7 +104,8 @@ def test_committed_plan_cost_was_priced_at_powers_of_two():
 def test_cli_refuses_a_bad_json_path_before_any_work(tmp_path, capsys, monkeypatch):
     ran = []
     monkeypatch.setattr("svg_lib.cli.frontier.run", lambda **kw: ran.append(kw))
-    for path in (tmp_path / "missing" / "r.json", tmp_path):
+    (tmp_path / "a_file").write_text("")
+    for path in (tmp_path / "a_file" / "r.json", tmp_path):
         assert main(["frontier", "--json", str(path)]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and "--json" in err

@@ -11,7 +11,7 @@ from typing import Callable
 
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.masks import LANES, check_block_size
-from svg_lib.problem import DEFAULT_METHODS, BenchConfig, get_preset
+from svg_lib.problem import DEFAULT_METHODS, PRESETS, BenchConfig, get_preset
 from svg_lib.progress import is_quiet
 from svg_lib.instruments.tools.bench import check_methods
 
@@ -119,8 +119,7 @@ def add_problem_arguments(parser: argparse.ArgumentParser, *, model: bool = True
     Defaults are None so that "not given" can be told from "given". `model` adds heads, head
     dim and dtype (what a kernel run needs); `blocks` adds one block size per axis.
     """
-    parser.add_argument("--preset", choices=("tiny", "small", "blog"),
-                        help="start from a preset (flags given override it)")
+    parser.add_argument("--preset", choices=tuple(PRESETS), help="start from a preset (flags given override it)")
     parser.add_argument("--frames", type=int, metavar="F", help="latent frames")
     parser.add_argument("--height", type=int, metavar="H", help="tokens per frame, vertically")
     parser.add_argument("--width", type=int, metavar="W", help="tokens per frame, horizontally")
@@ -156,7 +155,7 @@ def problem_values(args: argparse.Namespace, keys) -> dict:
             values[key] = getattr(args, key)
     missing = ["--" + k.replace("_", "-") for k, v in values.items() if v is None]
     if missing:
-        raise UsageError(f"missing {', '.join(missing)}; give them, or start from --preset tiny|small|blog")
+        raise UsageError(f"missing {', '.join(missing)}; give them, or start from --preset {'|'.join(PRESETS)}")
     return values
 
 
@@ -196,6 +195,11 @@ def methods_from_args(args: argparse.Namespace, default=DEFAULT_METHODS) -> tupl
 
 
 # -- output paths, checked when the flags are read (before any work) --------------------------
+# Every flag that names a file or folder to write treats folders alike: a missing folder is created
+# when the file is written (as `mkdir -p` would), so a path is refused only where nothing could be
+# written: below a file, or in a folder that refuses new files.
+
+OUTPUT_NOTE = "; a missing folder is created"
 
 def _probe_folder(folder: str) -> str | None:
     """Why files cannot be written into the existing folder `folder`, or None when they can (tried,
@@ -207,40 +211,50 @@ def _probe_folder(folder: str) -> str | None:
         return err.strerror or type(err).__name__
 
 
-def output_file(path: str) -> str:
-    """An argparse `type` for a flag naming a file to write: its folder exists and takes files.
+def _check_folder(folder: str, what: str) -> None:
+    """Refuse (one line) `what` unless `folder`, or its nearest existing parent when it is missing (it
+    will be created), is a folder that takes files."""
+    existing = os.path.abspath(folder)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise argparse.ArgumentTypeError(f"cannot write {what}: {existing!r} is a file, not a folder")
+    why = _probe_folder(existing)
+    if why:
+        raise argparse.ArgumentTypeError(f"cannot write {what}: the folder {existing!r} refuses new files ({why})")
 
-    A bad path is refused while the flags are read, in one line, before any work is done."""
-    folder = os.path.dirname(path) or "."
+
+def output_file(path: str) -> str:
+    """An argparse `type` for a flag naming a file to write (its folder created if missing, by
+    `create_parent` when the file is written). A bad path is refused while the flags are read, in one
+    line, before any work is done."""
     if os.path.isdir(path):
         raise argparse.ArgumentTypeError(f"{path!r} is a folder; give a file name in it")
-    if not os.path.isdir(folder):
-        what = "is a file, not a folder" if os.path.exists(folder) else "does not exist (create it first)"
-        raise argparse.ArgumentTypeError(f"cannot write {path!r}: the folder {folder!r} {what}")
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise argparse.ArgumentTypeError(f"cannot write {path!r}: the file is read-only")
-    why = _probe_folder(folder)
-    if why:
-        raise argparse.ArgumentTypeError(f"cannot write {path!r}: the folder {folder!r} refuses new files ({why})")
+    _check_folder(os.path.dirname(path) or ".", repr(path))
     return path
 
 
 def output_folder(path: str) -> str:
-    """An argparse `type` for a flag naming a folder to write into (created if missing): the folder,
-    or its nearest existing parent, must be a folder that takes files."""
-    existing = os.path.abspath(path)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        raise argparse.ArgumentTypeError(f"cannot write into {path!r}: {existing!r} is a file, not a folder")
-    why = _probe_folder(existing)
-    if why:
-        raise argparse.ArgumentTypeError(f"cannot write into {path!r}: the folder {existing!r} refuses new files "
-                                         f"({why})")
+    """An argparse `type` for a flag naming a folder to write into (created if missing)."""
+    _check_folder(path, f"into {path!r}")
     return path
 
 
-def write_json(path: str, data: dict) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
+def create_parent(path: str) -> str:
+    """`path`, once its folder exists: what an `output_file` flag promises before writing."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    return path
+
+
+def add_json_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """The `--json PATH` flag of the commands that write their results to a file (`write_json`)."""
+    parser.add_argument("--json", metavar="PATH", type=output_file, help=f"{what}{OUTPUT_NOTE}")
+
+
+def write_json(path: str, data) -> None:
+    """`data` as indented JSON in `path`, its folder created if missing."""
+    with open(create_parent(path), "w", encoding="utf-8") as fh:
         json.dump(data, fh, indent=1)
         fh.write("\n")

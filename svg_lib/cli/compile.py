@@ -12,10 +12,10 @@ from svg_lib.cli.common import (
     Command,
     UsageError,
     add_config_arguments,
+    add_json_argument,
     block_sizes,
     config_from_args,
     methods_from_args,
-    output_file,
     write_json,
 )
 from svg_lib.environment import INSTALL_HINT, has_libtpu, libtpu_version
@@ -36,7 +36,7 @@ def _compile_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compile at each of these query blocks in turn (instead of --block-q's one)")
     parser.add_argument("--no-estimate-check", action="store_true",
                         help="compile even where the VMEM estimate says the blocks will not fit")
-    parser.add_argument("--json", metavar="PATH", type=output_file, help="also write the reports as JSON to PATH")
+    add_json_argument(parser, "also write the reports as JSON to PATH")
 
 
 def _compile_run(args: argparse.Namespace) -> int:

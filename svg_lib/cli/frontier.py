@@ -6,10 +6,9 @@ docstring says what each number is and what evidence it rests on).
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
-from svg_lib.cli.common import Command, output_file
+from svg_lib.cli.common import OUTPUT_NOTE, Command, add_json_argument, create_parent, output_file, write_json
 from svg_lib.instruments.tools.frontier import DEFAULT_MASKS, MASKS, frontier, plot, table
 from svg_lib.instruments.tools.frontier_records import DEFAULT_POLICY, DENOISING_STEPS, RECORD_MASKS, run
 from svg_lib.layers.plan_reuse import RefreshPolicy
@@ -17,15 +16,15 @@ from svg_lib.layers.plan_reuse import RefreshPolicy
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", type=int, default=64, help="query rows sampled for recall (default 64)")
-    parser.add_argument("--plot", default="frontier.png", metavar="PATH", type=output_file, help="where to draw the Pareto plot")
+    parser.add_argument("--plot", default="frontier.png", metavar="PATH", type=output_file,
+                        help=f"where to draw the Pareto plot{OUTPUT_NOTE}")
     parser.add_argument("--masks", default=",".join(DEFAULT_MASKS), metavar="LIST",
                         help=f"comma-separated mask families of {','.join(MASKS)} (default {','.join(DEFAULT_MASKS)}; "
                              "semantic adds a few minutes of k-means on a CPU)")
-    parser.add_argument("--json", metavar="PATH", type=output_file,
-                        help="write every cost on the frontier as JSON records to PATH instead of the table: per mask, "
-                             "chip, head kind of the clip (content, mixed, spatial, temporal, local3d at 75,600 tokens) "
-                             "and recall target, attention + plan (amortized) + permutation ms "
-                             "(svg_lib.instruments.tools.frontier_records; minutes of k-means on a CPU)")
+    add_json_argument(parser, "write every cost on the frontier as JSON records to PATH instead of the table: per "
+                              "mask, chip, head kind of the clip (content, mixed, spatial, temporal, local3d at 75,600 "
+                              "tokens) and recall target, attention + plan (amortized) + permutation ms "
+                              "(svg_lib.instruments.tools.frontier_records; minutes of k-means on a CPU)")
     parser.add_argument("--refresh-every", type=int, default=DEFAULT_POLICY.every, metavar="STEPS",
                         help=f"with --json: semantic tiles plan again every STEPS of the {DENOISING_STEPS}-step run "
                              f"(default {DEFAULT_POLICY.every}; 0: never after the first)")
@@ -47,14 +46,12 @@ def _run(args: argparse.Namespace) -> int:
         result = run(rows=args.rows, masks=chosen, policy=policy, bar=True)
         result["seconds"] = time.perf_counter() - start
         result["command"] = "python -m svg_lib frontier --json PATH" + (f" --rows {args.rows}" if args.rows != 64 else "")
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
+        write_json(args.json, result)
         n = len(result["records"])
         print(f"wrote {n} records to {args.json} ({result['seconds']:.0f} s)")
         return 0
     result = frontier(rows=args.rows, masks=masks, bar=True)
-    plot(result, args.plot)
+    plot(result, create_parent(args.plot))
     result["plot"] = str(args.plot)
     result["seconds"] = time.perf_counter() - start
     print(table(result))

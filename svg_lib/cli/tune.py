@@ -9,9 +9,9 @@ from svg_lib.cli.common import (
     PROG,
     Command,
     UsageError,
+    add_json_argument,
     add_problem_arguments,
     block_sizes,
-    output_file,
     problem_values,
     write_json,
 )
@@ -37,7 +37,7 @@ def _tune_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", metavar="NAME",
                         help=f"also compile each candidate for this TPU ({', '.join(TARGETS)}) with libtpu and "
                              "drop those the compiler refuses")
-    parser.add_argument("--json", metavar="PATH", type=output_file, help="also write the result as JSON to PATH")
+    add_json_argument(parser, "also write the result as JSON to PATH")
     parser.add_argument("--force", action="store_true",
                         help="run even when interpret mode would take hours (e.g. --preset blog on a CPU)")
 

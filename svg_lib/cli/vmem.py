@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 
-from svg_lib.cli.common import Command, UsageError, output_file
+from svg_lib.cli.common import Command, UsageError, add_json_argument, write_json
 from svg_lib.environment import INSTALL_HINT, has_libtpu
 from svg_lib.memory.vmem import SPLASH_METHODS
 from svg_lib.instruments.tpu.checks import largest_block_q, verify_against_compiler
@@ -20,7 +19,7 @@ def _vmem_arguments(parser: argparse.ArgumentParser) -> None:
                         help="block_q x block_kv pairs")
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     parser.add_argument("--block-kv-compute", nargs="+", type=int, default=None)
-    parser.add_argument("--json", metavar="PATH", type=output_file, help="write the results here")
+    add_json_argument(parser, "write the results as JSON to PATH")
 
 
 def _vmem_run(args: argparse.Namespace) -> int:
@@ -46,8 +45,7 @@ def _vmem_run(args: argparse.Namespace) -> int:
                 rows.append(largest_block_q(method, target, splash_mask="blocks" if method in SPLASH_METHODS else None,
                                             log=print))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        write_json(args.json, rows)
     return 1 if bad else 0
 
 
