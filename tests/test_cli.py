@@ -315,6 +315,7 @@ def test_a_density_the_mask_cannot_honour_is_one_warning_line(capsys):
     code, out, err = run(capsys, "plan", "--preset", "tiny", "--json")  # 0.35: nothing to say
     assert code == 0 and err == ""
 
+
 # -- flags refused while they are read: one line naming the value and what works, nothing run ----
 
 @pytest.fixture
@@ -394,4 +395,31 @@ def test_tune_refuses_a_pair_that_cannot_run_before_timing_any(monkeypatch, caps
 def test_every_tile_size_flag_is_checked_while_read(nothing_runs, capsys, command, argv, flag):
     err = refused(capsys, command, *argv)
     assert f"argument {flag}:" in err and "got 100 (try 128)" in err and nothing_runs == []
+
+
+# -- long runs say what they do before they start, and show their progress ----------------------
+
+@pytest.mark.parametrize("argv, masks, words", [
+    (["--json", "r.json"], ("svg_b3", "radial", "sliding", "pooled", "semantic"),
+     ["(semantic added to the table's masks", "--masks svg_b3,radial,sliding,pooled leaves it out", "minutes"]),
+    (["--json", "r.json", "--masks", "svg_b3,radial,sliding,pooled"], ("svg_b3", "radial", "sliding", "pooled"), []),
+    ([], ("svg_b3", "radial", "sliding", "pooled"), []),
+    (["--masks", "radial,semantic"], ("radial", "semantic"), ["semantic tiles run k-means", "minutes"]),
+])
+def test_frontier_says_which_masks_it_prices_and_why(tmp_path, capsys, monkeypatch, argv, masks, words):
+    """The records' default adds semantic tiles to the table's masks: said in the one line before the minutes of
+    work, with the flag that leaves them out; masks asked for are priced as asked."""
+    import svg_lib.cli.frontier as frontier_command
+
+    asked = []
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(frontier_command, "run", lambda **kw: asked.append(kw["masks"]) or {"records": []})
+    monkeypatch.setattr(frontier_command, "frontier", lambda **kw: asked.append(kw["masks"]) or {})
+    monkeypatch.setattr(frontier_command, "plot", lambda result, path: None)
+    monkeypatch.setattr(frontier_command, "table", lambda result: "the table")
+    code, out, err = run(capsys, "frontier", *argv)
+    assert code == 0 and asked == [masks]
+    (line,) = err.strip().splitlines()  # one line, before the work
+    assert line.startswith(f"frontier{' --json' if '--json' in argv else ''}: {', '.join(masks)}")
+    assert all(word in line for word in words) and ("added" in line) == (argv == ["--json", "r.json"])
 

@@ -114,6 +114,23 @@ def test_cli_refuses_a_bad_json_path_before_any_work(tmp_path, capsys, monkeypat
     assert ran == []
 
 
+def test_the_bar_says_when_semantic_tiles_cluster(monkeypatch):
+    seen = []
+
+    class Bar:
+        def __init__(self, total, **kwargs):
+            seen.append(total)
+        set_description = staticmethod(seen.append)
+        update = close = staticmethod(lambda *args: None)
+
+    monkeypatch.setattr(fr, "progress_bar", Bar)
+    fr.points(rows=4, masks=("radial", "semantic"), knobs={"radial": (1.0,), "semantic": (0.2, 0.6)}, tiles=TILES,
+              iterations=1, small=True, bar=True)
+    assert seen == [3, "frontier records: radial at 3328 x 1536, knob 1.0",
+                    "frontier records: semantic at 3328 x 1536, knob 0.2 (k-means of q and k first)",
+                    "frontier records: semantic at 3328 x 1536, knob 0.6"]
+
+
 def test_cli_writes_the_records(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("svg_lib.cli.frontier.run",
                         lambda **kw: fr.run(knobs=SMALL, tiles=TILES, iterations=1, small=True, targets=(0.9,),
