@@ -390,6 +390,7 @@ def test_tune_refuses_a_pair_that_cannot_run_before_timing_any(monkeypatch, caps
 @pytest.mark.parametrize("command, argv, flag", [("sharded", ["--block-q", "100"], "--block-q"),
                                                  ("compile", ["--preset", "tiny", "--sweep-block-q", "1024,100"],
                                                   "--sweep-block-q"),
+                                                 ("vmem", ["--sweep", "--blocks", "512x100"], "--blocks"),
                                                  ("bench", ["--preset", "tiny", "--block-kv-compute", "100"],
                                                   "--block-kv-compute")])
 def test_every_tile_size_flag_is_checked_while_read(nothing_runs, capsys, command, argv, flag):
@@ -423,3 +424,29 @@ def test_frontier_says_which_masks_it_prices_and_why(tmp_path, capsys, monkeypat
     assert line.startswith(f"frontier{' --json' if '--json' in argv else ''}: {', '.join(masks)}")
     assert all(word in line for word in words) and ("added" in line) == (argv == ["--json", "r.json"])
 
+
+def test_vmem_sweep_counts_its_compiles_and_shows_each(capsys, monkeypatch):
+    import svg_lib.cli.vmem as vmem_command
+    import svg_lib.instruments.tpu.checks as checks
+
+    bars = []
+
+    class Bar:
+        def __init__(self, total, desc, **kwargs):
+            bars.append([total, desc])
+        def set_description(self, desc):
+            bars[-1].append(desc)
+        update = close = staticmethod(lambda *args: None)
+
+    monkeypatch.setattr(vmem_command, "has_libtpu", lambda: True)
+    monkeypatch.setattr(checks, "progress_bar", Bar)
+    monkeypatch.setattr(checks, "compile_check", lambda e, target: checks.CompilerCheck(
+        e, target, e.vmem_limit_bytes or 0, e.fits, None, None, 0.0))
+    code, out, err = run(capsys, "vmem", "--sweep", "--methods", "dense", "b3", "--targets", "v6e",
+                         "--blocks", "512x512", "--dtypes", "bfloat16")
+    assert code == 0
+    assert err.strip() == "vmem --sweep: 2 kernels to compile for TPU on this CPU, one at a time; each result " \
+                          "prints as it comes"
+    assert bars == [[2, "vmem sweep", "vmem sweep: dense 512 x 512 bfloat16 on v6e",
+                     "vmem sweep: b3 512 x 512 bfloat16 on v6e"]]
+    assert out.count("512x512") == 2 and "2 points, 0 disagreements" in out
