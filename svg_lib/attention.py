@@ -23,7 +23,7 @@ from svg_lib.core.masks import Mask, TileAlignedMask, check_block_size
 from svg_lib.core.planner import plan_tiles
 from svg_lib.kernels.backward import with_backward
 from svg_lib.kernels.forward import block_sparse_attention, dense_flash_attention
-from svg_lib.kernels.reference import check_qkv, reference_attention
+from svg_lib.kernels.reference import check_qkv, check_shape, reference_attention
 from svg_lib.kernels.splash import make_splash, splash_mask_form
 from svg_lib.memory.budget import check_memory
 from svg_lib.methods import METHODS as TABLE
@@ -65,6 +65,7 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
     import jax
     import jax.numpy as jnp
 
+    heads, tokens, head_dim = check_shape(heads, tokens, head_dim)
     if devices is not None:
         devices = check_head_split(devices, heads)
         local = build_attention(mask, method=method, heads=heads // len(devices), tokens=tokens, head_dim=head_dim,

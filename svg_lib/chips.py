@@ -78,6 +78,25 @@ def check_target(target: str) -> TpuTarget:
                          f"{', '.join(TARGETS)}") from None
 
 
+_TOPOLOGY = re.compile(r"([a-z0-9]+):([1-9]\d*(?:x[1-9]\d*){1,2})")
+
+
+def check_topology(topology: str) -> str:
+    """A slice's topology name as libtpu takes it ("v6e:2x4": a generation, then chips per axis), or a
+    one-line ValueError naming the generations and the form. Checked here because libtpu's own
+    refusal ("Invalid TPU external name") names neither. A series name is read as libtpu's
+    ("v7x:2x2x1" is "tpu7x:2x2x1")."""
+    prefixes = {t.topology.split(":")[0]: t for t in TARGETS.values()}
+    prefixes.update({name: t for name, t in TARGETS.items()})
+    m = _TOPOLOGY.fullmatch(topology) if isinstance(topology, str) else None
+    if m is None or m[1] not in prefixes:
+        forms = ", ".join(t.topology.split(":")[0] + ":" + "x".join("ABC"[:t.topology.count("x") + 1])
+                          for t in TARGETS.values())
+        raise ValueError(f"unknown TPU topology {topology!r}; give a generation and its chips per axis, one of "
+                         f"{forms} (e.g. v6e:2x4, an 8-chip slice)")
+    return prefixes[m[1]].topology.split(":")[0] + ":" + m[2]
+
+
 # The clock a simulated cycle count is turned into time with: no chip's clock is published, so it is
 # the clock at which MXUS_FOR_CLOCK[chip] MXUs (side^2 multiply-adds a cycle each) reach the chip's
 # bf16 peak. The v5e's count agrees with TARGETS (4 of 128 x 128). For the v6e TARGETS says 2 of

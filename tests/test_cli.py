@@ -167,35 +167,60 @@ def test_cost_reads_the_problem_flags_into_one_config(monkeypatch, capsys):
 
 
 # -- output paths: every flag that writes a file is checked when the flags are read ------------
+# and treats folders alike: a missing folder is created when the file is written, and --help says so
 
-WRITERS = [("report", "--out", []), ("frontier", "--plot", []), ("bench", "--json", ["--preset", "tiny"]),
-           ("lower", "--json", ["--preset", "tiny"]), ("compile", "--json", ["--preset", "tiny"]),
-           ("tune", "--json", ["--preset", "tiny"]), ("vmem", "--json", []), ("sharded", "--json", [])]
+WRITERS = [("report", "--out", []), ("frontier", "--plot", []), ("frontier", "--json", []),
+           ("bench", "--json", ["--preset", "tiny"]), ("lower", "--json", ["--preset", "tiny"]),
+           ("compile", "--json", ["--preset", "tiny"]), ("tune", "--json", ["--preset", "tiny"]),
+           ("vmem", "--json", []), ("sharded", "--json", [])]
 
 
 @pytest.mark.parametrize("command, flag, extra", WRITERS)
-def test_an_unwritable_output_is_refused_before_any_work(tmp_path, capsys, monkeypatch, command, flag, extra):
-    import dataclasses
-
-    import svg_lib.cli as cli
-
-    ran = []  # no command may start: the path is refused while the flags are read
-    monkeypatch.setattr(cli, "COMMANDS", tuple(dataclasses.replace(c, run=lambda args: ran.append(args) or 0)
-                                               for c in cli.COMMANDS))
+def test_an_unwritable_output_is_refused_before_any_work(tmp_path, capsys, nothing_runs, command, flag, extra):
     a_file = tmp_path / "a_file"
     a_file.write_text("")
-    missing = tmp_path / "missing"
-    for path, words in ((a_file / "x.out", ["a_file", "is a file, not a folder"]),
-                        (missing / "x.out", ["missing", "does not exist"] if flag != "--out" else None)):
-        if words is None:  # a missing report folder is created: it is writable
-            continue
-        code, out, err = run(capsys, command, *extra, flag, str(path))
-        assert code == 2 and out == "" and ran == []
-        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
-        assert err.startswith(f"python -m svg_lib {command}: error: argument {flag}: cannot write")
-        for word in words:
-            assert word in err
-    assert not missing.exists()
+    code, out, err = run(capsys, command, *extra, flag, str(a_file / "x.out"))
+    assert code == 2 and out == "" and nothing_runs == []
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith(f"python -m svg_lib {command}: error: argument {flag}: cannot write")
+    assert "a_file" in err and "is a file, not a folder" in err
+
+
+@pytest.mark.parametrize("command, flag, extra", WRITERS)
+def test_every_output_flag_takes_a_missing_folder_and_says_so(tmp_path, capsys, nothing_runs, command, flag, extra):
+    missing = tmp_path / "missing" / "deeper"
+    code, out, err = run(capsys, command, *extra, flag, str(missing / "x.out"))
+    assert code == 0 and err == "" and len(nothing_runs) == 1
+    assert not missing.parent.exists()  # created when the file is written, not while the flags are read
+    code, out, _ = run(capsys, command, "--help")
+    assert code == 0
+    help_text = " ".join(out.split())
+    assert "a missing folder is created" in help_text[help_text.index(flag + " "):]
+
+
+def test_written_files_create_their_folder(tmp_path, capsys, monkeypatch):
+    from svg_lib.cli.common import write_json
+
+    write_json(str(tmp_path / "a" / "b" / "x.json"), {"x": 1})
+    assert json.loads((tmp_path / "a" / "b" / "x.json").read_text()) == {"x": 1}
+    monkeypatch.setattr("svg_lib.cli.frontier.run", lambda **kw: {"records": [], "masks": list(kw["masks"])})
+    path = tmp_path / "new" / "records.json"
+    code, out, _ = run(capsys, "frontier", "--quiet", "--json", str(path))
+    assert code == 0 and f"wrote 0 records to {path}" in out and json.loads(path.read_text())["records"] == []
+
+
+def test_every_preset_flag_offers_every_preset(capsys):
+    from svg_lib.problem import PRESETS
+
+    for command in commands():
+        code, out, _ = run(capsys, command.name, "--help")
+        if "--preset" in out:
+            assert "{" + ",".join(PRESETS) + "}" in out, command.name
+    code, out, err = run(capsys, "plan", "--preset", "walkthrough", "--json")
+    assert code == 0, err
+    assert json.loads(out) == expected_stats(21, 8, 15, 0.35, 256, 128)
+    err = refused(capsys, "plan", "--frames", "3")
+    assert "--preset " + "|".join(PRESETS) in err
 
 
 def test_output_path_checks(tmp_path):
@@ -289,3 +314,139 @@ def test_a_density_the_mask_cannot_honour_is_one_warning_line(capsys):
     assert err.strip().endswith("the smallest density that means something at this size is about 0.72")
     code, out, err = run(capsys, "plan", "--preset", "tiny", "--json")  # 0.35: nothing to say
     assert code == 0 and err == ""
+
+
+# -- flags refused while they are read: one line naming the value and what works, nothing run ----
+
+@pytest.fixture
+def nothing_runs(monkeypatch):
+    """Every command's run replaced by a recorder: a refusal while the flags are read leaves it empty."""
+    import dataclasses
+
+    import svg_lib.cli as cli
+
+    ran = []
+    monkeypatch.setattr(cli, "COMMANDS", tuple(dataclasses.replace(c, run=lambda args: ran.append(args) or 0)
+                                               for c in cli.COMMANDS))
+    return ran
+
+
+def refused(capsys, command, *argv):
+    """The one stderr line of a refused command line (exit status 2, nothing on stdout)."""
+    code, out, err = run(capsys, command, *argv)
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and err.startswith(f"python -m svg_lib {command}: error:")
+    return err
+
+
+def test_an_unknown_topology_names_the_valid_ones(nothing_runs, capsys):
+    from svg_lib.chips import check_topology
+
+    err = refused(capsys, "sharded", "--topology", "v9:2x4")
+    assert "'v9:2x4'" in err and "v6e:AxB" in err and "v5e:AxB" in err and "tpu7x:AxBxC" in err
+    assert "e.g. v6e:2x4" in err and nothing_runs == []
+    for bad in ("v6e", "v6e:2x", "v6e:0x4", "v6e:2x4x1x1"):
+        assert f"{bad!r}" in refused(capsys, "sharded", "--topology", bad)
+    assert check_topology("v6e:2x4") == "v6e:2x4" and check_topology("v7x:2x2x1") == "tpu7x:2x2x1"
+
+
+def test_compile_only_topology_refuses_a_bad_name_before_libtpu(monkeypatch):
+    import svg_lib.instruments.tpu.compiler as compiler
+
+    monkeypatch.setattr(compiler, "require_libtpu", lambda: pytest.fail("libtpu was asked for"))
+    with pytest.raises(ValueError, match=r"unknown TPU topology 'v9:2x4'; .* v6e:AxB"):
+        compiler.compile_only_topology("v6e", "v9:2x4")
+
+
+HEAD_FLAGS = [(command, ["--preset", "tiny"], flag) for command in ("bench", "lower", "compile", "tune", "cost")
+              for flag in ("--heads", "--head-dim")] + [("sharded", [], "--heads")]
+
+
+@pytest.mark.parametrize("command, extra, flag", HEAD_FLAGS)
+def test_zero_heads_are_refused_while_the_flags_are_read(nothing_runs, capsys, command, extra, flag):
+    err = refused(capsys, command, *extra, flag, "0")
+    assert f"argument {flag}: must be a positive integer (1 or more), got 0" in err and nothing_runs == []
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--block-q", "100,256"], ["argument --block-q", "got 100", "multiple of 128", "try 128"]),
+    (["--block-kv", "128,300"], ["argument --block-kv", "got 300", "nearest valid sizes are 256 and 384"]),
+    (["--block-q", "12x"], ["argument --block-q", "comma-separated tile sizes", "'12x'"]),
+])
+def test_tune_refuses_a_bad_tile_size_before_timing_any(nothing_runs, capsys, argv, words):
+    err = refused(capsys, "tune", "--preset", "tiny", *argv)
+    assert all(word in err for word in words) and nothing_runs == []
+
+
+def test_tune_refuses_a_pair_that_cannot_run_before_timing_any(monkeypatch, capsys):
+    import svg_lib.cli.tune as tune_command
+
+    monkeypatch.setattr(tune_command, "tune", lambda *a, **kw: pytest.fail("tune ran"))
+    err = refused(capsys, "tune", "--preset", "tiny", "--block-q", "128,1024", "--block-kv", "128")
+    assert "--block-q 1024 with --block-kv 128 cannot run" in err and "384 tokens" in err
+    assert "give only sizes that fit" in err
+
+
+@pytest.mark.parametrize("command, argv, flag", [("sharded", ["--block-q", "100"], "--block-q"),
+                                                 ("compile", ["--preset", "tiny", "--sweep-block-q", "1024,100"],
+                                                  "--sweep-block-q"),
+                                                 ("vmem", ["--sweep", "--blocks", "512x100"], "--blocks"),
+                                                 ("bench", ["--preset", "tiny", "--block-kv-compute", "100"],
+                                                  "--block-kv-compute")])
+def test_every_tile_size_flag_is_checked_while_read(nothing_runs, capsys, command, argv, flag):
+    err = refused(capsys, command, *argv)
+    assert f"argument {flag}:" in err and "got 100 (try 128)" in err and nothing_runs == []
+
+
+# -- long runs say what they do before they start, and show their progress ----------------------
+
+@pytest.mark.parametrize("argv, masks, words", [
+    (["--json", "r.json"], ("svg_b3", "radial", "sliding", "pooled", "semantic"),
+     ["(semantic added to the table's masks", "--masks svg_b3,radial,sliding,pooled leaves it out", "minutes"]),
+    (["--json", "r.json", "--masks", "svg_b3,radial,sliding,pooled"], ("svg_b3", "radial", "sliding", "pooled"), []),
+    ([], ("svg_b3", "radial", "sliding", "pooled"), []),
+    (["--masks", "radial,semantic"], ("radial", "semantic"), ["semantic tiles run k-means", "minutes"]),
+])
+def test_frontier_says_which_masks_it_prices_and_why(tmp_path, capsys, monkeypatch, argv, masks, words):
+    """The records' default adds semantic tiles to the table's masks: said in the one line before the minutes of
+    work, with the flag that leaves them out; masks asked for are priced as asked."""
+    import svg_lib.cli.frontier as frontier_command
+
+    asked = []
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(frontier_command, "run", lambda **kw: asked.append(kw["masks"]) or {"records": []})
+    monkeypatch.setattr(frontier_command, "frontier", lambda **kw: asked.append(kw["masks"]) or {})
+    monkeypatch.setattr(frontier_command, "plot", lambda result, path: None)
+    monkeypatch.setattr(frontier_command, "table", lambda result: "the table")
+    code, out, err = run(capsys, "frontier", *argv)
+    assert code == 0 and asked == [masks]
+    (line,) = err.strip().splitlines()  # one line, before the work
+    assert line.startswith(f"frontier{' --json' if '--json' in argv else ''}: {', '.join(masks)}")
+    assert all(word in line for word in words) and ("added" in line) == (argv == ["--json", "r.json"])
+
+
+def test_vmem_sweep_counts_its_compiles_and_shows_each(capsys, monkeypatch):
+    import svg_lib.cli.vmem as vmem_command
+    import svg_lib.instruments.tpu.checks as checks
+
+    bars = []
+
+    class Bar:
+        def __init__(self, total, desc, **kwargs):
+            bars.append([total, desc])
+        def set_description(self, desc):
+            bars[-1].append(desc)
+        update = close = staticmethod(lambda *args: None)
+
+    monkeypatch.setattr(vmem_command, "has_libtpu", lambda: True)
+    monkeypatch.setattr(checks, "progress_bar", Bar)
+    monkeypatch.setattr(checks, "compile_check", lambda e, target: checks.CompilerCheck(
+        e, target, e.vmem_limit_bytes or 0, e.fits, None, None, 0.0))
+    code, out, err = run(capsys, "vmem", "--sweep", "--methods", "dense", "b3", "--targets", "v6e",
+                         "--blocks", "512x512", "--dtypes", "bfloat16")
+    assert code == 0
+    assert err.strip() == "vmem --sweep: 2 kernels to compile for TPU on this CPU, one at a time; each result " \
+                          "prints as it comes"
+    assert bars == [[2, "vmem sweep", "vmem sweep: dense 512 x 512 bfloat16 on v6e",
+                     "vmem sweep: b3 512 x 512 bfloat16 on v6e"]]
+    assert out.count("512x512") == 2 and "2 points, 0 disagreements" in out

@@ -104,13 +104,31 @@ def test_committed_plan_cost_was_priced_at_powers_of_two():
 def test_cli_refuses_a_bad_json_path_before_any_work(tmp_path, capsys, monkeypatch):
     ran = []
     monkeypatch.setattr("svg_lib.cli.frontier.run", lambda **kw: ran.append(kw))
-    for path in (tmp_path / "missing" / "r.json", tmp_path):
+    (tmp_path / "a_file").write_text("")
+    for path in (tmp_path / "a_file" / "r.json", tmp_path):
         assert main(["frontier", "--json", str(path)]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and "--json" in err
     assert ran == []
     assert main(["frontier", "--json", str(tmp_path / "r.json"), "--refresh-every", "-1"]) == 2
     assert ran == []
+
+
+def test_the_bar_says_when_semantic_tiles_cluster(monkeypatch):
+    seen = []
+
+    class Bar:
+        def __init__(self, total, **kwargs):
+            seen.append(total)
+        set_description = staticmethod(seen.append)
+        update = close = staticmethod(lambda *args: None)
+
+    monkeypatch.setattr(fr, "progress_bar", Bar)
+    fr.points(rows=4, masks=("radial", "semantic"), knobs={"radial": (1.0,), "semantic": (0.2, 0.6)}, tiles=TILES,
+              iterations=1, small=True, bar=True)
+    assert seen == [3, "frontier records: radial at 3328 x 1536, knob 1.0",
+                    "frontier records: semantic at 3328 x 1536, knob 0.2 (k-means of q and k first)",
+                    "frontier records: semantic at 3328 x 1536, knob 0.6"]
 
 
 def test_cli_writes_the_records(tmp_path, capsys, monkeypatch):

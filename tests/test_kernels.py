@@ -410,6 +410,19 @@ def test_qkv_shapes_must_agree():
         attention(q[0], k[0], v[0], method="dense")
 
 
+@pytest.mark.parametrize("method", ["reference", "dense", "b2"])
+@pytest.mark.parametrize("axis, name", [(0, "heads=0"), (1, "tokens=0"), (2, "head_dim=0")])
+def test_an_empty_axis_is_refused_in_words(method, axis, name):
+    # an empty grid or slice would fail deep inside jax, in words about slices, not about the input
+    q, _, _ = _qkv()
+    empty = jnp.zeros(tuple(0 if i == axis else s for i, s in enumerate(q.shape)), q.dtype)
+    with pytest.raises(ValueError, match=f"{name}: q, k and v .* need at least one head, one token"):
+        attention(empty, empty, empty, MASK256, method=method)
+    with pytest.raises(ValueError, match=f"{name}: .* need at least one head"):
+        build_attention(MASK256, method=method, heads=empty.shape[0], tokens=empty.shape[1], head_dim=empty.shape[2],
+                        dtype=q.dtype, block_q=128, block_kv=128)
+
+
 def test_qkv_dtypes_must_agree():
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="share a dtype"):

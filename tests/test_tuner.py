@@ -155,7 +155,7 @@ def test_cli_tune_in_process(tmp_path, capsys):
     out2, err2 = capsys.readouterr()
     assert "from cache" in err2 and "(from cache)" in out2
     assert main(["tune", "--preset", "tiny", "--block-q", "12x"]) == 2
-    assert "--block-q takes comma-separated integers" in capsys.readouterr().err
+    assert "argument --block-q: expected comma-separated tile sizes" in capsys.readouterr().err
     from svg_lib import detect_runtime
     if not detect_runtime().compiled:  # on a TPU the blog size is a real (long) sweep: not for a unit test
         assert main(["tune", "--preset", "blog"]) == 2  # hours in interpret mode: refused with a hint

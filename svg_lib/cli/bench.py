@@ -9,9 +9,9 @@ from svg_lib.cli.common import (
     Command,
     UsageError,
     add_config_arguments,
+    add_json_argument,
     config_from_args,
     methods_from_args,
-    output_file,
     write_json,
 )
 from svg_lib.runtime import detect_runtime
@@ -24,7 +24,7 @@ def _bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed calls first (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random q, k, v (default 0)")
     parser.add_argument("--no-check", action="store_true", help="skip the error check against the reference")
-    parser.add_argument("--json", metavar="PATH", type=output_file, help="also write the result as JSON to PATH")
+    add_json_argument(parser, "also write the result as JSON to PATH")
     parser.add_argument("--backward", action="store_true",
                         help="also time forward + backward (jax.grad for q, k, v) and check the gradients")
     parser.add_argument("--force", action="store_true",

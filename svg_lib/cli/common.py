@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from svg_lib.core.geometry import VideoGeometry
-from svg_lib.problem import DEFAULT_METHODS, BenchConfig, get_preset
+from svg_lib.core.masks import LANES, check_block_size
+from svg_lib.problem import DEFAULT_METHODS, PRESETS, BenchConfig, get_preset
 from svg_lib.progress import is_quiet
 from svg_lib.instruments.tools.bench import check_methods
 
@@ -51,6 +52,62 @@ def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
+# -- values checked while the flags are read (before any work) ---------------------------------
+
+def argument_type(check: Callable, name: str) -> Callable:
+    """An argparse `type` from a library check: its ValueError becomes argparse's one-line refusal
+    (argparse would print only "invalid value" and drop the check's words)."""
+    def parse(text):
+        try:
+            return check(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+    parse.__name__ = name  # what argparse calls the type in its own messages
+    return parse
+
+
+def _integer(text: str, expected: str) -> int:
+    """`int(text)`, or a ValueError saying what the flag expected (int's own words name no flag value)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"expected {expected}, got {text!r}") from None
+
+
+def _positive_int(text: str) -> int:
+    value = _integer(text, "a positive integer")
+    if value < 1:  # 0 heads would reach the kernels as an empty grid
+        raise ValueError(f"must be a positive integer (1 or more), got {value}")
+    return value
+
+
+def _block_size(text: str) -> int:
+    return check_block_size("a tile size", _integer(text, f"a tile size, a multiple of {LANES} like 512"))
+
+
+def _block_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes:
+        raise ValueError(f"expected comma-separated tile sizes, multiples of {LANES} like 128,256, got {text!r}")
+    return [check_block_size("every tile size", size) for size in sizes]
+
+
+def _block_pair(text: str) -> tuple[int, int]:
+    block_q, sep, block_kv = text.partition("x")
+    if not sep:
+        raise ValueError(f"expected a pair of tile sizes like 1024x512 (block_q x block_kv), got {text!r}")
+    return _block_size(block_q), _block_size(block_kv)
+
+
+positive_int = argument_type(_positive_int, "positive int")
+block_size = argument_type(_block_size, "tile size")       # one multiple of 128
+block_sizes = argument_type(_block_sizes, "tile sizes")    # comma-separated multiples of 128
+block_pair = argument_type(_block_pair, "tile pair")       # 1024x512: block_q x block_kv
+
+
 # -- problem flags shared by every command ---------------------------------------------------
 
 PROBLEM_DEFAULTS = {"text_tokens": 0, "heads": 2, "head_dim": 128, "dtype": "bfloat16"}
@@ -62,8 +119,7 @@ def add_problem_arguments(parser: argparse.ArgumentParser, *, model: bool = True
     Defaults are None so that "not given" can be told from "given". `model` adds heads, head
     dim and dtype (what a kernel run needs); `blocks` adds one block size per axis.
     """
-    parser.add_argument("--preset", choices=("tiny", "small", "blog"),
-                        help="start from a preset (flags given override it)")
+    parser.add_argument("--preset", choices=tuple(PRESETS), help="start from a preset (flags given override it)")
     parser.add_argument("--frames", type=int, metavar="F", help="latent frames")
     parser.add_argument("--height", type=int, metavar="H", help="tokens per frame, vertically")
     parser.add_argument("--width", type=int, metavar="W", help="tokens per frame, horizontally")
@@ -71,13 +127,15 @@ def add_problem_arguments(parser: argparse.ArgumentParser, *, model: bool = True
     parser.add_argument("--density", type=float, metavar="D", help="fraction of pairs the band keeps, in (0, 1]")
     parser.add_argument("--no-sink", action="store_true", help="leave out the first-frame sink")
     if model:
-        parser.add_argument("--heads", type=int, metavar="H", help="attention heads (default 2 without a preset)")
-        parser.add_argument("--head-dim", type=int, metavar="D", help="head dimension (default 128 without a preset)")
+        parser.add_argument("--heads", type=positive_int, metavar="H",
+                            help="attention heads (default 2 without a preset)")
+        parser.add_argument("--head-dim", type=positive_int, metavar="D",
+                            help="head dimension (default 128 without a preset)")
         parser.add_argument("--dtype", choices=("float32", "bfloat16"),
                             help="dtype of q, k, v (default bfloat16 without a preset)")
     if blocks:
-        parser.add_argument("--block-q", type=int, metavar="BQ", help="query tile size, a multiple of 128")
-        parser.add_argument("--block-kv", type=int, metavar="BKV", help="key/value tile size, a multiple of 128")
+        parser.add_argument("--block-q", type=block_size, metavar="BQ", help="query tile size, a multiple of 128")
+        parser.add_argument("--block-kv", type=block_size, metavar="BKV", help="key/value tile size, a multiple of 128")
 
 
 def problem_values(args: argparse.Namespace, keys) -> dict:
@@ -97,7 +155,7 @@ def problem_values(args: argparse.Namespace, keys) -> dict:
             values[key] = getattr(args, key)
     missing = ["--" + k.replace("_", "-") for k, v in values.items() if v is None]
     if missing:
-        raise UsageError(f"missing {', '.join(missing)}; give them, or start from --preset tiny|small|blog")
+        raise UsageError(f"missing {', '.join(missing)}; give them, or start from --preset {'|'.join(PRESETS)}")
     return values
 
 
@@ -106,7 +164,7 @@ def problem_values(args: argparse.Namespace, keys) -> dict:
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """The problem flags shared by `bench` and `lower`: a preset, then explicit overrides."""
     add_problem_arguments(parser)
-    parser.add_argument("--block-kv-compute", type=int, metavar="C",
+    parser.add_argument("--block-kv-compute", type=block_size, metavar="C",
                         help="keys per inner step of a key tile: a multiple of 128 dividing --block-kv")
     parser.add_argument("--methods", metavar="M1,M2,...",
                         help=f"comma-separated methods (default {','.join(DEFAULT_METHODS)})")
@@ -137,6 +195,11 @@ def methods_from_args(args: argparse.Namespace, default=DEFAULT_METHODS) -> tupl
 
 
 # -- output paths, checked when the flags are read (before any work) --------------------------
+# Every flag that names a file or folder to write treats folders alike: a missing folder is created
+# when the file is written (as `mkdir -p` would), so a path is refused only where nothing could be
+# written: below a file, or in a folder that refuses new files.
+
+OUTPUT_NOTE = "; a missing folder is created"
 
 def _probe_folder(folder: str) -> str | None:
     """Why files cannot be written into the existing folder `folder`, or None when they can (tried,
@@ -148,40 +211,50 @@ def _probe_folder(folder: str) -> str | None:
         return err.strerror or type(err).__name__
 
 
-def output_file(path: str) -> str:
-    """An argparse `type` for a flag naming a file to write: its folder exists and takes files.
+def _check_folder(folder: str, what: str) -> None:
+    """Refuse (one line) `what` unless `folder`, or its nearest existing parent when it is missing (it
+    will be created), is a folder that takes files."""
+    existing = os.path.abspath(folder)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise argparse.ArgumentTypeError(f"cannot write {what}: {existing!r} is a file, not a folder")
+    why = _probe_folder(existing)
+    if why:
+        raise argparse.ArgumentTypeError(f"cannot write {what}: the folder {existing!r} refuses new files ({why})")
 
-    A bad path is refused while the flags are read, in one line, before any work is done."""
-    folder = os.path.dirname(path) or "."
+
+def output_file(path: str) -> str:
+    """An argparse `type` for a flag naming a file to write (its folder created if missing, by
+    `create_parent` when the file is written). A bad path is refused while the flags are read, in one
+    line, before any work is done."""
     if os.path.isdir(path):
         raise argparse.ArgumentTypeError(f"{path!r} is a folder; give a file name in it")
-    if not os.path.isdir(folder):
-        what = "is a file, not a folder" if os.path.exists(folder) else "does not exist (create it first)"
-        raise argparse.ArgumentTypeError(f"cannot write {path!r}: the folder {folder!r} {what}")
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise argparse.ArgumentTypeError(f"cannot write {path!r}: the file is read-only")
-    why = _probe_folder(folder)
-    if why:
-        raise argparse.ArgumentTypeError(f"cannot write {path!r}: the folder {folder!r} refuses new files ({why})")
+    _check_folder(os.path.dirname(path) or ".", repr(path))
     return path
 
 
 def output_folder(path: str) -> str:
-    """An argparse `type` for a flag naming a folder to write into (created if missing): the folder,
-    or its nearest existing parent, must be a folder that takes files."""
-    existing = os.path.abspath(path)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        raise argparse.ArgumentTypeError(f"cannot write into {path!r}: {existing!r} is a file, not a folder")
-    why = _probe_folder(existing)
-    if why:
-        raise argparse.ArgumentTypeError(f"cannot write into {path!r}: the folder {existing!r} refuses new files "
-                                         f"({why})")
+    """An argparse `type` for a flag naming a folder to write into (created if missing)."""
+    _check_folder(path, f"into {path!r}")
     return path
 
 
-def write_json(path: str, data: dict) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
+def create_parent(path: str) -> str:
+    """`path`, once its folder exists: what an `output_file` flag promises before writing."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    return path
+
+
+def add_json_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """The `--json PATH` flag of the commands that write their results to a file (`write_json`)."""
+    parser.add_argument("--json", metavar="PATH", type=output_file, help=f"{what}{OUTPUT_NOTE}")
+
+
+def write_json(path: str, data) -> None:
+    """`data` as indented JSON in `path`, its folder created if missing."""
+    with open(create_parent(path), "w", encoding="utf-8") as fh:
         json.dump(data, fh, indent=1)
         fh.write("\n")

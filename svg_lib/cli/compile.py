@@ -12,9 +12,10 @@ from svg_lib.cli.common import (
     Command,
     UsageError,
     add_config_arguments,
+    add_json_argument,
+    block_sizes,
     config_from_args,
     methods_from_args,
-    output_file,
     write_json,
 )
 from svg_lib.environment import INSTALL_HINT, has_libtpu, libtpu_version
@@ -31,11 +32,11 @@ def _compile_arguments(parser: argparse.ArgumentParser) -> None:
                              f"several times (default {DEFAULT_TARGET})")
     parser.add_argument("--list-targets", action="store_true",
                         help="print the targets with their VMEM, SMEM and MXU facts, and exit")
-    parser.add_argument("--sweep-block-q", metavar="BQ,...",
+    parser.add_argument("--sweep-block-q", metavar="BQ,...", type=block_sizes,
                         help="compile at each of these query blocks in turn (instead of --block-q's one)")
     parser.add_argument("--no-estimate-check", action="store_true",
                         help="compile even where the VMEM estimate says the blocks will not fit")
-    parser.add_argument("--json", metavar="PATH", type=output_file, help="also write the reports as JSON to PATH")
+    add_json_argument(parser, "also write the reports as JSON to PATH")
 
 
 def _compile_run(args: argparse.Namespace) -> int:
@@ -47,14 +48,7 @@ def _compile_run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise UsageError(f"--target: {err}") from None
     config = config_from_args(args)
-    configs = [config]
-    if args.sweep_block_q:
-        try:
-            configs = [dataclasses.replace(config, block_q=int(bq)) for bq in args.sweep_block_q.split(",") if bq.strip()]
-        except ValueError as err:
-            raise UsageError(f"--sweep-block-q takes comma-separated multiples of 128 like 1024,3328: {err}") from None
-        if not configs:
-            raise UsageError("--sweep-block-q needs at least one value, e.g. 1024,3328")
+    configs = [dataclasses.replace(config, block_q=bq) for bq in args.sweep_block_q or [config.block_q]]
     methods = methods_from_args(args, default=PALLAS_METHODS)
     if "reference" in methods:
         raise UsageError(f"--methods: 'reference' is plain jax.numpy, nothing to compile for TPU; "

@@ -9,7 +9,7 @@ import sys
 
 from svg_lib.chips import DEFAULT_TARGET, TARGETS
 from svg_lib.environment import MissingCompiler, has_libtpu, missing_compiler_message
-from svg_lib.cli.common import Command, add_problem_arguments, config_from_args
+from svg_lib.cli.common import Command, add_problem_arguments, block_size, config_from_args
 from svg_lib.problem import BLOG_SWEEP_V6E_MS
 from svg_lib.instruments.tpu.cost import (BLOG_RATIOS, EVIDENCE, MODEL_METHODS, REFERENCE_FILE, backward_tile_cost, cost_model,
                               filled_from, load_reference, tile_cost, training_model)
@@ -25,7 +25,8 @@ def _cost_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"TPU generation to compile for (default {DEFAULT_TARGET})")
     add_problem_arguments(parser, blocks=True)
     parser.set_defaults(preset="small")  # the problem flags override it; --preset blog for the case study
-    parser.add_argument("--block-kv-compute", type=int, metavar="C", help="key chunk inside a tile (default: as kernels pick)")
+    parser.add_argument("--block-kv-compute", type=block_size, metavar="C",
+                        help="key chunk inside a tile (default: as kernels pick)")
     parser.add_argument("--sweep", action="store_true",
                         help="also model the blog's BQ sweep (BKV 1536; BQ 1024, 3328, 4864): three more block sizes")
     parser.add_argument("--backward", action="store_true",

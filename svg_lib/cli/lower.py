@@ -9,9 +9,9 @@ from svg_lib.cli.common import (
     Command,
     UsageError,
     add_config_arguments,
+    add_json_argument,
     config_from_args,
     methods_from_args,
-    output_file,
     write_json,
 )
 from svg_lib.problem import PALLAS_METHODS
@@ -22,7 +22,7 @@ from svg_lib.instruments.tpu.lowering import lower_all, splash_note
 
 def _lower_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
-    parser.add_argument("--json", metavar="PATH", type=output_file, help="also write the reports as JSON to PATH")
+    add_json_argument(parser, "also write the reports as JSON to PATH")
 
 
 def _lower_run(args: argparse.Namespace) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from svg_lib.cli.common import Command, UsageError, output_folder
+from svg_lib.cli.common import OUTPUT_NOTE, Command, UsageError, output_folder
 from svg_lib.problem import PRESETS
 from svg_lib.progress import is_quiet, write
 from svg_lib.instruments.tools.report import default_config, issues_url, run_report
@@ -12,7 +12,7 @@ from svg_lib.instruments.tools.report import default_config, issues_url, run_rep
 
 def _report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="svg_lib_report", metavar="DIR", type=output_folder,
-                        help="folder for report.json, report.md and report.png (default svg_lib_report)")
+                        help=f"folder for report.json, report.md and report.png (default svg_lib_report){OUTPUT_NOTE}")
     parser.add_argument("--preset", choices=tuple(PRESETS),
                         help="problem size (default: blog on a TPU, walkthrough elsewhere, where the kernels "
                              "interpret)")

@@ -7,9 +7,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 
-from svg_lib.cli.common import Command, UsageError, output_file
+from svg_lib.chips import check_topology
+from svg_lib.cli.common import (
+    Command,
+    UsageError,
+    add_json_argument,
+    argument_type,
+    block_size,
+    positive_int,
+    write_json,
+)
 from svg_lib.environment import INSTALL_HINT, has_libtpu
 from svg_lib.layers.multichip import PLACEMENTS
 from svg_lib.problem import PRESETS, get_preset
@@ -20,12 +28,14 @@ def _sharded_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--permute", nargs="+", choices=PLACEMENTS, default=list(PLACEMENTS))
     parser.add_argument("--preset", default="blog", choices=tuple(PRESETS),
                         help="problem size whose mask is used (default: blog)")
-    parser.add_argument("--heads", type=int, default=40, help="heads of the layer, split over the chips (default 40)")
+    parser.add_argument("--heads", type=positive_int, default=40,
+                        help="heads of the layer, split over the chips (default 40)")
     parser.add_argument("--method", default="b3", choices=("b1", "b2", "b3"))
-    parser.add_argument("--block-q", type=int, default=None, help="default: the preset's")
-    parser.add_argument("--block-kv", type=int, default=None, help="default: the preset's")
-    parser.add_argument("--topology", default="v6e:2x4")
-    parser.add_argument("--json", metavar="PATH", type=output_file, help="also write the reports as JSON")
+    parser.add_argument("--block-q", type=block_size, default=None, help="default: the preset's")
+    parser.add_argument("--block-kv", type=block_size, default=None, help="default: the preset's")
+    parser.add_argument("--topology", default="v6e:2x4", type=argument_type(check_topology, "topology"),
+                        help="the TPU slice: a generation and its chips per axis (default v6e:2x4, 8 chips)")
+    add_json_argument(parser, "also write the reports as JSON to PATH")
 
 
 def _sharded_run(args: argparse.Namespace) -> int:
@@ -50,8 +60,7 @@ def _sharded_run(args: argparse.Namespace) -> int:
             row["evidence"] = r.evidence
             row["jax"] = jax.__version__
             rows.append(row)
-        with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+        write_json(args.json, rows)
     return 0
 
 

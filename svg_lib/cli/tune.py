@@ -5,34 +5,31 @@ import argparse
 import sys
 
 from svg_lib.chips import TARGETS, check_target
-from svg_lib.cli.common import PROG, Command, UsageError, add_problem_arguments, output_file, problem_values, write_json
+from svg_lib.cli.common import (
+    PROG,
+    Command,
+    UsageError,
+    add_json_argument,
+    add_problem_arguments,
+    block_sizes,
+    problem_values,
+    write_json,
+)
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.masks import LANES
 from svg_lib.environment import INSTALL_HINT, has_libtpu
 from svg_lib.problem import BenchConfig
 from svg_lib.runtime import detect_runtime
 from svg_lib.instruments.tools.bench import INTERPRET_WORK_LIMIT
-from svg_lib.instruments.tools.tuner import TUNE_METHODS, default_candidates, tune
-
-
-def _int_list(flag):
-    def parse(text):
-        try:
-            values = [int(t) for t in text.split(",") if t.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} takes comma-separated integers like 128,256, got {text!r}")
-        if not values:
-            raise argparse.ArgumentTypeError(f"{flag} needs at least one value, e.g. 128,256")
-        return values
-    return parse
+from svg_lib.instruments.tools.tuner import TUNE_METHODS, check_candidates, default_candidates, tune
 
 
 def _tune_arguments(parser: argparse.ArgumentParser) -> None:
     add_problem_arguments(parser, blocks=False)  # tune takes lists of block sizes instead
     parser.add_argument("--method", default="b2", choices=TUNE_METHODS, help="the method to tune (default b2)")
-    parser.add_argument("--block-q", type=_int_list("--block-q"), metavar="BQ,...",
-                        help="query tile sizes to try (default: a grid scaled to the problem)")
-    parser.add_argument("--block-kv", type=_int_list("--block-kv"), metavar="BKV,...",
+    parser.add_argument("--block-q", type=block_sizes, metavar="BQ,...",
+                        help="query tile sizes to try, multiples of 128 (default: a grid scaled to the problem)")
+    parser.add_argument("--block-kv", type=block_sizes, metavar="BKV,...",
                         help="key/value tile sizes to try (every pair with --block-q is tried)")
     parser.add_argument("--repeats", type=int, default=3, metavar="N", help="timed calls per candidate (default 3)")
     parser.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed calls first (default 1)")
@@ -40,9 +37,29 @@ def _tune_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", metavar="NAME",
                         help=f"also compile each candidate for this TPU ({', '.join(TARGETS)}) with libtpu and "
                              "drop those the compiler refuses")
-    parser.add_argument("--json", metavar="PATH", type=output_file, help="also write the result as JSON to PATH")
+    add_json_argument(parser, "also write the result as JSON to PATH")
     parser.add_argument("--force", action="store_true",
                         help="run even when interpret mode would take hours (e.g. --preset blog on a CPU)")
+
+
+def _candidates(args: argparse.Namespace, config: BenchConfig, mask) -> list[tuple[int, int]] | None:
+    """The (block_q, block_kv) pairs the flags ask for (None: the tuner's default grid). A pair that
+    cannot run here (larger than the problem, or over the VMEM budget) is refused now, in one line:
+    the user asked for it, so it is not left to a note after minutes of timing the others."""
+    if not (args.block_q or args.block_kv):
+        return None
+    default = default_candidates(mask.tokens)
+    bqs = args.block_q or sorted({c[0] for c in default})
+    bkvs = args.block_kv or sorted({c[1] for c in default})
+    candidates = [(bq, bkv) for bq in bqs for bkv in bkvs]
+    _, rejected = check_candidates(candidates, tokens=mask.tokens, head_dim=config.head_dim, method=args.method,
+                                   dtype=config.dtype, generation=args.target)
+    if rejected:
+        r = rejected[0]
+        more = f" (and {len(rejected) - 1} more of the pairs)" if len(rejected) > 1 else ""
+        raise UsageError(f"--block-q {r['block_q']} with --block-kv {r['block_kv']} cannot run{more}: {r['reason']}; "
+                         "every --block-q is tried with every --block-kv, so give only sizes that fit")
+    return candidates
 
 
 def _tune_run(args: argparse.Namespace) -> int:
@@ -59,12 +76,6 @@ def _tune_run(args: argparse.Namespace) -> int:
     except (TypeError, ValueError) as err:
         raise UsageError(f"{err} (check the flags)") from None
 
-    candidates = None
-    if args.block_q or args.block_kv:
-        default = default_candidates(mask.tokens)
-        bqs = args.block_q or sorted({c[0] for c in default})
-        bkvs = args.block_kv or sorted({c[1] for c in default})
-        candidates = [(bq, bkv) for bq in bqs for bkv in bkvs]
     if args.target is not None:
         try:
             check_target(args.target)
@@ -73,6 +84,7 @@ def _tune_run(args: argparse.Namespace) -> int:
         if not has_libtpu():
             raise UsageError("--target needs the TPU compiler (libtpu), which is not installed. Install it with: "
                              + INSTALL_HINT)
+    candidates = _candidates(args, config, mask)
     runtime = detect_runtime()
     work = config.heads * float(config.tokens) ** 2
     if not runtime.compiled and work > INTERPRET_WORK_LIMIT and not args.force:

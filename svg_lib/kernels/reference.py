@@ -26,7 +26,19 @@ def check_qkv(q, k, v):
                          f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if q.dtype != k.dtype or k.dtype != v.dtype:
         raise ValueError(f"q, k and v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
-    return tuple(int(s) for s in q.shape)
+    return check_shape(*q.shape)
+
+
+def check_shape(heads, tokens, head_dim) -> tuple[int, int, int]:
+    """(heads, tokens, head_dim) as ints, each at least 1. An empty axis would reach the kernels as
+    an empty grid or slice, whose error (jax's) says nothing about the input that caused it."""
+    shape = (heads, tokens, head_dim)
+    bad = [f"{name}={value!r}" for name, value in zip(("heads", "tokens", "head_dim"), shape)
+           if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1]
+    if bad:
+        raise ValueError(f"{', '.join(bad)}: q, k and v [heads, tokens, head_dim] need at least one head, one "
+                         "token and a head_dim of at least 1")
+    return tuple(int(s) for s in shape)
 
 
 def check_mask(mask, n: int):

@@ -261,7 +261,9 @@ def points(rows: int = 64, masks=RECORD_MASKS, chips=RECORD_CHIPS, knobs=None, k
     for name in masks:
         for block_q, block_kv in sizes:
             for knob in (knobs or {}).get(name, RECORD_KNOBS[name]):
-                shown.set_description(f"frontier records: {name} at {block_q} x {block_kv}, knob {knob}")
+                first = name == "semantic" and ("semantic", block_q, block_kv) not in cache  # mask_points' clusters
+                clusters = " (k-means of q and k first)" if first else ""
+                shown.set_description(f"frontier records: {name} at {block_q} x {block_kv}, knob {knob}{clusters}")
                 got = mask_points(name, knob, g, p, r, q, k, block_q, block_kv, cache, iterations)
                 shown.update(1)
                 if got is None:

@@ -20,6 +20,7 @@ from svg_lib.kernels.forward import block_sparse_attention, dense_flash_attentio
 from svg_lib.kernels.splash import _block_mask, _computable_mask, _splash, with_vmem_limit
 from svg_lib.memory.vmem import SPLASH_METHODS, KiB, MiB, VmemEstimate, estimate_vmem, tpu_memory
 from svg_lib.methods import METHODS
+from svg_lib.progress import bar as progress_bar
 from svg_lib.instruments.tpu.compiler import compile_fn
 from svg_lib.instruments.tpu.errors import classify_error, first_lines
 
@@ -189,27 +190,49 @@ def compile_check(estimate: VmemEstimate, target: str | None = None, limit: int 
     return CompilerCheck(estimate, target, effective, True, None, None, time.perf_counter() - start)
 
 
-def verify_against_compiler(methods=("dense", "b1", "b2", "b3", "splash_dense", "splash"),
-                            blocks=((1024, 512),), dtypes=("bfloat16",), targets=("v6e",),
-                            block_kv_computes=(None,), splash_masks=("blocks",), head_dim: int = 128,
-                            log=None) -> list[CompilerCheck]:
-    """Compile every combination and return one `CompilerCheck` each (see `agrees`).
+def sweep_points(methods=("dense", "b1", "b2", "b3", "splash_dense", "splash"), blocks=((1024, 512),),
+                 dtypes=("bfloat16",), targets=("v6e",), block_kv_computes=(None,), splash_masks=("blocks",),
+                 head_dim: int = 128) -> list[tuple[VmemEstimate, str]]:
+    """Every `(estimate, target)` of a sweep, estimated and not compiled: a bad method, block, dtype or
+    target is refused here, before the first compile, and the count says how long the sweep is.
 
     `blocks` are (block_q, block_kv) pairs; a block_kv_compute that does not divide block_kv
-    is skipped. Each point compiles one head on a 2 x 2 grid of tiles: VMEM depends on the
-    blocks, not on the token count. `log` (e.g. print) is called with each result."""
-    checks = []
+    is skipped."""
+    points = []
     for target in targets:
         for method in methods:
             forms = splash_masks if method in SPLASH_METHODS else (None,)
             for (bq, bkv), dtype, c, form in itertools.product(blocks, dtypes, block_kv_computes, forms):
-                if c is not None and bkv % c:
-                    continue
-                e = estimate_vmem(method, bq, bkv, head_dim, dtype, c, target, splash_mask=form)
-                checks.append(compile_check(e, target))
-                if log:
-                    log(str(checks[-1]))
+                if c is None or bkv % c == 0:
+                    points.append((estimate_vmem(method, bq, bkv, head_dim, dtype, c, target, splash_mask=form),
+                                   target))
+    return points
+
+
+def verify_points(points, log=None, bar: bool = False) -> list[CompilerCheck]:
+    """`compile_check` each of `sweep_points`' `(estimate, target)`, one `CompilerCheck` each (see
+    `agrees`). Each point compiles one head on a 2 x 2 grid of tiles: VMEM depends on the blocks,
+    not on the token count. `log` (e.g. print) is called with each result; `bar` shows a progress
+    bar naming the kernel compiling now (`svg_lib.progress`: stderr, silenced by --quiet)."""
+    checks = []
+    shown = progress_bar(total=len(points), desc="vmem sweep", unit="compile", show=bar)
+    for e, target in points:
+        shown.set_description(f"vmem sweep: {e.method} {e.block_q} x {e.block_kv} {e.dtype} on {target}")
+        checks.append(compile_check(e, target))
+        shown.update(1)
+        if log:
+            log(str(checks[-1]))
+    shown.close()
     return checks
+
+
+def verify_against_compiler(methods=("dense", "b1", "b2", "b3", "splash_dense", "splash"),
+                            blocks=((1024, 512),), dtypes=("bfloat16",), targets=("v6e",),
+                            block_kv_computes=(None,), splash_masks=("blocks",), head_dim: int = 128,
+                            log=None, bar: bool = False) -> list[CompilerCheck]:
+    """Compile every combination (`sweep_points`) and return one `CompilerCheck` each (`verify_points`)."""
+    return verify_points(sweep_points(methods, blocks, dtypes, targets, block_kv_computes, splash_masks, head_dim),
+                         log=log, bar=bar)
 
 
 def largest_block_q(method: str, target: str, block_kv: int = 1536, dtype="bfloat16", head_dim: int = 128,

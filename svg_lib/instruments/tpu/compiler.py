@@ -27,7 +27,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from svg_lib.attention import build_attention
-from svg_lib.chips import DEFAULT_TARGET, TARGETS, KiB, MiB, TpuTarget, check_target
+from svg_lib.chips import DEFAULT_TARGET, TARGETS, KiB, MiB, TpuTarget, check_target, check_topology
 from svg_lib.environment import libtpu_version, require_libtpu
 from svg_lib.memory.vmem import check_fits, estimate_vmem
 from svg_lib.methods import METHODS
@@ -47,13 +47,13 @@ from svg_lib.instruments.tpu.lowering import (
 @functools.lru_cache(maxsize=None)
 def compile_only_topology(target: str = DEFAULT_TARGET, topology: str | None = None):
     """jax's TopologyDescription for `target` (single chip), or for an explicit topology name
-    such as "v6e:2x4" (an 8-chip slice), without any TPU attached."""
+    such as "v6e:2x4" (an 8-chip slice), without any TPU attached. A name libtpu would not know
+    is refused first, in words (`chips.check_topology`)."""
+    name = check_topology(topology or check_target(target).topology)
     require_libtpu()
     from jax.experimental import topologies
 
-    spec = check_target(target)
-    return topologies.get_topology_desc(platform="tpu", topology_name=topology or spec.topology,
-                                        chips_per_host_bounds=(1, 1, 1))
+    return topologies.get_topology_desc(platform="tpu", topology_name=name, chips_per_host_bounds=(1, 1, 1))
 
 
 def compile_only_device(target: str = DEFAULT_TARGET):
