@@ -9,8 +9,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SPINE = sorted(ROOT.glob("notebooks/0[0-6]_*.ipynb"))
 KNOBS = ("PRESET", "BLOCK_Q", "BLOCK_KV", "DENSITY")
-# two settings other than the shipped ones, at the walkthrough size
-SETTINGS = ({"BLOCK_Q": 128, "BLOCK_KV": 256}, {"BLOCK_Q": 512, "BLOCK_KV": 128})
+# settings other than the shipped ones, at the walkthrough size: finer and coarser tiles, coarse ones
+# (three query tiles: fewer rows than a cell may print, a rounding far from the budget), and a size that
+# halves to no multiple of 128 with a narrower band
+SETTINGS = ({"BLOCK_Q": 128, "BLOCK_KV": 256}, {"BLOCK_Q": 512, "BLOCK_KV": 128}, {"BLOCK_Q": 1024, "BLOCK_KV": 256},
+            {"BLOCK_Q": 384, "BLOCK_KV": 384, "DENSITY": 0.2})
+
+
+def _setting_id(setting):
+    return f"{setting['BLOCK_Q']}x{setting['BLOCK_KV']}" + (f"-d{setting['DENSITY']}" if "DENSITY" in setting else "")
 
 
 def _parameters_cell(path):
@@ -31,7 +38,7 @@ def test_spine_notebook_opens_with_its_knobs(path):
 
 
 @pytest.mark.knobs
-@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: f"{s['BLOCK_Q']}x{s['BLOCK_KV']}")
+@pytest.mark.parametrize("setting", SETTINGS, ids=_setting_id)
 @pytest.mark.parametrize("path", SPINE, ids=lambda p: p.stem)
 def test_spine_notebook_runs_at_other_tiles(path, setting, tmp_path):
     import papermill
