@@ -42,7 +42,7 @@ def tpu_compiler():
 # `--durations=0` on the 2-core machine under other load (fa3d977, 2026-12-04), the notebooks by
 # tools/execute-notebooks.py; only the order matters, so a stale figure costs time, never coverage.
 SLOWEST_FIRST = (
-    "tests/test_knobs.py",                           # ~700 s: 24 papermill runs of the spine (~30 s each)
+    "tests/test_knobs.py",                           # 562 s with 24 papermill runs of the spine (~25 s each); 20 now
     "tests/test_compiler.py",                        # 693 s: every method at the blog's size, 2 chips
     "tests/test_bounded_max.py",                     # 573 s
     "tests/test_backward.py",                        # 564 s
