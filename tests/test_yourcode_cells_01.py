@@ -11,14 +11,19 @@ from yourcode_runner import run_with_pieces
 NOTEBOOK = "01_dense_attention.ipynb"
 
 
-def _body(rescale_acc=True, l_power=1, tile_max=False, store_m=True, use_keep=True, subtract_max=True):
+def _body(rescale_acc=True, l_power=1, tile_max=False, store_m=True, use_keep=True, subtract_max=True,
+          masked_value=MASK_VALUE, max_axis=1, store_m_first=False):
     """The tile body with one switch per typical mistake."""
     def body(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, keep):
         s = jnp.dot(q_ref[...], k_ref[...].T, preferred_element_type=jnp.float32)
         if keep is not None and use_keep:
-            s = jnp.where(keep, s, MASK_VALUE)
+            s = jnp.where(keep, s, masked_value)
         m_prev = m_ref[...]
-        m_next = s.max(axis=1, keepdims=True) if tile_max else jnp.maximum(m_prev, s.max(axis=1, keepdims=True))
+        row_max = s.max(axis=max_axis, keepdims=True)
+        m_next = row_max if tile_max else jnp.maximum(m_prev, row_max)
+        if store_m_first:  # the state written before alpha reads the old max back
+            m_ref[...] = m_next
+            m_prev = m_ref[...]
         shift = m_next if subtract_max else jnp.zeros_like(m_next)
         alpha = jnp.exp(m_prev - m_next) if subtract_max else 1.0
         p = jnp.exp(s - shift)
@@ -37,6 +42,9 @@ MISTAKES = {
     "m not stored": (_body(store_m=False), "hidden case 1", "m was never written back"),
     "keep ignored": (_body(use_keep=False), "fully masked", "masked pairs counted"),
     "no max subtracted": (_body(subtract_max=False), "scores near 1e4", "exp overflowed"),
+    "masked scores set to 0": (_body(masked_value=0.0), "fully masked", "masked scores were set to 0"),
+    "max over the wrong axis": (_body(max_axis=0), "hidden case 1", "axis=1 with keepdims=True"),
+    "m_ref read after it was written": (_body(store_m_first=True), "hidden case 2", "m_ref was written before alpha"),
 }
 
 

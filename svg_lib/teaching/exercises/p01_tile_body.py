@@ -146,10 +146,10 @@ def _simulate(q, k, v, keep, block_q, block_kv, mistake=None):
                 if mistake == "scaled_again":
                     s = s / math.sqrt(q.shape[1])
                 if mistake != "no_keep":
-                    s = np.where(keep[rows, cols], s, MASK_VALUE)
+                    s = np.where(keep[rows, cols], s, 0.0 if mistake == "masked_zero" else MASK_VALUE)
                 tile_max = s.max(axis=1, keepdims=True)
                 m_next = tile_max if mistake == "tile_max" else np.maximum(m, tile_max)
-                alpha = np.exp(m - m_next)
+                alpha = 1.0 if mistake == "m_read_after_write" else np.exp(m - m_next)
                 p = np.exp(s - m_next)
                 l = (alpha * alpha if mistake == "l_twice" else 1.0 if mistake == "l_not_rescaled" else alpha) * l \
                     + p.sum(axis=1, keepdims=True)
@@ -169,6 +169,11 @@ _MISTAKES = {
     "m_not_stored": ("m was never written back: after the update, m_ref[...] = m_next, or the next tile starts from "
                      "the old max and alpha wipes out everything folded so far"),
     "no_keep": "masked pairs counted: where keep is given, masked scores must become MASK_VALUE before the max and exp",
+    "masked_zero": ("masked scores were set to 0, which still counts them: exp(0 - m) is not 0. Give them MASK_VALUE, "
+                    "the finite stand-in for -inf, so that exp sends them to exactly 0"),
+    "m_read_after_write": ("alpha came out 1 on every tile: m_ref was written before alpha read it. Keep the old max, "
+                           "m_prev = m_ref[...], compute alpha = exp(m_prev - m_next) from it, and store m_ref[...] = "
+                           "m_next last"),
     "scaled_again": "q arrives already scaled by 1/sqrt(head_dim): the scores are exactly q @ k.T",
 }
 
@@ -224,7 +229,11 @@ def check_tile_body_on_refs(fn, *, seed: int = 0) -> CheckResult:
                     *(jnp.asarray(x[None]) for x in (c["q"], c["k"], c["v"])), fn, block_q=bq, block_kv=bkv,
                     keep=c["keep"], interpret=True, pad_value=pad_value,
                     hints={"TracerBool": "keep is a traced array: use jnp.where(keep, s, MASK_VALUE), not a Python if "
-                                         "on its values (`if keep is not None` is fine)"})
+                                         "on its values (`if keep is not None` is fine)",
+                           "Invalid shape for `swap`": "a value's shape does not fit its ref: m_ref and l_ref hold one "
+                                                       "number per query row, [block_q, 1], so the row max and row sum "
+                                                       "run over the keys, axis=1 with keepdims=True (axis=0 runs over "
+                                                       "the queries)"})
         got = np.asarray(out, np.float64)[0]
         ids = np.arange(n)
         keep = np.ones((n, n), bool) if c["keep"] is None else np.asarray(c["keep"](ids[:, None], ids[None, :]), bool)

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Run notebooks' code cells in this process, one IPython shell per notebook: no Jupyter kernel.
+
+Where a Jupyter kernel cannot start (a machine that allows no TCP socket, as the TPU machines this series
+is measured on), this runs each notebook as a reader would, top to bottom in its own folder, and says per
+notebook whether every cell ran (assertions included), which cell failed first and why, and how long
+each cell took. Nothing is written into the notebooks.
+
+    python tools/run-notebook-cells.py notebooks/0*.ipynb [--timeout 300] [--json PATH] [-p BLOCK_Q=512]
+
+`-p NAME=VALUE` sets a knob after the cell tagged `parameters`, as papermill does (VALUE read as a Python
+literal). `--timeout` bounds each notebook (seconds); a notebook past it is reported as timed out.
+Exit status 1 if any notebook failed or timed out.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+
+class NotebookTimeout(Exception):
+    pass
+
+
+def knob(text: str) -> tuple[str, object]:
+    name, _, value = text.partition("=")
+    if not name.isidentifier() or not _:
+        raise argparse.ArgumentTypeError(f"-p takes NAME=VALUE, got {text!r}")
+    try:
+        return name, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return name, value
+
+
+def run_notebook(path: Path, knobs: dict, timeout: float) -> dict:
+    """Every code cell of `path` in a fresh IPython shell, in the notebook's folder."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    cells = json.loads(path.read_text())["cells"]
+    InteractiveShell.clear_instance()
+    shell = InteractiveShell.instance()
+    here = os.getcwd()
+    os.chdir(path.parent)
+    result = {"notebook": path.name, "cells": 0, "ok": True, "seconds": 0.0, "failed_cell": None, "error": None,
+              "cell_seconds": []}
+    start = time.perf_counter()
+
+    def expire(*_):
+        raise NotebookTimeout(f"past {timeout:.0f} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(int(timeout))
+    try:
+        for index, cell in enumerate(cells):
+            if cell["cell_type"] != "code":
+                continue
+            source = "".join(cell["source"])
+            if "parameters" in cell.get("metadata", {}).get("tags", []) and knobs:
+                source += "\n" + "\n".join(f"{k} = {v!r}" for k, v in knobs.items())
+            t = time.perf_counter()
+            outcome = shell.run_cell(source, store_history=False)
+            result["cell_seconds"].append([index, round(time.perf_counter() - t, 2)])
+            result["cells"] += 1
+            error = outcome.error_before_exec or outcome.error_in_exec
+            if error is not None:
+                if isinstance(error, NotebookTimeout):
+                    raise error
+                result.update(ok=False, failed_cell=index, error=f"{type(error).__name__}: {error}"[:2000])
+                break
+    except NotebookTimeout as e:
+        result.update(ok=False, error=f"timed out: {e}", failed_cell="timeout")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        os.chdir(here)
+        result["seconds"] = round(time.perf_counter() - start, 1)
+    return result
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("notebooks", nargs="+", type=Path)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per notebook (default 300)")
+    p.add_argument("--json", type=Path, help="write every notebook's result here (a missing folder is created)")
+    p.add_argument("-p", dest="knobs", action="append", type=knob, default=[], metavar="NAME=VALUE")
+    args = p.parse_args(argv)
+    missing = [str(n) for n in args.notebooks if not n.is_file()]
+    if missing:
+        p.error(f"no such notebook: {', '.join(missing)}")
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    results = []
+    for path in args.notebooks:
+        r = run_notebook(path.resolve(), dict(args.knobs), args.timeout)
+        results.append(r)
+        verdict = "ok" if r["ok"] else f"FAILED at cell {r['failed_cell']}: {r['error'].splitlines()[0][:300]}"
+        print(f"{r['notebook']}: {r['cells']} code cells, {r['seconds']:.1f} s, {verdict}", flush=True)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(results, indent=1) + "\n")
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
