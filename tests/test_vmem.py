@@ -362,6 +362,13 @@ OTHER_LIBTPU_VERDICTS = {
     # Colab's libtpu 0.0.21 fits Splash's intermediates in 16 MiB where 0.0.42 does not
     ("v4", "splash_dense", 1024, 1536): {"0.0.21": True},
 }
+# The same for the default scoped limit (test_default_limit_is_not_enough): {(target, method, block_q,
+# block_kv): {libtpu release: compiles under the default}}.
+DEFAULT_LIMIT_VERDICTS = {
+    # dense at 256 x 16384, float32: since the kernels stopped selecting a whole key block's tail in place (a
+    # block-sized temporary for k and for v), libtpu 0.0.21 fits it in the v5e's 16 MiB; 0.0.42 still refuses
+    ("v5e", "dense", 256, 16384): {"0.0.21": True},
+}
 
 
 def _point_id(p):
@@ -401,8 +408,12 @@ def test_default_limit_is_not_enough(tpu_compiler, target, method, bq, bkv, c, d
     e = estimate_vmem(method, bq, bkv, 128, dtype, c, target, splash_mask=form)
     assert e.vmem_limit_bytes is not None
     check = checks.compile_check(e, limit=None)
-    assert not check.compiled
     assert check.limit == TARGETS[target].default_scoped_vmem
+    release = ".".join((libtpu_version() or "").split(".")[:3])
+    if DEFAULT_LIMIT_VERDICTS.get((target, method, bq, bkv), {}).get(release, False):
+        assert check.compiled, check.error  # this release needs less than the estimate asks: recorded above
+        return
+    assert not check.compiled
     assert check.limit < check.reported <= e.vmem_limit_bytes
 
 
