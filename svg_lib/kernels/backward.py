@@ -60,6 +60,12 @@ from svg_lib.kernels.forward import (MASK_VALUE, NN, NT, dot, partial_tail, real
 TN = (((0,), (0,)), ((), ()))  # dot_general dimensions of a^T @ b: contract both operands' first dims
 
 
+def _real_keys(k, v, first, kv_tokens):
+    """A masked slice's k and v `[block_kv_compute, head_dim]` (keys `first` on) with the rows past the
+    keys' end zeroed: ds is 0 there, but 0 * NaN is NaN in the matmuls that meet k and v."""
+    return real_part(k, first, kv_tokens), real_part(v, first, kv_tokens)
+
+
 def _dq_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_acc, *, keep, q_start, k_start,
              block_kv_compute, kv_tokens=None):
     """Add one key tile's share of dq to `dq_acc` `[block_q, head_dim]` f32.
@@ -78,8 +84,7 @@ def _dq_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_acc, *, keep, q_st
         ks = pl.ds(pl.multiple_of(c * block_kv_compute, block_kv_compute), block_kv_compute)
         k, v = k_ref[ks, :], v_ref[ks, :]
         if keep is not None and kv_tokens is not None:
-            k_first = k_start + c * block_kv_compute
-            k, v = real_part(k, k_first, kv_tokens), real_part(v, k_first, kv_tokens)
+            k, v = _real_keys(k, v, k_start + c * block_kv_compute, kv_tokens)
         s = dot(q_ref[...], k, NT)                                  # [block_q, bkc]
         if keep is not None:
             q_ids, k_ids = token_ids(q_start, block_q, 0), token_ids(k_start + c * block_kv_compute,
@@ -115,8 +120,7 @@ def _dkv_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, *, k
         if q_tokens is not None:
             q, do = real_part(q, q_start, q_tokens), real_part(do, q_start, q_tokens)
         if keep is not None and kv_tokens is not None:
-            k_first = k_start + c * block_kv_compute
-            k, v = real_part(k, k_first, kv_tokens), real_part(v, k_first, kv_tokens)
+            k, v = _real_keys(k, v, k_start + c * block_kv_compute, kv_tokens)
         s_t = dot(k, q, NT)                                         # [bkc, block_q]
         if keep is not None:
             q_ids, k_ids = token_ids(q_start, block_q, 1), token_ids(k_start + c * block_kv_compute,

@@ -92,10 +92,10 @@ def unroll_chunks(chunks: int, bodies: int = 1) -> bool:
     return chunks <= MAX_UNROLLED_CHUNKS and bodies <= MAX_UNROLLED_BODIES
 
 
-def tile_bodies(masked_kinds: int, mask_free: bool, bounded: bool = True) -> int:
-    """How many copies of the tile body a kernel compiles: one per masked kind of head and one
-    mask-free, each twice where the kernel also runs the bounded max."""
-    return (masked_kinds + int(mask_free)) * (2 if bounded else 1)
+def tile_bodies(masked_kinds: int, mask_free: bool) -> int:
+    """How many copies of the tile body a forward kernel compiles: one per masked kind of head and one
+    mask-free, each twice (the running and the bounded max)."""
+    return (masked_kinds + int(mask_free)) * 2
 
 
 NT = (((1,), (1,)), ((), ()))  # dot_general dimensions of a @ b^T: contract both operands' last dims

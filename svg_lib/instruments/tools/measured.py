@@ -21,9 +21,9 @@ from svg_lib.methods import BASELINE, METHODS, check_method
 from svg_lib.problem import BLOG_V6E_MS, get_preset
 
 MEASUREMENTS_FILE = Path(__file__).resolve().parents[2] / "data" / "tpu_measurements.json"
-# the kernels' tile bodies per method, as the forward builds them for one kind of head
-BODIES = {"dense": tile_bodies(1, mask_free=True), "b1": tile_bodies(1, mask_free=False),
-          "b2": tile_bodies(1, mask_free=True), "b3": tile_bodies(1, mask_free=True)}
+# the tile bodies of each of the series' kernels, as the forward builds it for one kind of head
+BODIES = {name: tile_bodies(1, mask_free=not record.masks_full_tiles) for name, record in METHODS.items()
+          if record.family == "svg_lib"}
 LABELS = {"splash_dense": "B0 dense Splash", "dense": "svg_lib dense", "b1": "B1 naive", "b2": "B2 full/edge",
           "b3": "B3 tile-aligned"}
 
@@ -55,8 +55,8 @@ def shipped_row(method: str, block_q: int, block_kv: int, *, chip: str = "v5e", 
     ships it (the newest such row), or None where none was measured."""
     check_method(method)
     rows = load_measurements() if rows is None else rows
-    found = [r for r in rows if r.get("chip") == chip and r.get("part") in (part, "splash" if part == "forward" else part)
-             and r.get("method") == method and r.get("block_q") == block_q and r.get("block_kv") == block_kv
+    parts = (part, "splash") if part == "forward" else (part,)  # Splash's block-size search is forward too
+    found = [r for r in rows if r.get("chip") == chip and r.get("part") in parts and r.get("method") == method and r.get("block_q") == block_q and r.get("block_kv") == block_kv
              and "median_ms" in r and r.get("backward") in (None, "fused")]
     if method in BODIES and part == "forward":
         found = [r for r in found if r.get("loop") == shipped_loop(method, block_kv, r["block_kv_compute"])]
