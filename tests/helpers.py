@@ -22,11 +22,11 @@ def on_tpu() -> bool:
 
 def method_tolerance(method, dtype, kind="attention"):
     """The tolerance for `method`'s results of `dtype` on this backend: Splash's float32 matmuls run
-    one bf16 pass on a TPU, and float32 gradients carry a TPU's rounding (svg_lib/kernels/tolerances.py)."""
+    one bf16 pass on a TPU (svg_lib/kernels/tolerances.py)."""
     from svg_lib.kernels.tolerances import tolerance
     from svg_lib.methods import METHODS
     splash = method in METHODS and METHODS[method].splash
-    return tolerance(dtype, kind, one_bf16_pass=splash and on_tpu(), on_tpu=on_tpu())
+    return tolerance(dtype, kind, one_bf16_pass=splash and on_tpu())
 
 
 class ArrayMask(Mask):

@@ -348,8 +348,14 @@ def finish(m_ref, l_ref, acc_ref, o_ref, interpret=False, lse_ref=None):
         # backward's p = exp(s - lse) is NaN across that row's computed tiles.
         # Stored as one value per row: the lane-replicated column, transposed once per query tile
         # (the cross-lane unit's work), gives the `[1, block_q]` row both backward passes read.
+        # A TPU's float32 log errs by up to ~1e-4 (its exp by a few 1e-6 relative), and an lse off
+        # by e shifts every rebuilt p by the factor exp(-e): one Newton step on exp(y) = l, through
+        # the more exact exp, takes the log to exp's accuracy (once per query tile).
         seen_rows = jnp.logical_not(m <= 0.5 * MASK_VALUE) | jnp.isnan(row_sum)      # [block_q, 128]
-        lse = jnp.where(seen_rows, m + jnp.log(jnp.where(row_sum < 1e-30, 1e-30, row_sum)), jnp.inf)
+        total = jnp.where(row_sum < 1e-30, 1e-30, row_sum)
+        log_l = jnp.log(total)
+        log_l = log_l + (total * jnp.exp(-log_l) - 1.0)
+        lse = jnp.where(seen_rows, m + log_l, jnp.inf)
         lse_ref[...] = jnp.transpose(lse)[:1, :]
 
 
