@@ -1,6 +1,9 @@
 """The record of what the kernels measured on a real TPU (svg_lib/data/tpu_measurements.json) and what
 the code takes from it: the unroll rule agrees with every measured pair, and the claims the README and
 notebooks print from it hold in it."""
+import json
+from pathlib import Path
+
 import pytest
 
 from svg_lib.instruments.tools.measured import (BODIES, best_splash, load_measurements, measured_table,
@@ -10,6 +13,7 @@ from svg_lib.kernels import forward
 pytestmark = pytest.mark.lesson
 
 ROWS = load_measurements()
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_row_names_its_chip_versions_and_spread():
@@ -71,3 +75,15 @@ def test_the_readmes_v5e_table_is_the_record():
             assert float(cell.split()[0]) == pytest.approx(shipped_row(method, bq, bkv)["median_ms"], abs=0.05)
             checked += 1
     assert checked == 20
+
+
+def test_every_notebook_has_a_run_on_a_tpu_on_record():
+    """svg_lib/data/tpu_notebook_runs.json: one row per notebook of the series, each saying whether every
+    cell ran on the chip; a notebook that failed there says why and what changed since."""
+    record = json.loads((ROOT / "svg_lib" / "data" / "tpu_notebook_runs.json").read_text())
+    assert {"chip", "date", "jax", "jaxlib", "libtpu", "commit", "mode"} <= set(record)
+    shipped = {path.name for path in (ROOT / "notebooks").glob("*.ipynb")}
+    assert set(record["notebooks"]) == shipped
+    for name, row in record["notebooks"].items():
+        assert row["seconds"] > 0 and row["code_cells_run"] > 0, name
+        assert row["ok"] or row.get("why"), f"{name} failed on the chip and the record does not say why"

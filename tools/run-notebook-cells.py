@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Run notebooks' code cells in this process, one IPython shell per notebook: no Jupyter kernel.
+"""Run notebooks' code cells, each notebook in a fresh Python process with one IPython shell: no Jupyter kernel.
 
 Where a Jupyter kernel cannot start (a machine that allows no TCP socket, as the TPU machines this series
 is measured on), this runs each notebook as a reader would, top to bottom in its own folder, and says per
@@ -10,7 +10,9 @@ each cell took. Nothing is written into the notebooks.
 
 `-p NAME=VALUE` sets a knob after the cell tagged `parameters`, as papermill does (VALUE read as a Python
 literal). `--timeout` bounds each notebook (seconds); a notebook past it is reported as timed out.
-Exit status 1 if any notebook failed or timed out.
+Each notebook gets a process of its own, as a fresh Jupyter kernel would (a notebook that sets up
+jax's devices must come first in its process), and a notebook stuck inside a compiled call is
+still stopped at its timeout. Exit status 1 if any notebook failed or timed out.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import ast
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -83,23 +86,50 @@ def run_notebook(path: Path, knobs: dict, timeout: float) -> dict:
     return result
 
 
+RESULT_MARK = "run-notebook-cells result: "
+
+
+def in_own_process(path: Path, knobs: list, timeout: float) -> dict:
+    """`run_notebook` in a fresh Python process; its output passes through, its result comes back."""
+    command = [sys.executable, __file__, str(path), "--child", "--timeout", str(timeout)]
+    command += [arg for name, value in knobs for arg in ("-p", f"{name}={value!r}")]
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(command, stdout=subprocess.PIPE, text=True, timeout=timeout + 30)
+    except subprocess.TimeoutExpired:
+        return {"notebook": path.name, "cells": None, "ok": False, "seconds": round(time.perf_counter() - start, 1),
+                "failed_cell": "timeout", "error": f"timed out: the process outlived {timeout:.0f} s",
+                "cell_seconds": []}
+    lines = done.stdout.splitlines()
+    sys.stdout.write("".join(line + "\n" for line in lines if not line.startswith(RESULT_MARK)))
+    found = [line[len(RESULT_MARK):] for line in lines if line.startswith(RESULT_MARK)]
+    if not found:
+        return {"notebook": path.name, "cells": None, "ok": False, "seconds": round(time.perf_counter() - start, 1),
+                "failed_cell": None, "error": f"the process died (exit status {done.returncode})", "cell_seconds": []}
+    return json.loads(found[-1])
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("notebooks", nargs="+", type=Path)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per notebook (default 300)")
     p.add_argument("--json", type=Path, help="write every notebook's result here (a missing folder is created)")
     p.add_argument("-p", dest="knobs", action="append", type=knob, default=[], metavar="NAME=VALUE")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)   # one notebook, result on stdout
     args = p.parse_args(argv)
     missing = [str(n) for n in args.notebooks if not n.is_file()]
     if missing:
         p.error(f"no such notebook: {', '.join(missing)}")
     os.environ.setdefault("MPLBACKEND", "Agg")
+    if args.child:
+        print(RESULT_MARK + json.dumps(run_notebook(args.notebooks[0].resolve(), dict(args.knobs), args.timeout)))
+        return 0
     results = []
     for path in args.notebooks:
-        r = run_notebook(path.resolve(), dict(args.knobs), args.timeout)
+        r = in_own_process(path.resolve(), args.knobs, args.timeout)
         results.append(r)
         verdict = "ok" if r["ok"] else f"FAILED at cell {r['failed_cell']}: {r['error'].splitlines()[0][:300]}"
-        print(f"{r['notebook']}: {r['cells']} code cells, {r['seconds']:.1f} s, {verdict}", flush=True)
+        print(f"{r['notebook']}: {r['cells'] or 0} code cells, {r['seconds']:.1f} s, {verdict}", flush=True)
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(results, indent=1) + "\n")

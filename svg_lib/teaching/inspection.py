@@ -101,7 +101,8 @@ def tile_bodies(mask, method: str, *, heads: int = 1, head_dim: int = 128, dtype
                 block_q: int = 256, block_kv: int = 256, block_kv_compute: int | None = None) -> list[TileBody]:
     """The tile bodies of `method`'s kernel for `mask` (its token count sets the problem), traced.
 
-    q, k, v are `[heads, mask.tokens, head_dim]` of `dtype`. The default 256 x 256 tiles keep a
+    q, k, v are `[heads, mask.tokens, head_dim]` of `dtype`. Traced as a TPU compiles it (not as
+    the interpreter runs it, whose lane broadcasts differ), on any machine. The default 256 x 256 tiles keep a
     tile of scores `[256, 256]` apart from the `[256, 128]` running max and sum; a key chunk
     of 128 would make the two indistinguishable and is refused.
     """
@@ -109,7 +110,7 @@ def tile_bodies(mask, method: str, *, heads: int = 1, head_dim: int = 128, dtype
     import jax.numpy as jnp
 
     fn = build_attention(mask, method=method, heads=heads, tokens=mask.tokens, head_dim=head_dim, dtype=dtype,
-                         block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute)
+                         block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=False)
     x = jax.ShapeDtypeStruct((heads, mask.tokens, head_dim), jnp.dtype(dtype))
     bodies = []
     for loop in _all_eqns(jax.make_jaxpr(fn)(x, x, x).jaxpr):
