@@ -9,6 +9,7 @@ import pytest
 from svg_lib.instruments.tools.measured import (BODIES, best_splash, load_measurements, measured_table,
                                                 shipped_loop, shipped_row, unroll_evidence)
 from svg_lib.kernels import forward
+from svg_lib.kernels.tolerances import tolerance
 
 pytestmark = pytest.mark.lesson
 
@@ -87,3 +88,14 @@ def test_every_notebook_has_a_run_on_a_tpu_on_record():
     for name, row in record["notebooks"].items():
         assert row["seconds"] > 0 and row["code_cells_run"] > 0, name
         assert row["ok"] or row.get("why"), f"{name} failed on the chip and the record does not say why"
+
+
+def test_the_refined_log_sum_exp_is_what_the_chip_needed():
+    """svg_lib/data/tpu_precision.json: the TPU's float32 log errs past what the float32 gradient tolerance
+    allows, and the forward's refined log (one Newton step through exp) brings it within exp's error."""
+    record = json.loads((ROOT / "svg_lib" / "data" / "tpu_precision.json").read_text())
+    assert record["mode"] == "compiled" and {"device", "date", "jax", "jaxlib", "libtpu"} <= set(record)
+    errors, gradients = record["errors"], tolerance("float32", "gradients")["atol"]
+    assert errors["log"]["max_abs"] > gradients > errors["log_refined"]["max_abs"]
+    assert errors["log_refined"]["max_abs"] <= 2 * errors["exp"]["max_abs"]
+    assert record["gradients_after_refined_lse"]["after"]["value"] < gradients
