@@ -99,3 +99,12 @@ def test_the_refined_log_sum_exp_is_what_the_chip_needed():
     assert errors["log"]["max_abs"] > gradients > errors["log_refined"]["max_abs"]
     assert errors["log_refined"]["max_abs"] <= 2 * errors["exp"]["max_abs"]
     assert record["gradients_after_refined_lse"]["after"]["value"] < gradients
+
+
+def test_the_readme_quotes_the_notebook_runs_record():
+    record = json.loads((ROOT / "svg_lib" / "data" / "tpu_notebook_runs.json").read_text())
+    seconds = [row["seconds"] for row in record["notebooks"].values()]
+    longest = sorted(record["notebooks"], key=lambda name: -record["notebooks"][name]["seconds"])[:2]
+    readme = (ROOT / "README.md").read_text()
+    assert f"seconds, {min(seconds):.0f} to {max(seconds):.0f} on the v5e" in " ".join(readme.split())
+    assert sorted(name[:2] for name in longest) == ["04", "06"]
