@@ -246,3 +246,21 @@ def test_the_pass_rate_is_what_the_kernels_decide(monkeypatch, method):
     tiles = len(verdicts) // 2
     assert 0 < np.mean(verdicts) < 1
     np.testing.assert_allclose(rate, [np.mean(verdicts[:tiles]), np.mean(verdicts[tiles:])])
+
+
+def test_the_pass_rate_on_the_device_decides_as_the_host_does():
+    """bound_test's float32 path on jax's device (what the report takes on a TPU) against its float64 path
+    on the host, on heads where some query tiles pass and some fail, with and without a mask's first tiles."""
+    from svg_lib import EMPTY, plan_tiles
+    from svg_lib.kernels.reference import bound_test
+    q, k, _ = (np.asarray(x, np.float64) for x in _inputs("ordinary", MASK.tokens, heads=2))
+    q[0, 130:140] *= 40.0
+    q[1, 300:310] *= 40.0
+    plan = plan_tiles(MASK, 128, 128)
+    first = plan.step_class[:, 0]
+    masked = {"first_kv": plan.kv_index[:, 0], "keep": (MASK.kernel_predicate(128, 128), first != EMPTY)}
+    for extra in ({}, masked):
+        host = bound_test(q, k, block_q=128, block_kv=128, on_device=False, **extra)
+        device = bound_test(q, k, block_q=128, block_kv=128, on_device=True, **extra)
+        assert 0 < host.mean() < 1
+        np.testing.assert_array_equal(device, host)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from svg_lib.core.masks import Mask
@@ -66,8 +68,6 @@ def reference_attention(q, k, v, mask=None, *, block_rows: int = 2048):
     kernels do the same). Query rows are processed `block_rows` at a time so memory stays at
     heads x block_rows x tokens. Returns `[heads, tokens, head_dim]` in q's dtype.
     """
-    import jax.numpy as jnp
-
     heads, n, d = check_qkv(q, k, v)
     if isinstance(block_rows, bool) or not isinstance(block_rows, (int, np.integer)) or block_rows < 1:
         raise ValueError(f"block_rows must be a positive integer (query rows per chunk), got {block_rows!r}")
@@ -100,8 +100,6 @@ def masked_softmax_times_v(s, keep, vf):
     the kernels (`svg_lib.kernels.forward`): a NaN score of a kept key makes its row NaN, and a NaN
     in v makes NaN every row that keeps a key (p @ v meets it, 0 * NaN = NaN: one tile of every pair).
     """
-    import jax.numpy as jnp
-
     kept = True                             # whether the row keeps a key (from the mask: a max may drop NaN)
     if keep is not None:
         s = jnp.where(keep[None], s, -jnp.inf)
@@ -203,7 +201,18 @@ def attention_gradients_float64(q, k, v, dout, mask=None):
     return np.einsum("hqk,hkd->hqd", ds, k) * scale, np.einsum("hqk,hqd->hkd", ds, q) * scale, dv
 
 
-def bound_test(q, k, *, block_q: int, block_kv: int, first_kv=None, keep=None) -> np.ndarray:
+def kept_row_max(rows, keys, kept, on_device: bool) -> np.ndarray:
+    """max over kept keys of each row's scores, float64 `[heads, rows]`: rows `[heads, rows, d]`, keys
+    `[heads, keys, d]`, kept bool `[rows, keys]` (a row keeping none gets MASK_VALUE)."""
+    if on_device:
+        scores = jnp.matmul(jnp.asarray(rows, jnp.float32), jnp.asarray(keys, jnp.float32).transpose(0, 2, 1),
+                            precision=jax.lax.Precision.HIGHEST)
+        return np.asarray(jnp.where(jnp.asarray(kept)[None], scores, MASK_VALUE).max(-1), np.float64)
+    scores = rows @ keys.transpose(0, 2, 1)  # a BLAS matmul (einsum's loops took minutes)
+    return np.where(kept[None], scores, MASK_VALUE).max(-1)
+
+
+def bound_test(q, k, *, block_q: int, block_kv: int, first_kv=None, keep=None, on_device: bool | None = None) -> np.ndarray:
     """Which query tiles switch to the bounded max, decided as the kernels decide it
     (`svg_lib.kernels.forward.try_bound`), in float64 on the host: bool `[heads, ceil(tokens / block_q)]`.
 
@@ -215,9 +224,13 @@ def bound_test(q, k, *, block_q: int, block_kv: int, first_kv=None, keep=None) -
     `svg_lib.layers.profiling.bound_pass_rate`), given as `(predicate, masked)`. Rows past the last
     token are zero rows here, which pass the test, as the kernels pass them by leaving them out; keys
     past it no row keeps.
-    Work: heads x tokens x block_kv, never tokens x tokens.
+    Work: heads x tokens x block_kv, never tokens x tokens. `on_device`: the scores and their row
+    maxima in float32 (matmuls at HIGHEST) on jax's default device instead of float64 on the host:
+    minutes of host work at the case study's size take a second on a TPU. None: on a TPU only.
     """
     heads, n, d = check_qkv(q, k, k)
+    if on_device is None:
+        on_device = jax.default_backend() == "tpu"
     nq = -(-n // block_q)
     first_kv = np.zeros(nq, np.int64) if first_kv is None else np.asarray(first_kv, np.int64)
     predicate, masked = keep if keep is not None else (None, np.zeros(nq, bool))
@@ -233,8 +246,8 @@ def bound_test(q, k, *, block_q: int, block_kv: int, first_kv=None, keep=None) -
         kept = np.broadcast_to(k_ids[None, :] < n, (block_q, block_kv))
         if masked[i]:
             kept = kept & np.asarray(predicate(q_ids[:, None], k_ids[None, :]), bool)
-        scores = rows @ kf[:, k_ids[k_ids < n]].transpose(0, 2, 1)  # a BLAS matmul (einsum's loops took minutes)
-        scores = np.where(kept[None, :, :scores.shape[2]], scores, MASK_VALUE)
-        gap = np.sqrt((rows * rows).sum(-1)) * bound_k[:, None] - scores.max(-1)           # [heads, block_q]
+        real = k_ids[k_ids < n]
+        row_max = kept_row_max(rows, kf[:, real], kept[:, :len(real)], on_device)            # [heads, block_q]
+        gap = np.sqrt((rows * rows).sum(-1)) * bound_k[:, None] - row_max
         out[:, i] = gap.max(-1) <= BOUND_SLACK
     return out

@@ -154,6 +154,9 @@ def pass_rates(config: BenchConfig, *, seed: int = 0) -> dict:
                                                            block_kv=config.block_kv)]
                      for m in ("dense", "b1", "b2", "b3")}
     out["planted_kinds"] = list(PLANTED_KINDS)
+    # bound_test's choice (on a TPU only): the same test, in float32 there, float64 here
+    out["computed"] = ("on the device, float32 scores" if jax.default_backend() == "tpu"
+                       else "on the host, float64 scores")
     return out
 
 
@@ -337,6 +340,7 @@ def markdown(data: dict, bench) -> str:
     for name in ("random", "planted"):
         lines.append(f"| {name} | " + " | ".join(f"{np.mean(rates[name][m]):.2f}" for m in ("dense", "b1", "b2", "b3"))
                      + " |")
-    lines += ["", f"planted heads: one each of {', '.join(rates['planted_kinds'])}.", ""]
+    lines += ["", f"planted heads: one each of {', '.join(rates['planted_kinds'])}; every query tile tested, "
+              f"{rates.get('computed', 'on the host, float64 scores')}.", ""]
     lines += [f"Send report.json, report.md and report.png to {issues_url()} (a new issue, template \"TPU report\")."]
     return "\n".join(lines) + "\n"
