@@ -75,3 +75,18 @@ def test_reader_text_has_no_process_words(name, texts):
     assert not bad, (f"{name} speaks of how the project is run; say what the reader needs (a recall of 0.85, a "
                      "cost under a tenth of the attention) without naming issues, sessions, tasks or goals:\n  "
                      + "\n  ".join(bad))
+
+
+WORD_BUDGET = 22_000   # words of markdown in notebooks 00 to 11 and A: a new sentence is paid for by trimming another
+
+
+def test_markdown_stays_within_its_word_budget():
+    """The main line's markdown (notebooks 00-11 and the appendix; 12 and 13 are extensions), counted as
+    whitespace-separated words, stays within WORD_BUDGET."""
+    counted = {path.name: sum(len("".join(c["source"]).split()) for c in json.loads(path.read_text())["cells"]
+                              if c["cell_type"] == "markdown")
+               for path in sorted((ROOT / "notebooks").glob("*.ipynb"))
+               if path.name[:2] in {f"{i:02d}" for i in range(12)} or path.name.startswith("A_")}
+    assert len(counted) == 13, sorted(counted)
+    total = sum(counted.values())
+    assert total <= WORD_BUDGET, f"{total:,} words of markdown, over the budget of {WORD_BUDGET:,}: {counted}"

@@ -6,7 +6,7 @@ import pytest
 from svg_lib.core.planner import FULL, PARTIAL, plan_tiles
 from svg_lib.problem import get_preset
 from svg_lib.teaching.exercises.common import CheckResult
-from svg_lib.teaching.yourcode import Hints, choose, cost_line
+from svg_lib.teaching.yourcode import Hints, choose, cost_line, whose
 
 
 def test_hints_come_one_at_a_time_then_the_solution(capsys):
@@ -24,6 +24,11 @@ def test_choose_runs_the_learners_piece_only_when_it_passed(capsys):
     assert "run your B1 step" in capsys.readouterr().out
     assert choose(CheckResult("x", False, "not yet"), yours, library, piece="B1 step") is library
     assert "svg_lib's B1 step until yours passes" in capsys.readouterr().out
+
+
+def test_whose_names_the_piece_that_ran():
+    assert whose(CheckResult("x", True, "passed"), "tile body") == "your tile body"
+    assert whose(CheckResult("x", False, "not yet"), "tile body") == "svg_lib's tile body"
 
 
 @pytest.mark.parametrize("block_q, block_kv", [(256, 128), (128, 256), (512, 128)])

@@ -106,7 +106,7 @@ def test_notebook_with_a_wrong_body_says_not_yet():
 def test_notebook_runs_the_learners_body():
     run = run_with_pieces(NOTEBOOK, {0: COUNTED}, probe="print((config.block_q, config.head_dim) in SHAPES)")
     assert any("The cells below run your tile body" in t for t in run["outputs"])
-    assert any("the kernel with the tile body above" in t and "matches reference_attention" in t for t in run["outputs"])
+    assert any("the kernel with your tile body" in t and "matches reference_attention" in t for t in run["outputs"])
     assert run["probe"].strip() == "True", run["probe"]  # the kernel at the knobs' tiles traced the learner's body
 
 

@@ -5,7 +5,8 @@ A notebook's `your-code` cell defines the learner's piece (a function: an index 
 dispatch, a rounding). The cell after it runs the piece's checker (a `check_*` of
 `svg_lib.teaching.exercises`, which prints PASSED-style or "not yet" verdicts with the failing case,
 expected against got, and a hint naming the likely mistake) and then `choose(...)`, which returns the
-learner's piece when it passed and the library's otherwise, and says which one the cells below run.
+learner's piece when it passed and the library's otherwise, and says which one the cells below run;
+`whose(...)` gives the words a later cell prints to say whose piece it ran.
 `Hints` reveals a piece's hints one at a time (a button in Jupyter, `.next()` anywhere), the last
 "hint" being the solution. `cost_line` prints what a kernel at the learner's tile sizes costs.
 """
@@ -88,6 +89,12 @@ def choose(result, yours, library, *, piece: str):
         return yours
     print(f"The cells below run svg_lib's {piece} until yours passes the check above.")
     return library
+
+
+def whose(result, piece: str) -> str:
+    """"your <piece>" when `result` passed, else "svg_lib's <piece>": the words a later cell prints
+    beside what it ran, so its line names the code that ran rather than assuming the learner's did."""
+    return f"your {piece}" if result.passed else f"svg_lib's {piece}"
 
 
 def _probed(chip: str, block_q: int, block_kv: int):
