@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import sys
 from dataclasses import asdict
 
 from svg_lib.chips import DEFAULT_TARGET, TARGETS, targets_table
@@ -15,8 +14,8 @@ from svg_lib.cli.common import (
     add_json_argument,
     block_sizes,
     config_from_args,
+    emit_json,
     methods_from_args,
-    write_json,
 )
 from svg_lib.environment import INSTALL_HINT, has_libtpu, libtpu_version
 from svg_lib.problem import PALLAS_METHODS
@@ -72,12 +71,10 @@ def _compile_run(args: argparse.Namespace) -> int:
           + ". Compiled for TPU by libtpu: VMEM/SMEM allocation and Mosaic checked; no speed measured.",
           flush=True)
     if args.json:
-        write_json(args.json, {"config": config.to_json(), "sweep_block_q": [c.block_q for c in configs],
-                               "date": datetime.date.today().isoformat(), "jax": jax.__version__,
-                               "libtpu": libtpu_version(),
-                               "targets": [asdict(t) for t in targets],
-                               "reports": [r.to_json() for r in reports]})
-        print(f"wrote {args.json}", file=sys.stderr)
+        emit_json(args, {"config": config.to_json(), "sweep_block_q": [c.block_q for c in configs],
+                         "date": datetime.date.today().isoformat(), "jax": jax.__version__,
+                         "libtpu": libtpu_version(), "targets": [asdict(t) for t in targets],
+                         "reports": [r.to_json() for r in reports]})
     return 1 if failed else 0
 
 
