@@ -111,7 +111,8 @@ def test_registry_builds_the_subcommands():
 
 def test_vmem_needs_a_question(capsys):
     code, out, err = run(capsys, "vmem")
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "--sweep or --largest" in err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "nothing asked: give --sweep (" in err and "or --largest (" in err
 
 
 def test_vmem_sweep_holds_the_estimate_against_the_compiler(tpu_compiler, tmp_path, capsys):
@@ -172,7 +173,8 @@ def test_cost_reads_the_problem_flags_into_one_config(monkeypatch, capsys):
 WRITERS = [("report", "--out", []), ("frontier", "--plot", []), ("frontier", "--json", []),
            ("bench", "--json", ["--preset", "tiny"]), ("lower", "--json", ["--preset", "tiny"]),
            ("compile", "--json", ["--preset", "tiny"]), ("tune", "--json", ["--preset", "tiny"]),
-           ("vmem", "--json", []), ("sharded", "--json", [])]
+           ("vmem", "--json", []), ("sharded", "--json", []), ("plan", "--json", ["--preset", "tiny"]),
+           ("cost", "--json", []), ("report", "--json", [])]
 
 
 @pytest.mark.parametrize("command, flag, extra", WRITERS)
@@ -535,6 +537,13 @@ def test_cost_json_in_a_file_keeps_the_tables(without_libtpu, capsys, tmp_path):
     assert json.loads(path.read_text())["problem"]["tokens"] == 21 * 16 * 30  # the default preset, small
     code, out, _ = run(capsys, "cost", "--help")
     assert "(default small)" in " ".join(out.split())
+
+
+def test_compile_lists_its_targets_as_json(capsys):
+    from svg_lib.chips import TARGETS
+
+    code, out, err = run(capsys, "compile", "--list-targets", "--json")
+    assert code == 0 and err == "" and [t["name"] for t in json.loads(out)] == list(TARGETS)
 
 
 def test_frontier_records_on_stdout(capsys, monkeypatch):

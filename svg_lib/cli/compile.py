@@ -16,6 +16,7 @@ from svg_lib.cli.common import (
     config_from_args,
     emit_json,
     methods_from_args,
+    show,
 )
 from svg_lib.environment import INSTALL_HINT, has_libtpu, libtpu_version
 from svg_lib.problem import PALLAS_METHODS
@@ -30,7 +31,7 @@ def _compile_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"TPU generation to compile for: {', '.join(TARGETS)} or all; may be given "
                              f"several times (default {DEFAULT_TARGET})")
     parser.add_argument("--list-targets", action="store_true",
-                        help="print the targets with their VMEM, SMEM and MXU facts, and exit")
+                        help="print the targets with their VMEM, SMEM and MXU facts (with --json, as JSON) and exit")
     parser.add_argument("--sweep-block-q", metavar="BQ,...", type=block_sizes,
                         help="compile at each of these query blocks in turn (instead of --block-q's one)")
     parser.add_argument("--no-estimate-check", action="store_true",
@@ -40,7 +41,8 @@ def _compile_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _compile_run(args: argparse.Namespace) -> int:
     if args.list_targets:
-        print(targets_table())
+        show(args, targets_table())
+        emit_json(args, [asdict(t) for t in TARGETS.values()])
         return 0
     try:
         targets = check_targets(args.target or [DEFAULT_TARGET])

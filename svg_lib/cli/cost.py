@@ -8,8 +8,8 @@ import sys
 
 from svg_lib.chips import DEFAULT_TARGET, TARGETS
 from svg_lib.environment import MissingCompiler, has_libtpu, missing_compiler_message
-from svg_lib.cli.common import (Command, add_json_argument, add_problem_arguments, block_size, config_from_args, emit_json,
-                                json_to_stdout)
+from svg_lib.cli.common import (Command, add_json_argument, add_problem_arguments, block_size, config_from_args,
+                                emit_json, json_to_stdout)
 from svg_lib.problem import BLOG_SWEEP_V6E_MS
 from svg_lib.instruments.tpu.cost import (BLOG_RATIOS, EVIDENCE, MODEL_METHODS, REFERENCE_FILE, backward_tile_cost, cost_model,
                               filled_from, load_reference, tile_cost, training_model)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import math
 
-from svg_lib.cli.common import Command, UsageError, add_json_argument, add_problem_arguments, emit_json, problem_values, show
+from svg_lib.cli.common import (Command, UsageError, add_json_argument, add_problem_arguments, emit_json, problem_values,
+                                show)
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.masks import check_block_size
 from svg_lib.core.svg_masks import SVGMask

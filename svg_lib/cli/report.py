@@ -24,8 +24,8 @@ def _report_run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
     config = PRESETS[args.preset] if args.preset else default_config()
-    data = run_report(create_folder(args.out), config=config, repeats=args.repeats, bar=True, command=args._command_line,
-                      progress=lambda line: is_quiet() or write(line, sys.stderr))
+    data = run_report(create_folder(args.out), config=config, repeats=args.repeats, bar=True,
+                      command=args._command_line, progress=lambda line: is_quiet() or write(line, sys.stderr))
     print(f"{data['evidence']}: wrote {args.out}/report.md, report.json and report.png; send all three to "
           f"{issues_url()}")
     emit_json(args, data)

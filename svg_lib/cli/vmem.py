@@ -65,7 +65,8 @@ def _largest(args: argparse.Namespace) -> list[dict]:
 
 def _vmem_run(args: argparse.Namespace) -> int:
     if not (args.sweep or args.largest):
-        raise UsageError("say --sweep or --largest")
+        raise UsageError("nothing asked: give --sweep (the estimate against the compiler on a grid of blocks) "
+                         "or --largest (the largest block_q per method and target), or both")
     if not has_libtpu():
         raise UsageError("the TPU compiler (libtpu) is not installed. Install it with: " + INSTALL_HINT)
     rows, bad = [], []
