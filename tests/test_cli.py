@@ -111,7 +111,8 @@ def test_registry_builds_the_subcommands():
 
 def test_vmem_needs_a_question(capsys):
     code, out, err = run(capsys, "vmem")
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "--sweep or --largest" in err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "nothing asked: give --sweep (" in err and "or --largest (" in err
 
 
 def test_vmem_sweep_holds_the_estimate_against_the_compiler(tpu_compiler, tmp_path, capsys):
@@ -172,7 +173,8 @@ def test_cost_reads_the_problem_flags_into_one_config(monkeypatch, capsys):
 WRITERS = [("report", "--out", []), ("frontier", "--plot", []), ("frontier", "--json", []),
            ("bench", "--json", ["--preset", "tiny"]), ("lower", "--json", ["--preset", "tiny"]),
            ("compile", "--json", ["--preset", "tiny"]), ("tune", "--json", ["--preset", "tiny"]),
-           ("vmem", "--json", []), ("sharded", "--json", [])]
+           ("vmem", "--json", []), ("sharded", "--json", []), ("plan", "--json", ["--preset", "tiny"]),
+           ("cost", "--json", []), ("report", "--json", [])]
 
 
 @pytest.mark.parametrize("command, flag, extra", WRITERS)
@@ -425,19 +427,27 @@ def test_frontier_says_which_masks_it_prices_and_why(tmp_path, capsys, monkeypat
     assert all(word in line for word in words) and ("added" in line) == (argv == ["--json", "r.json"])
 
 
-def test_vmem_sweep_counts_its_compiles_and_shows_each(capsys, monkeypatch):
-    import svg_lib.cli.vmem as vmem_command
-    import svg_lib.instruments.tpu.checks as checks
-
-    bars = []
+@pytest.fixture
+def bars():
+    """A progress bar that records its total and every description it is given, and the records."""
+    seen = []
 
     class Bar:
         def __init__(self, total, desc, **kwargs):
-            bars.append([total, desc])
+            seen.append([total, desc])
+
         def set_description(self, desc):
-            bars[-1].append(desc)
+            seen[-1].append(desc)
         update = close = staticmethod(lambda *args: None)
 
+    return Bar, seen
+
+
+def test_vmem_sweep_counts_its_compiles_and_shows_each(capsys, monkeypatch, bars):
+    import svg_lib.cli.vmem as vmem_command
+    import svg_lib.instruments.tpu.checks as checks
+
+    Bar, bars = bars
     monkeypatch.setattr(vmem_command, "has_libtpu", lambda: True)
     monkeypatch.setattr(checks, "progress_bar", Bar)
     monkeypatch.setattr(checks, "compile_check", lambda e, target: checks.CompilerCheck(
@@ -450,3 +460,154 @@ def test_vmem_sweep_counts_its_compiles_and_shows_each(capsys, monkeypatch):
     assert bars == [[2, "vmem sweep", "vmem sweep: dense 512 x 512 bfloat16 on v6e",
                      "vmem sweep: b3 512 x 512 bfloat16 on v6e"]]
     assert out.count("512x512") == 2 and "2 points, 0 disagreements" in out
+
+
+# -- --json [PATH] alike in every command: a file, or "-" (and --json alone) for stdout ----------
+
+@pytest.fixture
+def json_runs(monkeypatch):
+    """Every command's run replaced by one that prints a table and a progress line, then its JSON, as
+    the commands do: the plumbing every command shares, without the work."""
+    import dataclasses
+
+    import svg_lib.cli as cli
+    from svg_lib.cli.common import emit_json, say, show
+
+    def fake(name):
+        def run_it(args):
+            print("a line of the command's")
+            show(args, "the table")
+            say("a progress line")
+            emit_json(args, {"command": name})
+            return 0
+        return run_it
+
+    monkeypatch.setattr(cli, "COMMANDS", tuple(dataclasses.replace(c, run=fake(c.name)) for c in cli.COMMANDS))
+
+
+COMMAND_NAMES = [c.name for c in commands()]
+NEEDS = {"bench": ["--preset", "tiny"], "lower": ["--preset", "tiny"], "compile": ["--preset", "tiny"],
+         "tune": ["--preset", "tiny"], "plan": ["--preset", "tiny"]}
+
+
+@pytest.mark.parametrize("command", COMMAND_NAMES)
+def test_every_command_takes_json_alike(command, capsys):
+    code, out, _ = run(capsys, command, "--help")
+    help_text = " ".join(out.split())
+    assert code == 0 and "--json [PATH]" in help_text, command
+    said = help_text[help_text.index("--json [PATH] "):]
+    assert "a missing folder is created" in said and "- (or --json alone): the JSON alone on stdout" in said
+
+
+@pytest.mark.parametrize("command", COMMAND_NAMES)
+@pytest.mark.parametrize("stdout_flag", [["--json", "-"], ["--json"]])
+def test_json_on_stdout_is_the_only_thing_there(json_runs, capsys, command, stdout_flag):
+    code, out, err = run(capsys, command, *NEEDS.get(command, []), *stdout_flag)
+    assert code == 0 and out.count("\n") == 1 and json.loads(out) == {"command": command}
+    assert "the table" not in out + err  # the JSON takes the table's place
+    assert "a line of the command's" in err and "a progress line" in err  # the rest moves to stderr
+    code, out, err = run(capsys, command, *NEEDS.get(command, []), *stdout_flag, "--quiet")
+    assert code == 0 and json.loads(out) == {"command": command} and "a progress line" not in err
+
+
+@pytest.mark.parametrize("command", COMMAND_NAMES)
+def test_json_to_a_file_keeps_the_table_on_stdout(json_runs, capsys, tmp_path, command):
+    path = tmp_path / "new" / f"{command}.json"
+    code, out, err = run(capsys, command, *NEEDS.get(command, []), "--json", str(path))
+    assert code == 0 and out == "a line of the command's\nthe table\n"
+    assert err == f"a progress line\nwrote {path}\n" and json.loads(path.read_text()) == {"command": command}
+    code, out, err = run(capsys, command, *NEEDS.get(command, []))  # no --json: no JSON anywhere
+    assert code == 0 and out == "a line of the command's\nthe table\n" and err == "a progress line\n"
+
+
+def test_plan_json_in_a_file_or_on_stdout_is_plan_stats(capsys, tmp_path):
+    stats = expected_stats(3, 8, 16, 0.35, 128, 128)
+    code, out, err = run(capsys, "plan", "--preset", "tiny", "--json", "-")
+    assert code == 0 and json.loads(out) == stats and err == ""
+    path = tmp_path / "plan" / "stats.json"
+    code, out, err = run(capsys, "plan", "--preset", "tiny", "--json", str(path))
+    assert code == 0 and "B3 aligned" in out and err == f"wrote {path}\n"
+    assert json.loads(path.read_text()) == stats
+
+
+def test_cost_json_in_a_file_keeps_the_tables(without_libtpu, capsys, tmp_path):
+    path = tmp_path / "cost.json"
+    code, out, err = run(capsys, "cost", "--json", str(path))
+    assert code == 0 and "cost model" in out and err.strip().endswith(f"wrote {path}")
+    assert json.loads(path.read_text())["problem"]["tokens"] == 21 * 16 * 30  # the default preset, small
+    code, out, _ = run(capsys, "cost", "--help")
+    assert "(default small)" in " ".join(out.split())
+
+
+def test_compile_lists_its_targets_as_json(capsys):
+    from svg_lib.chips import TARGETS
+
+    code, out, err = run(capsys, "compile", "--list-targets", "--json")
+    assert code == 0 and err == "" and [t["name"] for t in json.loads(out)] == list(TARGETS)
+
+
+def test_frontier_records_on_stdout(capsys, monkeypatch):
+    monkeypatch.setattr("svg_lib.cli.frontier.run", lambda **kw: {"records": [{"mask": "radial"}]})
+    code, out, err = run(capsys, "frontier", "--json", "-", "--masks", "radial")
+    assert code == 0 and json.loads(out)["records"] == [{"mask": "radial"}] and out.count("\n") == 1
+    assert err.startswith("frontier --json: radial")
+
+
+# -- refusals: one line, what was wrong and what works, a non-zero exit -------------------------
+
+@pytest.mark.parametrize("command", [c for c in COMMAND_NAMES if c not in ("frontier", "vmem")])
+def test_every_preset_flag_refuses_an_unknown_one_in_one_line(nothing_runs, capsys, command):
+    err = refused(capsys, command, "--preset", "huge")
+    assert "argument --preset: invalid choice: 'huge'" in err and "tiny" in err and "blog" in err
+    assert nothing_runs == []
+
+
+@pytest.mark.parametrize("command", COMMAND_NAMES)
+def test_a_json_path_that_is_a_folder_is_refused_in_one_line(nothing_runs, capsys, tmp_path, command):
+    err = refused(capsys, command, *NEEDS.get(command, []), "--json", str(tmp_path))
+    assert "is a folder; give a file name in it" in err and nothing_runs == []
+
+
+def test_a_write_that_fails_after_the_checks_is_one_line(monkeypatch, capsys, tmp_path):
+    import dataclasses
+
+    import svg_lib.cli as cli
+
+    def fail(args):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "x.json"))
+
+    monkeypatch.setattr(cli, "COMMANDS", tuple(dataclasses.replace(c, run=fail) for c in cli.COMMANDS))
+    err = refused(capsys, "plan", "--preset", "tiny", "--json", str(tmp_path / "x.json"))
+    assert err.strip() == f"python -m svg_lib plan: error: Permission denied: {tmp_path / 'x.json'}"
+
+
+def test_report_creates_its_folder_through_the_shared_helper(monkeypatch, capsys, tmp_path):
+    import svg_lib.cli.report as report_command
+
+    made = []
+    monkeypatch.setattr(report_command, "run_report",
+                        lambda out, **kw: made.append(os.path.isdir(out)) or {"evidence": "simulated"})
+    code, out, err = run(capsys, "report", "--out", str(tmp_path / "a" / "b"), "--json", "-", "--preset", "tiny")
+    assert code == 0 and made == [True] and json.loads(out) == {"evidence": "simulated"}
+
+
+def test_sharded_says_what_it_compiles_and_shows_each(monkeypatch, capsys, bars):
+    import svg_lib.cli.sharded as sharded_command
+
+    class Report:
+        def __init__(self, permute):
+            self.permute = permute
+
+        def describe(self):
+            return f"permute {self.permute}: compiled"
+
+    Bar, bars = bars
+    monkeypatch.setattr(sharded_command, "has_libtpu", lambda: True)
+    monkeypatch.setattr(sharded_command, "bar", Bar)
+    monkeypatch.setattr(sharded_command, "compile_sharded_layer", lambda mask, permute, **kw: Report(permute))
+    code, out, err = run(capsys, "sharded", "--preset", "tiny", "--heads", "8", "--permute", "before", "after")
+    assert code == 0 and out == "permute before: compiled\npermute after: compiled\n"
+    assert err.startswith("sharded: 2 compile(s) of the b3 layer for v6e:2x4") and len(err.strip().splitlines()) == 1
+    assert bars == [[2, "sharded", "sharded: permute before", "sharded: permute after"]]
+    code, out, err = run(capsys, "sharded", "--preset", "tiny", "--permute", "before", "--quiet")
+    assert code == 0 and err == ""

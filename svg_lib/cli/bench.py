@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from svg_lib.cli.common import (
     PROG,
@@ -11,8 +10,10 @@ from svg_lib.cli.common import (
     add_config_arguments,
     add_json_argument,
     config_from_args,
+    emit_json,
     methods_from_args,
-    write_json,
+    say,
+    show,
 )
 from svg_lib.runtime import detect_runtime
 from svg_lib.instruments.tools.bench import INTERPRET_WORK_LIMIT, run_benchmark
@@ -24,7 +25,7 @@ def _bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed calls first (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random q, k, v (default 0)")
     parser.add_argument("--no-check", action="store_true", help="skip the error check against the reference")
-    add_json_argument(parser, "also write the result as JSON to PATH")
+    add_json_argument(parser, "also write the result (every row of the table) as JSON to PATH")
     parser.add_argument("--backward", action="store_true",
                         help="also time forward + backward (jax.grad for q, k, v) and check the gradients")
     parser.add_argument("--force", action="store_true",
@@ -45,16 +46,11 @@ def _bench_run(args: argparse.Namespace) -> int:
             f"hours ({work / small:.0f}x the work of --preset small). Try `{PROG} bench --preset small`, or check "
             f"that the kernels lower for TPU with `{PROG} lower --preset blog`; --force runs it anyway")
 
-    def progress(line):
-        print(line, file=sys.stderr, flush=True)
-
-    progress(f"bench: {config.describe()}; methods {', '.join(methods)}")
+    say(f"bench: {config.describe()}; methods {', '.join(methods)}")
     result = run_benchmark(config, methods, repeats=args.repeats, warmup=args.warmup, seed=args.seed,
-                           check_error=not args.no_check, progress=progress, backward=args.backward)
-    print(result.table())
-    if args.json:
-        write_json(args.json, result.to_json())
-        progress(f"wrote {args.json}")
+                           check_error=not args.no_check, progress=say, backward=args.backward)
+    show(args, result.table())
+    emit_json(args, result.to_json())
     return 0
 
 

@@ -113,13 +113,25 @@ block_pair = argument_type(_block_pair, "tile pair")       # 1024x512: block_q x
 PROBLEM_DEFAULTS = {"text_tokens": 0, "heads": 2, "head_dim": 128, "dtype": "bfloat16"}
 
 
-def add_problem_arguments(parser: argparse.ArgumentParser, *, model: bool = True, blocks: bool = True) -> None:
-    """The problem flags of plan, bench, lower and tune: a --preset, then explicit overrides.
+def add_preset_argument(parser: argparse.ArgumentParser, default: str | None = None, note: str = "",
+                        overrides: bool = True) -> None:
+    """`--preset NAME`, the same in every command that takes a problem: every preset offered, the
+    default (if any) said, and (`overrides`) the problem flags given overriding its values."""
+    said = f" (default {default}{note})" if default else (f" ({note.lstrip('; ')})" if note else "")
+    tail = "; the problem flags given override its values" if overrides else ""
+    parser.add_argument("--preset", choices=tuple(PRESETS), default=default,
+                        help=f"the problem: a preset{said}{tail}")
+
+
+def add_problem_arguments(parser: argparse.ArgumentParser, *, model: bool = True, blocks: bool = True,
+                          preset: str | None = None) -> None:
+    """The problem flags of plan, bench, lower, compile, tune and cost: a --preset (default `preset`),
+    then explicit overrides.
 
     Defaults are None so that "not given" can be told from "given". `model` adds heads, head
     dim and dtype (what a kernel run needs); `blocks` adds one block size per axis.
     """
-    parser.add_argument("--preset", choices=tuple(PRESETS), help="start from a preset (flags given override it)")
+    add_preset_argument(parser, preset)
     parser.add_argument("--frames", type=int, metavar="F", help="latent frames")
     parser.add_argument("--height", type=int, metavar="H", help="tokens per frame, vertically")
     parser.add_argument("--width", type=int, metavar="W", help="tokens per frame, horizontally")
@@ -237,20 +249,67 @@ def output_file(path: str) -> str:
 
 
 def output_folder(path: str) -> str:
-    """An argparse `type` for a flag naming a folder to write into (created if missing)."""
+    """An argparse `type` for a flag naming a folder to write into (created, by `create_folder`, when
+    the first file is written)."""
     _check_folder(path, f"into {path!r}")
+    return path
+
+
+def create_folder(path: str) -> str:
+    """`path`, once it exists as a folder: what an `output_folder` flag promises before writing."""
+    os.makedirs(path, exist_ok=True)
     return path
 
 
 def create_parent(path: str) -> str:
     """`path`, once its folder exists: what an `output_file` flag promises before writing."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    create_folder(os.path.dirname(path) or ".")
     return path
 
 
+# -- --json [PATH]: every command's results as JSON, in a file or on stdout --------------------
+# `--json PATH` writes the results to PATH (indented; "wrote PATH" on stderr) and the command prints
+# what it always prints. `--json -`, or `--json` alone, prints them on stdout instead, as one line, in
+# place of the command's table: stdout then holds only the JSON, and every other line the command
+# prints goes to stderr (`main` redirects it), so `... --json | jq` always reads one object.
+
+STDOUT = "-"
+JSON_NOTE = "; - (or --json alone): the JSON alone on stdout, one line (tables left out, other lines on stderr)"
+
+
+def json_output(path: str) -> str:
+    """The argparse `type` of --json: "-" (stdout), or a file to write, checked as `output_file`."""
+    return path if path == STDOUT else output_file(path)
+
+
 def add_json_argument(parser: argparse.ArgumentParser, what: str) -> None:
-    """The `--json PATH` flag of the commands that write their results to a file (`write_json`)."""
-    parser.add_argument("--json", metavar="PATH", type=output_file, help=f"{what}{OUTPUT_NOTE}")
+    """The `--json [PATH]` flag every command that has results takes (`emit_json` writes them)."""
+    parser.add_argument("--json", metavar="PATH", nargs="?", const=STDOUT, type=json_output,
+                        help=f"{what}{OUTPUT_NOTE}{JSON_NOTE}")
+
+
+def json_to_stdout(args: argparse.Namespace) -> bool:
+    """True when --json asks for the JSON on stdout: the command then leaves out its table."""
+    return getattr(args, "json", None) == STDOUT
+
+
+def show(args: argparse.Namespace, text: str) -> None:
+    """Print a command's table on stdout, unless the JSON takes its place there (--json -)."""
+    if not json_to_stdout(args):
+        print(text, flush=True)
+
+
+def emit_json(args: argparse.Namespace, data) -> None:
+    """`data` where --json asks: one line on the real stdout for "-", else the file PATH (its folder
+    created if missing) and a "wrote PATH" line on stderr. Nothing without --json."""
+    if args.json is None:
+        return
+    if json_to_stdout(args):
+        stream = getattr(args, "_stdout", None) or sys.stdout  # main keeps it while stdout goes to stderr
+        print(json.dumps(data), file=stream, flush=True)
+        return
+    write_json(args.json, data)
+    print(f"wrote {args.json}", file=sys.stderr, flush=True)
 
 
 def write_json(path: str, data) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import sys
 from dataclasses import asdict
 
 from svg_lib.chips import DEFAULT_TARGET, TARGETS, targets_table
@@ -15,8 +14,9 @@ from svg_lib.cli.common import (
     add_json_argument,
     block_sizes,
     config_from_args,
+    emit_json,
     methods_from_args,
-    write_json,
+    show,
 )
 from svg_lib.environment import INSTALL_HINT, has_libtpu, libtpu_version
 from svg_lib.problem import PALLAS_METHODS
@@ -31,7 +31,7 @@ def _compile_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"TPU generation to compile for: {', '.join(TARGETS)} or all; may be given "
                              f"several times (default {DEFAULT_TARGET})")
     parser.add_argument("--list-targets", action="store_true",
-                        help="print the targets with their VMEM, SMEM and MXU facts, and exit")
+                        help="print the targets with their VMEM, SMEM and MXU facts (with --json, as JSON) and exit")
     parser.add_argument("--sweep-block-q", metavar="BQ,...", type=block_sizes,
                         help="compile at each of these query blocks in turn (instead of --block-q's one)")
     parser.add_argument("--no-estimate-check", action="store_true",
@@ -41,7 +41,8 @@ def _compile_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _compile_run(args: argparse.Namespace) -> int:
     if args.list_targets:
-        print(targets_table())
+        show(args, targets_table())
+        emit_json(args, [asdict(t) for t in TARGETS.values()])
         return 0
     try:
         targets = check_targets(args.target or [DEFAULT_TARGET])
@@ -72,12 +73,10 @@ def _compile_run(args: argparse.Namespace) -> int:
           + ". Compiled for TPU by libtpu: VMEM/SMEM allocation and Mosaic checked; no speed measured.",
           flush=True)
     if args.json:
-        write_json(args.json, {"config": config.to_json(), "sweep_block_q": [c.block_q for c in configs],
-                               "date": datetime.date.today().isoformat(), "jax": jax.__version__,
-                               "libtpu": libtpu_version(),
-                               "targets": [asdict(t) for t in targets],
-                               "reports": [r.to_json() for r in reports]})
-        print(f"wrote {args.json}", file=sys.stderr)
+        emit_json(args, {"config": config.to_json(), "sweep_block_q": [c.block_q for c in configs],
+                         "date": datetime.date.today().isoformat(), "jax": jax.__version__,
+                         "libtpu": libtpu_version(), "targets": [asdict(t) for t in targets],
+                         "reports": [r.to_json() for r in reports]})
     return 1 if failed else 0
 
 

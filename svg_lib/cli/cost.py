@@ -4,12 +4,12 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import json
 import sys
 
 from svg_lib.chips import DEFAULT_TARGET, TARGETS
 from svg_lib.environment import MissingCompiler, has_libtpu, missing_compiler_message
-from svg_lib.cli.common import Command, add_problem_arguments, block_size, config_from_args
+from svg_lib.cli.common import (Command, add_json_argument, add_problem_arguments, block_size, config_from_args,
+                                emit_json, json_to_stdout)
 from svg_lib.problem import BLOG_SWEEP_V6E_MS
 from svg_lib.instruments.tpu.cost import (BLOG_RATIOS, EVIDENCE, MODEL_METHODS, REFERENCE_FILE, backward_tile_cost, cost_model,
                               filled_from, load_reference, tile_cost, training_model)
@@ -23,8 +23,7 @@ SWEEP_KINDS = ("free", "svg_masked", "idle")
 def _cost_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", choices=tuple(TARGETS), default=DEFAULT_TARGET,
                         help=f"TPU generation to compile for (default {DEFAULT_TARGET})")
-    add_problem_arguments(parser, blocks=True)
-    parser.set_defaults(preset="small")  # the problem flags override it; --preset blog for the case study
+    add_problem_arguments(parser, blocks=True, preset="small")  # --preset blog for the case study
     parser.add_argument("--block-kv-compute", type=block_size, metavar="C",
                         help="key chunk inside a tile (default: as kernels pick)")
     parser.add_argument("--sweep", action="store_true",
@@ -39,7 +38,7 @@ def _cost_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the method whose jax.grad --grad profiles (default b3; dense is the one whose tiles the "
                              "profile simulates: the others read their schedules from SMEM, which it reads as 0)")
     parser.add_argument("--refresh", action="store_true", help="recompile the probes even if cached")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    add_json_argument(parser, "also write the cycles, the model and what was asked for beside it as JSON to PATH")
 
 
 def _model_table(title: str, model: dict, blog: dict | None, failing: dict | None = None) -> str:
@@ -135,12 +134,12 @@ def _cost_run(args: argparse.Namespace) -> int:
         out["backward_cost"] = {k: v for k, v in bwd.to_json().items() if k != "raw"}
         out["training_model"] = training_model(config, cost, bwd)
     if args.grad:
-        step = profile_gradient(config, args.grad_method, args.target, show=not args.json)
+        step = profile_gradient(config, args.grad_method, args.target)
         out["grad_profile"] = step.to_json()
         out["grad_vs_model"] = model_of_profile(step, cost, bwd)
     out["tile_cost"].pop("raw", None)
-    if args.json:
-        print(json.dumps(out))
+    if json_to_stdout(args):  # the JSON takes the tables' place
+        emit_json(args, out)
         return 0
     print(cost.table())
     print()
@@ -166,6 +165,7 @@ def _cost_run(args: argparse.Namespace) -> int:
             blog_rel = f"{row['blog_ms'] / 54.12:.3f}" if row["blog_ms"] else ""
             print(f"  BQ {sq:5}  {row['model_cycles']:15,.0f}  vs BQ 3328 {rel:>6}   blog {row['blog_ms']} ms, "
                   f"vs BQ 3328 {blog_rel}")
+    emit_json(args, out)
     return 0
 
 

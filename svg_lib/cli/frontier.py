@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from svg_lib.cli.common import OUTPUT_NOTE, Command, add_json_argument, create_parent, output_file, say, write_json
+from svg_lib.cli.common import (OUTPUT_NOTE, Command, add_json_argument, create_parent, emit_json, json_to_stdout,
+                                output_file, say, write_json)
 from svg_lib.instruments.tools.frontier import DEFAULT_MASKS, MASKS, frontier, plot, table
 from svg_lib.instruments.tools.frontier_records import DEFAULT_POLICY, DENOISING_STEPS, RECORD_MASKS, run
 from svg_lib.layers.plan_reuse import RefreshPolicy
@@ -69,9 +70,11 @@ def _run(args: argparse.Namespace) -> int:
         result = run(rows=args.rows, masks=masks, policy=policy, bar=True)
         result["seconds"] = time.perf_counter() - start
         result["command"] = "python -m svg_lib frontier --json PATH" + (f" --rows {args.rows}" if args.rows != 64 else "")
-        write_json(args.json, result)
-        n = len(result["records"])
-        print(f"wrote {n} records to {args.json} ({result['seconds']:.0f} s)")
+        if json_to_stdout(args):
+            emit_json(args, result)
+        else:  # one line saying how many, where and how long, in place of emit_json's "wrote PATH"
+            write_json(args.json, result)
+            print(f"wrote {len(result['records'])} records to {args.json} ({result['seconds']:.0f} s)")
         return 0
     result = frontier(rows=args.rows, masks=masks, bar=True)
     plot(result, create_parent(args.plot))

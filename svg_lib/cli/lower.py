@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import asdict
 
 from svg_lib.cli.common import (
@@ -11,8 +10,8 @@ from svg_lib.cli.common import (
     add_config_arguments,
     add_json_argument,
     config_from_args,
+    emit_json,
     methods_from_args,
-    write_json,
 )
 from svg_lib.problem import PALLAS_METHODS
 from svg_lib.runtime import detect_runtime
@@ -43,10 +42,8 @@ def _lower_run(args: argparse.Namespace) -> int:
     print(f"{len(reports) - len(failed)} of {len(reports)} lowered"
           + (f"; FAILED: {', '.join(failed)}" if failed else "")
           + ". Lowering checks block shapes and ops; VMEM is the estimate above, not a compile.", flush=True)
-    if args.json:
-        write_json(args.json, {"config": config.to_json(), "runtime": asdict(runtime),
-                               "reports": [r.to_json() for r in reports]})
-        print(f"wrote {args.json}", file=sys.stderr)
+    emit_json(args, {"config": config.to_json(), "runtime": asdict(runtime),
+                     "reports": [r.to_json() for r in reports]})
     return 1 if failed else 0
 
 

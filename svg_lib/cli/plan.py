@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
-from svg_lib.cli.common import Command, UsageError, add_problem_arguments, problem_values
+from svg_lib.cli.common import (Command, UsageError, add_json_argument, add_problem_arguments, emit_json, problem_values,
+                                show)
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.masks import check_block_size
 from svg_lib.core.svg_masks import SVGMask
@@ -15,7 +15,7 @@ from svg_lib.teaching.plots import ascii_tile_map
 
 def _plan_arguments(parser: argparse.ArgumentParser) -> None:
     add_problem_arguments(parser, model=False)
-    parser.add_argument("--json", action="store_true", help="print only plan.stats as one JSON object")
+    add_json_argument(parser, "also write plan.stats (the counts above, by name) as JSON to PATH")
     parser.add_argument("--max-cols", type=int, default=100, metavar="C",
                         help="widest ASCII tile map before key tiles are grouped (default 100)")
 
@@ -84,10 +84,8 @@ def _plan_run(args: argparse.Namespace) -> int:
     geometry = VideoGeometry(settings["frames"], settings["height"], settings["width"], settings["text_tokens"])
     mask = SVGMask.spatial(geometry, settings["density"], first_frame_sink=not args.no_sink)
     plan = plan_tiles(mask, settings["block_q"], settings["block_kv"])
-    if args.json:
-        print(json.dumps(plan.stats))
-    else:
-        print(_describe_plan(plan, settings, args.preset, args.max_cols))
+    show(args, _describe_plan(plan, settings, args.preset, args.max_cols))
+    emit_json(args, plan.stats)
     return 0
 
 

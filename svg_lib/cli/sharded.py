@@ -13,21 +13,24 @@ from svg_lib.cli.common import (
     Command,
     UsageError,
     add_json_argument,
+    add_preset_argument,
     argument_type,
     block_size,
+    emit_json,
     positive_int,
-    write_json,
+    say,
 )
 from svg_lib.environment import INSTALL_HINT, has_libtpu
 from svg_lib.layers.multichip import PLACEMENTS
-from svg_lib.problem import PRESETS, get_preset
+from svg_lib.problem import get_preset
+from svg_lib.progress import bar, write
 from svg_lib.instruments.tpu.sharded import compile_sharded_layer
 
 
 def _sharded_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--permute", nargs="+", choices=PLACEMENTS, default=list(PLACEMENTS))
-    parser.add_argument("--preset", default="blog", choices=tuple(PRESETS),
-                        help="problem size whose mask is used (default: blog)")
+    parser.add_argument("--permute", nargs="+", choices=PLACEMENTS, default=list(PLACEMENTS),
+                        help=f"where the tokens are permuted, one compile each (default: {' '.join(PLACEMENTS)})")
+    add_preset_argument(parser, "blog", note="; its mask, head dim, dtype and tiles")
     parser.add_argument("--heads", type=positive_int, default=40,
                         help="heads of the layer, split over the chips (default 40)")
     parser.add_argument("--method", default="b3", choices=("b1", "b2", "b3"))
@@ -45,13 +48,19 @@ def _sharded_run(args: argparse.Namespace) -> int:
         raise UsageError("the TPU compiler (libtpu) is not installed. Install it with: " + INSTALL_HINT)
     preset = get_preset(args.preset)
     reports = []
+    say(f"sharded: {len(args.permute)} compile(s) of the {args.method} layer for {args.topology} on this CPU, "
+        "30 to 60 s of CPU time each; each result prints as it comes")
+    shown = bar(total=len(args.permute), desc="sharded", unit="compile")
     for permute in args.permute:
+        shown.set_description(f"sharded: permute {permute}")
         report = compile_sharded_layer(preset.mask(), permute=permute, heads=args.heads, head_dim=preset.head_dim,
                                        dtype=preset.dtype, method=args.method,
                                        block_q=args.block_q or preset.block_q, block_kv=args.block_kv or preset.block_kv,
                                        topology=args.topology)
-        print(report.describe(), flush=True)
+        write(report.describe())
         reports.append(report)
+        shown.update(1)
+    shown.close()
     if args.json:
         rows = []
         for r in reports:
@@ -60,7 +69,7 @@ def _sharded_run(args: argparse.Namespace) -> int:
             row["evidence"] = r.evidence
             row["jax"] = jax.__version__
             rows.append(row)
-        write_json(args.json, rows)
+        emit_json(args, rows)
     return 0
 
 

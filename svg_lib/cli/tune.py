@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from svg_lib.chips import TARGETS, check_target
 from svg_lib.cli.common import (
@@ -12,8 +11,10 @@ from svg_lib.cli.common import (
     add_json_argument,
     add_problem_arguments,
     block_sizes,
+    emit_json,
     problem_values,
-    write_json,
+    say,
+    show,
 )
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.masks import LANES
@@ -37,7 +38,7 @@ def _tune_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", metavar="NAME",
                         help=f"also compile each candidate for this TPU ({', '.join(TARGETS)}) with libtpu and "
                              "drop those the compiler refuses")
-    add_json_argument(parser, "also write the result as JSON to PATH")
+    add_json_argument(parser, "also write the result (every candidate timed) as JSON to PATH")
     parser.add_argument("--force", action="store_true",
                         help="run even when interpret mode would take hours (e.g. --preset blog on a CPU)")
 
@@ -90,16 +91,14 @@ def _tune_run(args: argparse.Namespace) -> int:
     if not runtime.compiled and work > INTERPRET_WORK_LIMIT and not args.force:
         raise UsageError(f"{config.tokens:,} tokens x {config.heads} heads in interpret mode on {runtime.platform} "
                          f"would take hours per candidate. Try `{PROG} tune --preset small`; --force runs it anyway")
-    print(f"tune: {config.geometry}, {config.heads} heads x {config.head_dim}, {config.dtype}, density "
-          f"{config.density}; method {args.method}", file=sys.stderr, flush=True)
+    say(f"tune: {config.geometry}, {config.heads} heads x {config.head_dim}, {config.dtype}, density "
+        f"{config.density}; method {args.method}")
     result = tune(config, method=args.method, candidates=candidates, repeats=args.repeats, warmup=args.warmup,
                   cache=not args.no_cache, progress=True, target=args.target)
-    print(result.table())
+    show(args, result.table())
     if result.from_cache:
-        print(f"(from cache: {result.cache_path}; --no-cache measures again)", file=sys.stderr)
-    if args.json:
-        write_json(args.json, result.to_json())
-        print(f"wrote {args.json}", file=sys.stderr)
+        say(f"(from cache: {result.cache_path}; --no-cache measures again)")
+    emit_json(args, result.to_json())
     return 0 if result.rows else 1
 
 

@@ -11,8 +11,8 @@ from svg_lib.cli.common import (
     argument_type,
     block_pair,
     block_size,
+    emit_json,
     say,
-    write_json,
 )
 from svg_lib.environment import INSTALL_HINT, has_libtpu
 from svg_lib.memory.vmem import SPLASH_METHODS
@@ -36,7 +36,7 @@ def _vmem_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="BQxBKV", help="block_q x block_kv pairs (default 512x512 1024x512 2048x1536)")
     parser.add_argument("--dtypes", nargs="+", choices=("bfloat16", "float32"), default=["bfloat16", "float32"])
     parser.add_argument("--block-kv-compute", nargs="+", type=block_size, default=None)
-    add_json_argument(parser, "write the results as JSON to PATH")
+    add_json_argument(parser, "also write every point's estimate and compile as JSON to PATH")
 
 
 def _sweep(args: argparse.Namespace) -> list:
@@ -65,7 +65,8 @@ def _largest(args: argparse.Namespace) -> list[dict]:
 
 def _vmem_run(args: argparse.Namespace) -> int:
     if not (args.sweep or args.largest):
-        raise UsageError("say --sweep or --largest")
+        raise UsageError("nothing asked: give --sweep (the estimate against the compiler on a grid of blocks) "
+                         "or --largest (the largest block_q per method and target), or both")
     if not has_libtpu():
         raise UsageError("the TPU compiler (libtpu) is not installed. Install it with: " + INSTALL_HINT)
     rows, bad = [], []
@@ -77,8 +78,7 @@ def _vmem_run(args: argparse.Namespace) -> int:
               f"{sum(c.conservative for c in checks)} where the estimate is conservative", flush=True)
     if args.largest:
         rows += _largest(args)
-    if args.json:
-        write_json(args.json, rows)
+    emit_json(args, rows)
     return 1 if bad else 0
 
 
