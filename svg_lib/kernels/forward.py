@@ -509,7 +509,7 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
 
     outs = tile_step_call(
         plan, sizes, q_shape=q.shape, tile=tile, start=start, finish=finish_tile,
-        mask_free=not record.masks_full_tiles, keeps=keeps,
+        method=record, keeps=keeps,
         inputs=("q", "k", "v", "key_norm"), operands=(q, k, v, key_norm_max(k)),
         extra_in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],  # [heads] f32 key-norm maxima
         outputs=("o", ("lse", residuals)), out_shapes=lambda q_map: _output_blocks(q, block_q, q_map, residuals),

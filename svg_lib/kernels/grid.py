@@ -11,8 +11,8 @@ body computes:
 
 This module owns those four; a kernel brings the rest (`tile_step_call`): the tile body, what a query
 tile starts and finishes with, its outputs and scratch, and optional `Hooks` that ride along every
-step (the observed forward's tile masses). The backward reads the same `Schedule` decoder and the
-same `dispatch`.
+step (the observed forward's tile masses). The backward reads its schedules through the same
+decoder (`ScheduleRows`) and picks its bodies by the same `dispatch`.
 
 The sizes of a tile travel as one value, `TileSizes`: `[block_q, head_dim]` query blocks,
 `[block_kv, head_dim]` key and value blocks, and the `[block_q, block_kv_compute]` score slices a
@@ -28,6 +28,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, schedule_entry
 from svg_lib.kernels.refs import KernelRefs
+from svg_lib.methods import Method
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,21 +59,43 @@ class TileSizes:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Schedule:
-    """A block-sparse kernel's scalar-prefetched tables and their one decoder.
+class ScheduleRows:
+    """A packed schedule: int32 `table` `[ceil(rows * steps / 2)]`, `rows` rows of `steps` 16-bit
+    entries, each the tile a grid step visits and its class, two entries to a word
+    (`planner.pack_schedule`). The forward's rows are query tiles (one block of them per kind of
+    head), the transposed schedule's key tiles."""
 
-    `table` int32 `[ceil(kinds * query_tiles * steps / 2)]`: one 16-bit entry per grid step, the key
-    tile to fetch and its class, two entries to a word (`planner.pack_schedule`, `stack_schedules`).
-    `head_kind` int32 `[heads]`: which of the `kinds` schedules head h follows. `head_order`: None,
-    or int32 `[heads]`, a permutation: grid row h runs head `head_order[h]`. All three sit in SMEM,
-    where the kernel and its index maps read them at every step.
+    table: object
+    rows: int
+    steps: int
+
+    @classmethod
+    def checked(cls, name: str, table, *, rows: int, steps: int):
+        """`table` as `rows` x `steps` entries, its shape checked before anything is traced."""
+        words = -(-rows * steps // 2)
+        if tuple(table.shape) != (words,):
+            raise ValueError(f"{name} must be int32 [{words}] for {rows} rows x {steps} steps "
+                             f"(planner.pack_schedule), got {tuple(table.shape)}")
+        return cls(table, rows, steps)
+
+    def entry(self, table_ref, row, s):
+        """(tile, class) of step `s` of row `row`, read from the table's SMEM ref: the kernels' one decoder."""
+        return schedule_entry(table_ref, row * self.steps + s)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Schedule:
+    """A block-sparse forward's scalar-prefetched tables and their decoder.
+
+    `packed`: the `kinds * query_tiles` rows of the kinds' schedules, kind by kind
+    (`planner.stack_schedules`; one kind for one mask). `head_kind` int32 `[heads]`: which kind head h
+    follows. `head_order`: None, or int32 `[heads]`, a permutation: grid row h runs head
+    `head_order[h]`. All of them sit in SMEM, where the kernel and its index maps read them at every step.
     """
 
     head_kind: object
-    table: object
-    steps: int
+    packed: ScheduleRows
     query_tiles: int
-    kinds: int
     head_order: object = None
 
     @classmethod
@@ -89,12 +112,17 @@ class Schedule:
         if head_order is not None and tuple(head_order.shape) != (heads,):
             raise ValueError(f"head_order must be int32 [{heads}], a permutation of the heads; "
                              f"got {tuple(head_order.shape)}")
-        return cls(head_kind, table, steps, nq, kinds, head_order)
+        return cls(head_kind, ScheduleRows(table, kinds * nq, steps), nq, head_order)
+
+    @property
+    def steps(self) -> int:
+        """Grid steps per query tile."""
+        return self.packed.steps
 
     @property
     def tables(self) -> tuple:
         """What `pallas_call` scalar-prefetches, in the order of `prefetch`."""
-        return (self.head_kind, self.table) + (() if self.head_order is None else (self.head_order,))
+        return (self.head_kind, self.packed.table) + (() if self.head_order is None else (self.head_order,))
 
     @property
     def prefetch(self) -> tuple:
@@ -109,7 +137,7 @@ class Schedule:
     def entry(self, h, i, s, *, head_kind_ref, schedule_ref, head_order_ref):
         """(key tile, class) of grid step (h, i, s): entry (kind, i, s) of the table."""
         kind = head_kind_ref[self.head(h, head_order_ref)]
-        return schedule_entry(schedule_ref, (kind * self.query_tiles + i) * self.steps + s)
+        return self.packed.entry(schedule_ref, kind * self.query_tiles + i, s)
 
     def q_map(self, h, i, s, **tables):
         """The query (and output) block of grid step (h, i, s): its head's query tile i."""
@@ -134,11 +162,12 @@ class Step:
     refs: dict
 
 
-def dispatch(cls, free: Callable, masked: Callable, *, mask_free: bool):
-    """Run the body a step of class `cls` asks for: with `mask_free`, `free()` on FULL tiles and
-    `masked()` on PARTIAL ones; without (B1's cost), `masked()` on every tile that is not EMPTY.
-    An EMPTY step runs nothing. Every branch is compiled, so a kernel holds one copy per body."""
-    if not mask_free:
+def dispatch(cls, free: Callable, masked: Callable, *, method: Method):
+    """Run the body a step of class `cls` asks for, as `method`'s record says: `free()` on FULL tiles
+    and `masked()` on PARTIAL ones, or, where it masks full tiles too (B1's cost), `masked()` on every
+    tile that is not EMPTY. An EMPTY step runs nothing. Every branch is compiled, so a kernel holds
+    one copy per body."""
+    if method.masks_full_tiles:
         pl.when(cls != EMPTY)(masked)
     else:
         pl.when(cls == FULL)(free)
@@ -166,7 +195,7 @@ class Hooks:
     finish: Callable | None = None
 
 
-def tile_step_call(schedule: Schedule, sizes: TileSizes, *, q_shape, tile, start, finish, mask_free: bool, keeps,
+def tile_step_call(schedule: Schedule, sizes: TileSizes, *, q_shape, tile, start, finish, method: Method, keeps,
                    inputs, operands, extra_in_specs, outputs, out_shapes, scratch, scratch_shapes, hooks=None,
                    compiler_params, interpret, name):
     """A `pallas_call` over grid `(heads, query tiles, schedule.steps)` running the tile step.
@@ -176,7 +205,8 @@ def tile_step_call(schedule: Schedule, sizes: TileSizes, *, q_shape, tile, start
     `operands` all of them in that order. `outputs`: KernelRefs entries, their `out_shapes(schedule)`
     the `[(ShapeDtypeStruct, BlockSpec)]` of those present; `scratch` and `scratch_shapes` likewise.
 
-    Per step: `tile(body, step)` -> `run(keep)`, where `body` is the tile body (None: the kernel's
+    `method`: the record whose fields pick each step's body (`dispatch`). Per step: `tile(body, step)`
+    -> `run(keep)`, where `body` is the tile body (None: the kernel's
     own; a hook's in its place) and `keep` None (a mask-free tile) or a predicate, one of `keeps`,
     one per kind of head; `start(step)` on a query tile's first step, `finish(step)` on its last.
     Returns the list of outputs.
@@ -204,7 +234,7 @@ def tile_step_call(schedule: Schedule, sizes: TileSizes, *, q_shape, tile, start
             if hooks.start is not None:
                 hooks.start(step)
 
-        dispatch(cls, lambda: run(None), masked_tile, mask_free=mask_free)
+        dispatch(cls, lambda: run(None), masked_tile, method=method)
 
         @pl.when(s == schedule.steps - 1)
         def _():

@@ -199,8 +199,8 @@ def observed_block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stag
         """The tile body with skip-softmax in its place and the tile mass's record after it."""
         tile_body = default
         if skip_below is not None:
-            tile_body = functools.partial(skip_softmax_tile, threshold=float(skip_below), seen_ref=step.refs["seen_ref"],
-                                          q_tokens=partial_tail(q_tokens, block_q))
+            tile_body = functools.partial(skip_softmax_tile, threshold=float(skip_below),
+                                          seen_ref=step.refs["seen_ref"], q_tokens=partial_tail(q_tokens, block_q))
         return functools.partial(recording_tile, mass=mass(step), body=tile_body) if tile_mass else tile_body
 
     def finish_mass(step):
