@@ -14,6 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from svg_lib.core.planner import EMPTY, PARTIAL
+
 
 @dataclass(frozen=True)
 class Method:
@@ -63,6 +67,19 @@ class Method:
         return self.full_step is not None and self.full_step != "free"
 
     @property
+    def rounds_to_tiles(self) -> bool:
+        """Computes the mask rounded to whole tiles (B3): its plan is the tile-aligned mask's."""
+        return self.computes == "tile_aligned"
+
+    def step_classes(self, classes):
+        """The tile classes `[nq, nk]` (or any array of them) as its kernel runs them: a kernel that
+        masks full tiles too (B1) runs every visited tile as PARTIAL; the others run the plan's own."""
+        classes = np.asarray(classes)
+        if self.masks_full_tiles:
+            return np.where(classes != EMPTY, PARTIAL, EMPTY).astype(classes.dtype)
+        return classes
+
+    @property
     def dense(self) -> bool:
         """Computes every pair (the baselines): it ignores any mask."""
         return self.computes == "all"
@@ -72,7 +89,7 @@ class Method:
         attention, `mask` for an exact method, `mask.tile_aligned(...)` for B3."""
         if self.computes == "all" or mask is None:
             return None
-        return mask.tile_aligned(block_q, block_kv) if self.computes == "tile_aligned" else mask
+        return mask.tile_aligned(block_q, block_kv) if self.rounds_to_tiles else mask
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
