@@ -53,10 +53,6 @@ class TileSizes:
         """Key slices per tile: how often a tile body runs its loop."""
         return self.block_kv // self.block_kv_compute
 
-    def query_tiles(self, tokens: int) -> int:
-        """Query tiles over `tokens` rows, the last one partial where they do not divide."""
-        return -(-tokens // self.block_q)
-
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ScheduleRows:
@@ -179,8 +175,9 @@ class Hooks:
     """Work that rides along a block-sparse kernel's steps without changing its result.
 
     `outputs`, `scratch`: `KernelRefs` entries of the extra refs, after the kernel's own; their
-    `out_shapes(schedule)` -> `[(ShapeDtypeStruct, BlockSpec)]` and `scratch_shapes`. `body(body,
-    step)` -> the tile body to run in its place (called once per step, inside the step's trace);
+    `out_shapes(q_map)` -> `[(ShapeDtypeStruct, BlockSpec)]` (q_map: the query block's index map) and
+    `scratch_shapes`. `body(body, step)` -> the tile body to run in place of the kernel's `body`
+    (called once per step, inside the step's trace);
     `start(step)`, `finish(step)`: after the kernel's own start of a query tile and its own finish.
     `name`: what the kernel's name adds (its kernels are told apart in a profile).
     """
@@ -188,7 +185,7 @@ class Hooks:
     name: str = ""
     outputs: tuple = ()
     scratch: tuple = ()
-    out_shapes: Callable = lambda schedule: []
+    out_shapes: Callable = lambda q_map: []
     scratch_shapes: tuple = ()
     body: Callable | None = None
     start: Callable | None = None
@@ -202,12 +199,12 @@ def tile_step_call(schedule: Schedule, sizes: TileSizes, *, q_shape, tile, start
 
     q_shape `(heads, tokens, head_dim)`. The inputs are q, k, v (`[heads, tokens, head_dim]`,
     blocks fetched by the schedule) then `extra_in_specs`' (named after them in `inputs`);
-    `operands` all of them in that order. `outputs`: KernelRefs entries, their `out_shapes(schedule)`
+    `operands` all of them in that order. `outputs`: KernelRefs entries, their `out_shapes(q_map)`
     the `[(ShapeDtypeStruct, BlockSpec)]` of those present; `scratch` and `scratch_shapes` likewise.
 
-    `method`: the record whose fields pick each step's body (`dispatch`). Per step: `tile(body, step)`
-    -> `run(keep)`, where `body` is the tile body (None: the kernel's
-    own; a hook's in its place) and `keep` None (a mask-free tile) or a predicate, one of `keeps`,
+    `method`: the record whose fields pick each step's body (`dispatch`). Per step: `tile(wrap, step)`
+    -> `run(keep)`, where `wrap` is None (the kernel's own tile body) or maps that body to the one
+    to run instead (`Hooks.body`), and `keep` None (a mask-free tile) or a predicate, one of `keeps`,
     one per kind of head; `start(step)` on a query tile's first step, `finish(step)` on its last.
     Returns the list of outputs.
     """
