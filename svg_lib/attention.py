@@ -86,7 +86,7 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
 
     if not record.pallas:
         return jax.jit(lambda q, k, v: reference_attention(q, k, v, mask))
-    if record.computes == "all":
+    if record.dense:
         mask = None  # dense methods ignore any mask given; they are the baselines
 
     block_q = check_block_size("block_q", block_q)

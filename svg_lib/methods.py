@@ -14,6 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from svg_lib.core.planner import EMPTY, PARTIAL
+
 
 @dataclass(frozen=True)
 class Method:
@@ -26,7 +30,10 @@ class Method:
     its kernel computes, "all" (dense attention), "exact" (the mask as given) or "tile_aligned" (the
     mask rounded to whole tiles, `Mask.tile_aligned`). full_step / partial_step: the body a FULL /
     PARTIAL tile of its plan runs (None: not a planned method). backward: whether the series has a
-    backward kernel of its own for it (`svg_lib.kernels.backward`).
+    backward kernel of its own for it (`svg_lib.kernels.backward`). tile_masks: whether its kernel
+    builds a mask in VMEM on the tiles it masks, two int32 index slices and a bool per score element
+    (`svg_lib.memory.vmem`; dense's on the key tile past the end); Splash's depends on its mask's
+    form, which the record cannot know.
     """
 
     name: str
@@ -38,6 +45,7 @@ class Method:
     full_step: str | None = None
     partial_step: str | None = None
     backward: bool = False
+    tile_masks: bool = False
 
     @property
     def pallas(self) -> bool:
@@ -59,6 +67,19 @@ class Method:
         return self.full_step is not None and self.full_step != "free"
 
     @property
+    def rounds_to_tiles(self) -> bool:
+        """Computes the mask rounded to whole tiles (B3): its plan is the tile-aligned mask's."""
+        return self.computes == "tile_aligned"
+
+    def step_classes(self, classes):
+        """The tile classes `[nq, nk]` (or any array of them) as its kernel runs them: a kernel that
+        masks full tiles too (B1) runs every visited tile as PARTIAL; the others run the plan's own."""
+        classes = np.asarray(classes)
+        if self.masks_full_tiles:
+            return np.where(classes != EMPTY, PARTIAL, EMPTY).astype(classes.dtype)
+        return classes
+
+    @property
     def dense(self) -> bool:
         """Computes every pair (the baselines): it ignores any mask."""
         return self.computes == "all"
@@ -68,17 +89,17 @@ class Method:
         attention, `mask` for an exact method, `mask.tile_aligned(...)` for B3."""
         if self.computes == "all" or mask is None:
             return None
-        return mask.tile_aligned(block_q, block_kv) if self.computes == "tile_aligned" else mask
+        return mask.tile_aligned(block_q, block_kv) if self.rounds_to_tiles else mask
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("reference", "reference", "reference", None, False, "exact"),
-    Method("dense", "dense", "svg_lib", "dense", False, "all", backward=True),
+    Method("dense", "dense", "svg_lib", "dense", False, "all", backward=True, tile_masks=True),
     Method("splash_dense", "B0", "splash", None, False, "all"),
     Method("splash", "Splash", "splash", None, True, "exact"),
-    Method("b1", "B1", "svg_lib", "b1", True, "exact", "svg_masked", "svg_masked", backward=True),
-    Method("b2", "B2", "svg_lib", "b2", True, "exact", "free", "svg_masked", backward=True),
-    Method("b3", "B3", "svg_lib", "b3", True, "tile_aligned", "free", "padding_masked", backward=True),
+    Method("b1", "B1", "svg_lib", "b1", True, "exact", "svg_masked", "svg_masked", backward=True, tile_masks=True),
+    Method("b2", "B2", "svg_lib", "b2", True, "exact", "free", "svg_masked", backward=True, tile_masks=True),
+    Method("b3", "B3", "svg_lib", "b3", True, "tile_aligned", "free", "padding_masked", backward=True, tile_masks=True),
 )}
 
 BASELINE = "splash_dense"  # B0, what the case study's speedups are against
@@ -90,6 +111,7 @@ SPLASH_METHODS = tuple(n for n, m in METHODS.items() if m.splash)
 PLANNED_METHODS = tuple(n for n, m in METHODS.items() if m.planned)
 STAGES = tuple(m.stage for m in METHODS.values() if m.stage)          # the svg_lib kernels' stages
 MASKED_METHODS = tuple(n for n, m in METHODS.items() if m.needs_mask)
+BACKWARD_METHODS = tuple(n for n, m in METHODS.items() if m.backward)  # the stages with backward kernels
 
 
 def check_method(name, among=None, *, what: str = "method") -> Method:

@@ -8,8 +8,8 @@ import importlib
 
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.svg_masks import SVGMask
-from svg_lib.methods import (BASELINE, MASKED_METHODS, METHODS, PALLAS_METHODS, PLANNED_METHODS, SPLASH_METHODS,
-                             check_method, check_methods)
+from svg_lib.methods import (BACKWARD_METHODS, BASELINE, MASKED_METHODS, METHODS, PALLAS_METHODS, PLANNED_METHODS,
+                             SPLASH_METHODS, check_method, check_methods)
 from svg_lib.problem import PALLAS_METHODS as PROBLEM_PALLAS_METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +34,13 @@ def test_the_mask_each_kernel_computes():
     aligned = METHODS["b3"].computed_mask(MASK, 128, 256)
     assert (aligned.to_dense() == MASK.tile_aligned(128, 256).to_dense()).all()
     assert [n for n, m in METHODS.items() if m.masks_full_tiles] == ["b1"]
+
+
+def test_what_the_memory_estimates_read_off_the_records():
+    # every series kernel builds masks in VMEM on some tiles (dense: key padding), and the VMEM
+    # estimate counts them from this field: a new stage without it would be estimated too small
+    assert [n for n, m in METHODS.items() if m.tile_masks] == [n for n, m in METHODS.items() if m.family == "svg_lib"]
+    assert BACKWARD_METHODS == ("dense", "b1", "b2", "b3")
 
 
 def test_bad_names_are_refused_with_the_valid_ones():

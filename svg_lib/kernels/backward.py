@@ -52,10 +52,11 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from svg_lib.core.planner import EMPTY, FULL, PARTIAL, KernelTables, schedule_entry
-from svg_lib.methods import METHODS
+from svg_lib.core.planner import FULL, PARTIAL, KernelTables
 from svg_lib.kernels.forward import (MASK_VALUE, NN, NT, dot, partial_tail, real_part, token_ids,
                                      unroll_chunks)
+from svg_lib.kernels.grid import ScheduleRows, dispatch
+from svg_lib.methods import METHODS
 
 TN = (((0,), (0,)), ((), ()))  # dot_general dimensions of a^T @ b: contract both operands' first dims
 
@@ -140,12 +141,8 @@ def _dkv_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, *, k
 
 
 def _visit(stage, cls, tile):
-    """Run `tile(masked)` for a step of class `cls`, the forward's way for `stage`."""
-    if METHODS[stage].masks_full_tiles:  # B1: every visited tile masks
-        pl.when(cls != EMPTY)(functools.partial(tile, True))
-    else:              # B2, B3 (and dense): FULL tiles mask-free
-        pl.when(cls == FULL)(functools.partial(tile, False))
-        pl.when(cls == PARTIAL)(functools.partial(tile, True))
+    """Run `tile(masked)` for a step of class `cls`, the forward's way for `stage` (`grid.dispatch`)."""
+    dispatch(cls, functools.partial(tile, False), functools.partial(tile, True), method=METHODS[stage])
 
 
 def _tile_reader(name, schedule, rows, steps, padding_class):
@@ -159,14 +156,8 @@ def _tile_reader(name, schedule, rows, steps, padding_class):
     """
     if schedule is None:
         return (), lambda prefetch, row, s: (s, padding_class(row, s))
-    words = -(-rows * steps // 2)
-    if tuple(schedule.shape) != (words,):
-        raise ValueError(f"{name} must be int32 [{words}] for {rows} rows x {steps} steps "
-                         f"(planner.pack_schedule), got {tuple(schedule.shape)}")
-
-    def step_at(prefetch, row, s):
-        return schedule_entry(prefetch[0], row * steps + s)
-    return (schedule,), step_at
+    packed = ScheduleRows.checked(name, schedule, rows=rows, steps=steps)
+    return (schedule,), lambda prefetch, row, s: packed.entry(prefetch[0], row, s)
 
 
 def _padding_class(block_kv, tokens):

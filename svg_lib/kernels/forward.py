@@ -66,7 +66,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from svg_lib.core.planner import EMPTY, FULL, PARTIAL, schedule_entry
+from svg_lib.kernels.grid import Schedule, TileSizes, row_block, tile_step_call
 from svg_lib.kernels.refs import KernelRefs
 from svg_lib.methods import PLANNED_METHODS, check_method
 
@@ -363,16 +363,18 @@ def _outputs(q, block_q, index_map, residuals):
     """out_shape and out_specs: the output `[heads, tokens, head_dim]`, and with `residuals` the
     per-row log-sum-exp `[heads, 1, tokens]` f32, one value per query row, the layout the
     backward's kernels read (a row that broadcasts down sublanes)."""
+    shaped = _output_blocks(q, block_q, index_map, residuals)
+    shapes, specs = tuple(shape for shape, _ in shaped), tuple(spec for _, spec in shaped)
+    return (shapes, specs) if residuals else (shapes[0], specs[0])
+
+
+def _output_blocks(q, block_q, index_map, residuals):
+    """`[(ShapeDtypeStruct, BlockSpec)]` of the output and, with `residuals`, the log-sum-exp (`_outputs`)."""
     heads, tokens, head_dim = q.shape
-    shapes = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
-    specs = [pl.BlockSpec((None, block_q, head_dim), index_map)]
+    shaped = [(jax.ShapeDtypeStruct(q.shape, q.dtype), pl.BlockSpec((None, block_q, head_dim), index_map))]
     if residuals:
-        def row_map(*grid_and_tables):  # the output's block (h, i, 0) as a row block (h, 0, i)
-            h, i, _ = index_map(*grid_and_tables)
-            return h, 0, i
-        shapes.append(jax.ShapeDtypeStruct((heads, 1, tokens), jnp.float32))
-        specs.append(pl.BlockSpec((None, 1, block_q), row_map))
-    return (tuple(shapes), tuple(specs)) if residuals else (shapes[0], specs[0])
+        shaped.append((jax.ShapeDtypeStruct((heads, 1, tokens), jnp.float32), row_block(index_map, block_q)))
+    return shaped
 
 
 def softmax_scratch(block_q, head_dim, bounded=False):
@@ -450,25 +452,9 @@ def dense_flash_attention(q, k, v, *, block_q, block_kv, block_kv_compute, inter
 
 # -- block-sparse: B1, B2, B3 ---------------------------------------------------------------
 
-def schedule_tables(q, head_kind, schedule, *, steps, keep, block_q, head_order=None):
-    """(keeps, tables): the predicates as a tuple, one per kind of head, and the scalar-prefetched
-    tables `(head_kind, schedule[, head_order])`, their shapes checked against q `[heads, tokens,
-    head_dim]`, the kinds, the query tiles and `steps` before anything is traced."""
-    keeps = keep if isinstance(keep, tuple) else (keep,)
-    heads, q_tokens, _ = q.shape
-    nq = -(-q_tokens // block_q)
-    words = -(-len(keeps) * nq * steps // 2)
-    if tuple(schedule.shape) != (words,) or tuple(head_kind.shape) != (heads,):
-        raise ValueError(f"for {len(keeps)} kind(s) x {nq} query tiles x {steps} steps and {heads} heads the "
-                         f"schedule must be int32 [{words}] and head_kind int32 [{heads}] (planner.pack_schedule / "
-                         f"stack_schedules); got {tuple(schedule.shape)} and {tuple(head_kind.shape)}")
-    if head_order is not None and tuple(head_order.shape) != (heads,):
-        raise ValueError(f"head_order must be int32 [{heads}], a permutation of the heads; got {tuple(head_order.shape)}")
-    return keeps, (head_kind, schedule) + (() if head_order is None else (head_order,))
-
-
 def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, block_q, block_kv,
-                           block_kv_compute, interpret, vmem_limit_bytes=None, residuals=False, head_order=None):
+                           block_kv_compute, interpret, vmem_limit_bytes=None, residuals=False, head_order=None,
+                           hooks=None):
     """B1 / B2 / B3 over a planner schedule.
 
     schedule: int32 `[ceil(kinds * nq * steps / 2)]` from the planner (`TilePlan.schedule`,
@@ -487,79 +473,47 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
     splits the grid's head rows into contiguous halves between its two cores; the routed layer
     gives an order that balances the kinds between them (`routing.balanced_order`) without
     moving any array.
+
+    The grid, the schedule's decoding and the choice of body per step are `grid.tile_step_call`'s;
+    this kernel brings the online-softmax tile with its bounded max, its start and its finish.
+    `hooks` (`grid.Hooks`, e.g. the observed forward's tile masses) append their outputs after these.
     """
     record = check_method(stage, PLANNED_METHODS, what="block-sparse stage")
-    keeps, tables = schedule_tables(q, head_kind, schedule, steps=steps, keep=keep, block_q=block_q,
-                                    head_order=head_order)
-    heads, q_tokens, head_dim = q.shape
-    tokens = k.shape[1]
-    nq = -(-q_tokens // block_q)
-    refs = KernelRefs(prefetch=("head_kind", "schedule", ("head_order", head_order is not None)),
-                      inputs=("q", "k", "v", "key_norm"), outputs=("o", ("lse", residuals)),
-                      scratch=("m", "l", "acc", "flag"))
+    keeps = keep if isinstance(keep, tuple) else (keep,)
+    sizes = TileSizes(block_q, block_kv, block_kv_compute)
+    plan = Schedule.checked(q.shape, head_kind, schedule, steps=steps, kinds=len(keeps), block_q=block_q,
+                            head_order=head_order)
+    q_tokens, tokens = q.shape[1], k.shape[1]
     on_cpu = plain_interpreter(interpret)
+    bodies = tile_bodies(len(keeps), mask_free=not record.masks_full_tiles)
 
-    def head_of(h, head_order_ref):
-        """The head that grid row h runs: h, or head_order[h]."""
-        return h if head_order_ref is None else head_order_ref[h]
+    def tile(wrap, step):
+        """`run(keep)`: this step's tile body under the bounded max (`visit`)."""
+        r = step.refs
+        body = functools.partial(online_softmax_tile if wrap is None else wrap(online_softmax_tile),
+                                 r["q_ref"], r["k_ref"], r["v_ref"], r["m_ref"], r["l_ref"], r["acc_ref"],
+                                 q_start=step.i * block_q, k_start=step.kv_tile * block_kv,
+                                 block_kv_compute=block_kv_compute, interpret=on_cpu,
+                                 kv_tokens=partial_tail(tokens, block_kv), bodies=bodies)
+        switch = functools.partial(try_bound, r["q_ref"], r["m_ref"], r["l_ref"], r["acc_ref"], r["flag_ref"],
+                                   r["key_norm_ref"][step.head], on_cpu, q_start=step.i * block_q,
+                                   q_tokens=partial_tail(q_tokens, block_q))
+        return lambda keep: visit(body, keep, r["flag_ref"], switch)
 
-    def step_of(h, i, s, head_kind_ref, schedule_ref, head_order_ref):
-        """(key tile, class) of grid step (h, i, s): entry (kind, i, s) of the schedule."""
-        return schedule_entry(schedule_ref, (head_kind_ref[head_of(h, head_order_ref)] * nq + i) * steps + s)
+    def start(step):
+        init_state(*(step.refs[n] for n in ("m_ref", "l_ref", "acc_ref", "flag_ref")))
 
-    def kernel(*, head_kind_ref, schedule_ref, head_order_ref, q_ref, k_ref, v_ref, key_norm_ref, o_ref, lse_ref,
-               m_ref, l_ref, acc_ref, flag_ref):
-        h, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-        head = head_of(h, head_order_ref)
-        kv_tile, cls = step_of(h, i, s, head_kind_ref, schedule_ref, head_order_ref)
-        body = functools.partial(online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
-                                 q_start=i * block_q, k_start=kv_tile * block_kv, block_kv_compute=block_kv_compute,
-                                 interpret=on_cpu, kv_tokens=partial_tail(tokens, block_kv),
-                                 bodies=tile_bodies(len(keeps), mask_free=not record.masks_full_tiles))
-        switch = functools.partial(try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[head], on_cpu,
-                                   q_start=i * block_q, q_tokens=partial_tail(q_tokens, block_q))
-        tile = lambda keep: visit(body, keep, flag_ref, switch)  # noqa: E731
+    def finish_tile(step):
+        r = step.refs
+        finish(r["m_ref"], r["l_ref"], r["acc_ref"], r["o_ref"], on_cpu, r["lse_ref"])
 
-        def masked_tile():  # the predicate of this head's kind (one kind unless routing)
-            for kind, keep_kind in enumerate(keeps):
-                pl.when(head_kind_ref[head] == kind)(functools.partial(tile, keep_kind))
-
-        @pl.when(s == 0)
-        def _():
-            init_state(m_ref, l_ref, acc_ref, flag_ref)
-
-        if record.masks_full_tiles:  # B1: skip empty tiles, but mask every visited one
-            pl.when(cls != EMPTY)(masked_tile)
-        else:              # B2, B3: a full tile takes the mask-free path
-            pl.when(cls == FULL)(lambda: tile(None))
-            pl.when(cls == PARTIAL)(masked_tile)
-
-        @pl.when(s == steps - 1)
-        def _():
-            finish(m_ref, l_ref, acc_ref, o_ref, on_cpu, lse_ref)
-
-    @refs.index_map
-    def q_map(h, i, s, *, head_kind_ref, schedule_ref, head_order_ref):
-        return head_of(h, head_order_ref), i, 0
-
-    @refs.index_map
-    def kv_map(h, i, s, *, head_kind_ref, schedule_ref, head_order_ref):
-        return head_of(h, head_order_ref), step_of(h, i, s, head_kind_ref, schedule_ref, head_order_ref)[0], 0
-
-    out_shape, out_specs = _outputs(q, block_q, q_map, residuals)
-    return pl.pallas_call(
-        refs.kernel(kernel),
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=len(tables),
-            grid=(heads, nq, steps),
-            in_specs=[pl.BlockSpec((None, block_q, head_dim), q_map),
-                      pl.BlockSpec((None, block_kv, head_dim), kv_map),
-                      pl.BlockSpec((None, block_kv, head_dim), kv_map),
-                      pl.BlockSpec(memory_space=pltpu.SMEM)],  # [heads] f32 key-norm maxima
-            out_specs=out_specs,
-            scratch_shapes=softmax_scratch(block_q, head_dim, bounded=True)),
-        out_shape=out_shape,
-        compiler_params=compiler_params(vmem_limit_bytes),
-        interpret=interpret,
-        name=f"{stage}_block_sparse_attention",
-    )(*tables, q, k, v, key_norm_max(k))
+    outs = tile_step_call(
+        plan, sizes, q_shape=q.shape, tile=tile, start=start, finish=finish_tile,
+        method=record, keeps=keeps,
+        inputs=("q", "k", "v", "key_norm"), operands=(q, k, v, key_norm_max(k)),
+        extra_in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],  # [heads] f32 key-norm maxima
+        outputs=("o", ("lse", residuals)), out_shapes=lambda q_map: _output_blocks(q, block_q, q_map, residuals),
+        scratch=("m", "l", "acc", "flag"), scratch_shapes=softmax_scratch(block_q, q.shape[2], bounded=True),
+        hooks=hooks, compiler_params=compiler_params(vmem_limit_bytes), interpret=interpret,
+        name=f"{stage}_{'' if hooks is None else hooks.name + '_'}block_sparse_attention")
+    return outs[0] if len(outs) == 1 else tuple(outs)

@@ -1,15 +1,16 @@
 """The block-sparse forward that also reports what each tile weighed, and skip-softmax beside it.
 
 `observed_block_sparse_attention` is `forward.block_sparse_attention` (the same grid, schedule,
-tile body, bounded max and finish: its output and lse are bit-identical) with two options:
+tile body, bounded max and finish: its output and lse are bit-identical) with two options, added as
+`grid.Hooks` on that kernel's tile step:
 
 * `tile_mass` (on by default here): a side output f32 `[heads, nq * steps]`, aligned with the
   schedule: for grid step (h, i, s) the softmax mass of the tile it visited, for planning the next
   denoising step's tiles from this one's (`layers.next_plan`). 0 at idle steps.
 * `skip_below` (off by default): skip-softmax, a lossy branch (`skip_softmax_tile`).
 
-The series' kernels in `forward` are left exactly as they are (the probes' digest and the notebooks'
-excerpts of their source read them); this module reuses their pieces.
+Without these hooks the series' kernels in `forward` trace exactly as before (the probes' digest
+reads them); the hooks only add their own work beside the tile body, the start and the finish.
 
 The statistic: the tile's softmax mass, the share of each row's probability (over the keys the row
 computes) that falls in the tile, averaged over the query tile's real rows. It is exact (no bound,
@@ -40,13 +41,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from svg_lib.core.planner import EMPTY, FULL, PARTIAL, schedule_entry
-from svg_lib.kernels.forward import (LANES, MASK_VALUE, NN, NT, _lane_sum, _lanes, _outputs, compiler_params, dot,
-                                     finish, init_state, key_norm_max, online_softmax_tile, partial_tail,
-                                     plain_interpreter, real_part, schedule_tables, softmax_scratch, token_ids,
-                                     tile_bodies, try_bound, unroll_chunks, visit)
-from svg_lib.kernels.refs import KernelRefs
-from svg_lib.methods import PLANNED_METHODS, check_method
+from svg_lib.kernels.forward import (LANES, MASK_VALUE, NN, NT, _lane_sum, _lanes, block_sparse_attention, dot,
+                                     online_softmax_tile, partial_tail, plain_interpreter, real_part, token_ids,
+                                     unroll_chunks)
+from svg_lib.kernels.grid import Hooks, row_block
 
 
 # -- the tile mass ----------------------------------------------------------------------------
@@ -190,106 +188,42 @@ def observed_block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stag
     if skip_below is not None and (isinstance(skip_below, bool) or not isinstance(skip_below, (int, float))
                                    or not skip_below > 0):
         raise ValueError(f"skip_below must be None or a number > 0 (a gap in logits), got {skip_below!r}")
-    record = check_method(stage, PLANNED_METHODS, what="block-sparse stage")
-    keeps, tables = schedule_tables(q, head_kind, schedule, steps=steps, keep=keep, block_q=block_q,
-                                    head_order=head_order)
-    heads, q_tokens, head_dim = q.shape
-    tokens = k.shape[1]
-    nq = -(-q_tokens // block_q)
-    skip = skip_below is not None
-    refs = KernelRefs(prefetch=("head_kind", "schedule", ("head_order", head_order is not None)),
-                      inputs=("q", "k", "v", "key_norm"), outputs=("o", ("lse", residuals), ("mass", tile_mass)),
-                      scratch=("m", "l", "acc", "flag", ("record", tile_mass), ("m_record", tile_mass),
-                               ("seen", skip)))
     on_cpu = plain_interpreter(interpret)
+    heads, q_tokens, _ = q.shape
     lanes = tile_mass_lanes(steps)
 
-    def head_of(h, head_order_ref):
-        return h if head_order_ref is None else head_order_ref[h]
+    def mass(step):
+        return TileMass(step.refs["record_ref"], step.refs["m_record_ref"], step.s, on_cpu)
 
-    def step_of(h, i, s, head_kind_ref, schedule_ref, head_order_ref):
-        return schedule_entry(schedule_ref, (head_kind_ref[head_of(h, head_order_ref)] * nq + i) * steps + s)
+    def body(default, step):
+        """The tile body with skip-softmax in its place and the tile mass's record after it."""
+        tile_body = default
+        if skip_below is not None:
+            tile_body = functools.partial(skip_softmax_tile, threshold=float(skip_below),
+                                          seen_ref=step.refs["seen_ref"], q_tokens=partial_tail(q_tokens, block_q))
+        return functools.partial(recording_tile, mass=mass(step), body=tile_body) if tile_mass else tile_body
 
-    def kernel(*, head_kind_ref, schedule_ref, head_order_ref, q_ref, k_ref, v_ref, key_norm_ref, o_ref, lse_ref,
-               mass_ref, m_ref, l_ref, acc_ref, flag_ref, record_ref, m_record_ref, seen_ref):
-        h, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-        head = head_of(h, head_order_ref)
-        kv_tile, cls = step_of(h, i, s, head_kind_ref, schedule_ref, head_order_ref)
-        mass = TileMass(record_ref, m_record_ref, s, on_cpu) if tile_mass else None
-        tile_body = (functools.partial(skip_softmax_tile, threshold=float(skip_below), seen_ref=seen_ref,
-                                       q_tokens=partial_tail(q_tokens, block_q)) if skip
-                     else online_softmax_tile)
-        if mass is not None:
-            tile_body = functools.partial(recording_tile, mass=mass, body=tile_body)
-        body = functools.partial(tile_body, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
-                                 q_start=i * block_q, k_start=kv_tile * block_kv, block_kv_compute=block_kv_compute,
-                                 interpret=on_cpu, kv_tokens=partial_tail(tokens, block_kv),
-                                 bodies=tile_bodies(len(keeps), mask_free=not record.masks_full_tiles))
-        switch = functools.partial(try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[head], on_cpu,
-                                   q_start=i * block_q, q_tokens=partial_tail(q_tokens, block_q))
-        tile = lambda keep: visit(body, keep, flag_ref, switch)  # noqa: E731
+    def finish_mass(step):
+        finish_tile_mass(step.refs["m_ref"], step.refs["l_ref"], mass(step), step.refs["mass_ref"],
+                         q_start=step.i * block_q, q_tokens=q_tokens, interpret=on_cpu)
 
-        def masked_tile():
-            for kind, keep_kind in enumerate(keeps):
-                pl.when(head_kind_ref[head] == kind)(functools.partial(tile, keep_kind))
-
-        @pl.when(s == 0)
-        def _():
-            init_state(m_ref, l_ref, acc_ref, flag_ref)
-            if mass is not None:
-                mass.start()
-
-        if record.masks_full_tiles:
-            pl.when(cls != EMPTY)(masked_tile)
-        else:
-            pl.when(cls == FULL)(lambda: tile(None))
-            pl.when(cls == PARTIAL)(masked_tile)
-
-        @pl.when(s == steps - 1)
-        def _():
-            finish(m_ref, l_ref, acc_ref, o_ref, on_cpu, lse_ref)
-            if mass is not None:
-                finish_tile_mass(m_ref, l_ref, mass, mass_ref, q_start=i * block_q, q_tokens=q_tokens,
-                                 interpret=on_cpu)
-
-    @refs.index_map
-    def q_map(h, i, s, *, head_kind_ref, schedule_ref, head_order_ref):
-        return head_of(h, head_order_ref), i, 0
-
-    @refs.index_map
-    def kv_map(h, i, s, *, head_kind_ref, schedule_ref, head_order_ref):
-        return head_of(h, head_order_ref), step_of(h, i, s, head_kind_ref, schedule_ref, head_order_ref)[0], 0
-
-    out_shape, out_specs = _outputs(q, block_q, q_map, residuals)
-    out_shape = tuple(out_shape) if isinstance(out_shape, tuple) else (out_shape,)
-    out_specs = tuple(out_specs) if isinstance(out_specs, tuple) else (out_specs,)
-    scratch = softmax_scratch(block_q, head_dim, bounded=True)
-    if tile_mass:
-        def row_map(*grid_and_tables):  # one [1, lanes] row block per (head, query tile), like lse's
-            hh, ii, _ = q_map(*grid_and_tables)
-            return hh, 0, ii
-        out_shape += (jax.ShapeDtypeStruct((heads, 1, nq * lanes), jnp.float32),)
-        out_specs += (pl.BlockSpec((None, 1, lanes), row_map),)
-        scratch = scratch + [pltpu.VMEM((block_q, lanes), jnp.float32)] * 2
-    if skip:
-        scratch = scratch + [pltpu.VMEM((block_q, LANES), jnp.float32)]
-    outs = pl.pallas_call(
-        refs.kernel(kernel),
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=len(tables),
-            grid=(heads, nq, steps),
-            in_specs=[pl.BlockSpec((None, block_q, head_dim), q_map),
-                      pl.BlockSpec((None, block_kv, head_dim), kv_map),
-                      pl.BlockSpec((None, block_kv, head_dim), kv_map),
-                      pl.BlockSpec(memory_space=pltpu.SMEM)],
-            out_specs=list(out_specs),
-            scratch_shapes=scratch),
-        out_shape=list(out_shape),
-        compiler_params=compiler_params(vmem_limit_bytes),
-        interpret=interpret,
-        name=f"{stage}_observed_block_sparse_attention",
-    )(*tables, q, k, v, key_norm_max(k))
+    nq = -(-q_tokens // block_q)
+    hooks = Hooks(
+        name="observed",
+        outputs=(("mass", tile_mass),),
+        scratch=(("record", tile_mass), ("m_record", tile_mass), ("seen", skip_below is not None)),
+        out_shapes=lambda q_map: ([(jax.ShapeDtypeStruct((heads, 1, nq * lanes), jnp.float32), row_block(q_map, lanes))]
+                                  if tile_mass else []),
+        scratch_shapes=(([pltpu.VMEM((block_q, lanes), jnp.float32)] * 2 if tile_mass else [])
+                        + ([pltpu.VMEM((block_q, LANES), jnp.float32)] if skip_below is not None else [])),
+        body=body,
+        start=(lambda step: mass(step).start()) if tile_mass else None,
+        finish=finish_mass if tile_mass else None)
+    outs = block_sparse_attention(q, k, v, head_kind, schedule, steps=steps, stage=stage, keep=keep, block_q=block_q,
+                                  block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=interpret,
+                                  vmem_limit_bytes=vmem_limit_bytes, residuals=residuals, head_order=head_order,
+                                  hooks=hooks)
     if not tile_mass:
-        return outs[0] if len(outs) == 1 else tuple(outs)
+        return outs
     masses = outs[-1].reshape(heads, nq, lanes)[:, :, :steps].reshape(heads, nq * steps)
     return (*outs[:-1], masses) if len(outs) > 2 else (outs[0], masses)

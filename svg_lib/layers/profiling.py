@@ -98,7 +98,7 @@ def bound_pass_rate(q, k, mask=None, *, method: str = "dense", block_q: int, blo
         kernel_mask = record.computed_mask(mask, block_q, block_kv)
         plan = plan_tiles(kernel_mask, block_q, block_kv)
         first = plan.step_class[:, 0]
-        masked = first != EMPTY if record.masks_full_tiles else first == PARTIAL
+        masked = record.step_classes(first) == PARTIAL
         passed = bound_test(q, k, block_q=block_q, block_kv=block_kv, first_kv=plan.kv_index[:, 0],
                             keep=(kernel_mask.kernel_predicate(block_q, block_kv), masked))
         tested = first != EMPTY

@@ -29,7 +29,7 @@ from svg_lib.core.geometry import (inverse_temporal_major_permutation, temporal_
                                    to_temporal_major)
 from svg_lib.core.masks import Mask, check_block_size
 from svg_lib.core.svg_masks import SVGMask, TemporalMask
-from svg_lib.core.planner import plan_tiles, stack_schedules
+from svg_lib.core.planner import PARTIAL, plan_tiles, stack_schedules
 from svg_lib.kernels.forward import block_sparse_attention
 from svg_lib.kernels.reference import check_qkv
 from svg_lib.memory.smem import check_schedule_fits, schedule_smem
@@ -197,9 +197,9 @@ def megacore_balance(mask: SVGMask, is_temporal, *, method: str = "b2", block_q:
     if flags.dtype != bool or flags.ndim != 1:
         raise TypeError(f"is_temporal must be a 1-D bool array (True = temporal head), got {flags.dtype} "
                         f"shaped {flags.shape}")
-    plans = [plan_kind(mask, kind, block_q, block_kv, rounded=record.computes == "tile_aligned") for kind in (0, 1)]
+    plans = [plan_kind(mask, kind, block_q, block_kv, rounded=record.rounds_to_tiles) for kind in (0, 1)]
     per_head = {name: {"visited": int(p.visited.sum()),   # b1 masks every tile it visits
-                       "masked": int((p.visited if record.masks_full_tiles else p.needs_mask).sum())}
+                       "masked": int((record.step_classes(p.classes) == PARTIAL).sum())}
                 for name, p in zip(("spatial", "temporal"), plans)}
 
     def split(order):
@@ -315,7 +315,7 @@ def build_svg_attention_in_kernel(mask: SVGMask, *, method: str = "b2", heads: i
     interpret = default_interpret() if interpret is None else interpret
 
     def kind_plans(bq, bkv):  # kind 0 = spatial, kind 1 = temporal
-        return [plan_kind(mask, kind, bq, bkv, rounded=record.computes == "tile_aligned") for kind in (0, 1)]
+        return [plan_kind(mask, kind, bq, bkv, rounded=record.rounds_to_tiles) for kind in (0, 1)]
 
     if balance_cores is None:
         balance_cores = heads % 2 == 0 and megacore_chip()

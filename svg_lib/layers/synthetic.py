@@ -156,7 +156,7 @@ def computed_mask(mask: SVGMask, kind: str, method: str, block_q: int, block_kv:
     """
     check_method(method, PALLAS_METHODS)
     check_method(kind, ("spatial", "temporal"), "head kind")
-    if METHODS[method].computes == "tile_aligned":
+    if METHODS[method].rounds_to_tiles:
         rounded = METHODS[method].computed_mask(mask, block_q, block_kv)
         if kind == "spatial":
             return rounded

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from svg_lib.chips import TARGETS
 from svg_lib.core.planner import KernelTables, TilePlan
 from svg_lib.memory.smem import SmemEstimate, SmemOverflowError, check_schedule_fits, estimate_smem
-from svg_lib.memory.vmem import SPLASH_METHODS, VmemEstimate, check_fits, estimate_vmem, tpu_memory
+from svg_lib.memory.vmem import VmemEstimate, check_fits, estimate_vmem, tpu_memory
 from svg_lib.methods import METHODS
 
 BACKWARD_FORMS = ("fused", "split")
@@ -100,7 +100,7 @@ def check_memory(method: str, *, heads: int, head_dim: int, dtype, block_q: int,
                          f"got {backward!r}")
     forward = check_fits(estimate_vmem(method, block_q, block_kv, head_dim, dtype, block_kv_compute, generation,
                                        splash_mask=splash_mask))
-    if method in SPLASH_METHODS:
+    if METHODS[method].splash:
         return MemoryBudget(forward)
     smem = None if plan is None else check_schedule_fits(plan, method=method, heads=heads, generation=generation)
     if tables is None and METHODS[method].planned:  # dense's backward, like its forward, reads no table

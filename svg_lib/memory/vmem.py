@@ -69,6 +69,7 @@ from dataclasses import dataclass
 
 from svg_lib.chips import TARGETS
 from svg_lib.core.masks import LANES, check_block_size
+from svg_lib.methods import BACKWARD_METHODS, METHODS, SPLASH_METHODS
 from svg_lib.problem import PALLAS_METHODS, check_block_kv_compute, check_dtype, check_method
 from svg_lib.runtime import detect_runtime
 
@@ -81,8 +82,6 @@ HEADROOM = 0.85  # leave room for Mosaic's internal scratch and alignment paddin
 # allocates 55.29 MiB there (libtpu 0.0.42.1) and compiles it with a 60.8 MiB limit, above 0.85's 54.4.
 FUSED_HEADROOM = 0.95
 
-_MASKED_METHODS = ("b1", "b2", "b3", "dense")
-SPLASH_METHODS = ("splash_dense", "splash")
 SPLASH_MASK_FORMS = ("full", "blocks", "computable")  # see splash.splash_mask_form
 
 
@@ -252,7 +251,8 @@ def estimate_vmem(method: str, block_q: int, block_kv: int, head_dim: int, dtype
     memory = tpu_memory(generation)
     if ":" in method:
         return _estimate_backward(method, block_q, block_kv, head_dim, dtype, block_kv_compute, memory, q_len)
-    splash = method in SPLASH_METHODS
+    record = METHODS[method]
+    splash = record.splash
     if splash:
         splash_mask = splash_mask or "blocks"
         if splash_mask not in SPLASH_MASK_FORMS:
@@ -270,7 +270,7 @@ def estimate_vmem(method: str, block_q: int, block_kv: int, head_dim: int, dtype
     # s and p in f32 plus p in the input dtype; tiles that mask add two int32 index arrays
     # and a bool mask (Splash: a slice of its int32 mask block and a bool, or two index arrays
     # and a bool). Splash multiplies p by v in f32, so it also holds a f32 copy of a v chunk.
-    masks = splash_mask != "full" if splash else method in _MASKED_METHODS
+    masks = splash_mask != "full" if splash else record.tile_masks
     per_element = 8 + itemsize + (9 if masks else 0)
     intermediates = chunk * per_element + (4 * block_kv_compute * head_dim if splash else 0)
     return VmemEstimate(method, block_q, block_kv, block_kv_compute, head_dim, jnp.dtype(dtype).name, pipeline,
@@ -310,8 +310,8 @@ def _estimate_backward(method, block_q, block_kv, head_dim, dtype, block_kv_comp
     """
     import jax.numpy as jnp
     stage, _, which = method.partition(":")
-    if stage not in _MASKED_METHODS or which not in BACKWARD_PASSES:
-        raise ValueError(f"backward kernels are named '<stage>:<pass>' with stage in {_MASKED_METHODS} and pass "
+    if stage not in BACKWARD_METHODS or which not in BACKWARD_PASSES:
+        raise ValueError(f"backward kernels are named '<stage>:<pass>' with stage in {BACKWARD_METHODS} and pass "
                          f"in {BACKWARD_PASSES} (e.g. 'b3:dkv'), got {method!r}")
     itemsize = jnp.dtype(dtype).itemsize
     chunk = block_q * block_kv_compute

@@ -145,9 +145,7 @@ def stage_classes(plan: TilePlan, stage: str = "b2") -> np.ndarray:
     B3 take the mask-free path on FULL tiles, so their classes are the plan's own (for B3, pass
     the plan of the tile-aligned mask).
     """
-    if check_method(stage, PLANNED_METHODS, what="stage").masks_full_tiles:
-        return np.where(plan.visited, PARTIAL, EMPTY).astype(np.int8)
-    return plan.classes
+    return check_method(stage, PLANNED_METHODS, what="stage").step_classes(plan.classes)
 
 
 def _draw_tiles(ax, plan: TilePlan, colors, visited: np.ndarray, show_mask: bool) -> np.ndarray:

@@ -24,7 +24,7 @@ import numpy as np
 
 from svg_lib.attention import build_attention
 from svg_lib.methods import METHODS, PLANNED_METHODS, check_method
-from svg_lib.core.planner import EMPTY, FULL, PARTIAL, TilePlan, plan_tiles
+from svg_lib.core.planner import EMPTY, FULL, TilePlan, plan_tiles
 from svg_lib.teaching.plots import _legend_handles, plot_tile_map
 
 TRACE_METHODS = PLANNED_METHODS
@@ -95,11 +95,10 @@ def kernel_plan(plan: TilePlan, method: str) -> TilePlan:
 
 
 def _step_kind(method: str, step_class: int) -> str:
-    if step_class == EMPTY:
+    runs = METHODS[method].step_classes(step_class)  # B1 masks every visited tile, full or not
+    if runs == EMPTY:
         return "idle"
-    if METHODS[method].masks_full_tiles:
-        return "partial"  # B1 evaluates the mask on every visited tile, full or not
-    return "full" if step_class == FULL else "partial"
+    return "full" if runs == FULL else "partial"
 
 
 def _trace_from_points(plan: TilePlan, method: str, points, source: str) -> GridTrace:
@@ -190,10 +189,8 @@ def plot_traversal(plan: TilePlan, method: str, ax=None, row_order=None, title: 
 
     trace = grid_trace(plan, method, row_order=row_order)
     run = trace.plan
-    shown = run
-    if METHODS[method].masks_full_tiles:  # what B1 does: every visited tile runs the elementwise mask
-        classes = np.where(run.visited, PARTIAL, EMPTY).astype(np.int8)
-        shown = dataclasses.replace(run, classes=classes, _stats=None)
+    classes = METHODS[method].step_classes(run.classes)  # B1: every visited tile runs the elementwise mask
+    shown = run if classes is run.classes else dataclasses.replace(run, classes=classes, _stats=None)
     if ax is None:
         nq, nk = run.grid
         fig, ax = plt.subplots(figsize=(min(7.0 + 0.9 * nk, 14.0), min(3.0 + 0.9 * nq, 10.0)), layout="constrained")

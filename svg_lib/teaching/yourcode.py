@@ -121,7 +121,7 @@ def cost_line(mask: Mask, method: str, block_q: int, block_kv: int, *, heads: in
     record = check_method(method)
     plan = plan_tiles(mask, block_q, block_kv)
     computed = record.computed_mask(mask, block_q, block_kv)
-    b3_plan = plan_tiles(computed, block_q, block_kv) if record.computes == "tile_aligned" else None
+    b3_plan = plan_tiles(computed, block_q, block_kv) if record.rounds_to_tiles else None
     kinds = step_kinds(method, plan, b3_plan)
     rows = kinds["rows"]
     steps = sum(n for k, n in kinds.items() if k != "rows")

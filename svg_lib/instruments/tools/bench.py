@@ -76,7 +76,7 @@ def method_tiles(config: BenchConfig, method: str, plan=None, b3_plan=None) -> d
         padded = nk * bkv != n
         return {"tiles_total": nq * nk, "tiles_visited": nq * nk, "tiles_masked": nq if padded else 0,
                 "grid_steps": nq * nk}
-    if record.computes == "tile_aligned":
+    if record.rounds_to_tiles:
         p = b3_plan or plan_tiles(record.computed_mask(config.mask(), bq, bkv), bq, bkv)
     else:
         p = plan or plan_tiles(config.mask(), bq, bkv)
@@ -101,7 +101,7 @@ def backward_steps(config: BenchConfig, method: str, plan=None, b3_plan=None) ->
     if not record.backward:
         return None
     p = None
-    if record.computes == "tile_aligned":
+    if record.rounds_to_tiles:
         p = b3_plan or plan_tiles(record.computed_mask(config.mask(), bq, bkv), bq, bkv)
     elif record.planned:
         p = plan or plan_tiles(config.mask(), bq, bkv)

@@ -84,7 +84,7 @@ def predicted_ms(method: str, chip: str, block_q: int, block_kv: int, block_kv_c
     record = METHODS[method]
     plan = plan_tiles(mask, block_q, block_kv)
     b3_plan = plan_tiles(record.computed_mask(mask, block_q, block_kv), block_q, block_kv) \
-        if record.computes == "tile_aligned" else None
+        if record.rounds_to_tiles else None
     try:
         return model_cycles(method, cost, plan, b3_plan, heads) / clock_hz(chip) * 1e3
     except ValueError:  # a body the profile could not simulate on this chip

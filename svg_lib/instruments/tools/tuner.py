@@ -37,7 +37,7 @@ from svg_lib.attention import build_attention
 from svg_lib.chips import check_target
 from svg_lib.core.masks import LANES, Mask, TileAlignedMask, check_block_size
 from svg_lib.core.svg_masks import PermutedMask, SVGMask
-from svg_lib.core.planner import plan_tiles
+from svg_lib.core.planner import PARTIAL, plan_tiles
 from svg_lib.environment import libtpu_version, require_libtpu
 from svg_lib.memory.smem import SmemOverflowError
 from svg_lib.memory.vmem import MiB, estimate_vmem
@@ -317,7 +317,7 @@ def _method_plan(mask: Mask, method: str, bq: int, bkv: int) -> dict:
         return {"tiles_visited": nq * nk, "tiles_masked": masked, "grid_steps": nq * nk, "tiles_total": nq * nk}
     plan = plan_tiles(record.computed_mask(mask, bq, bkv), bq, bkv)
     visited = int(plan.visited.sum())
-    masked = visited if record.masks_full_tiles else int(plan.needs_mask.sum())
+    masked = int((record.step_classes(plan.classes) == PARTIAL).sum())
     return {"tiles_visited": visited, "tiles_masked": masked, "grid_steps": nq * plan.steps, "tiles_total": nq * nk}
 
 

@@ -120,7 +120,7 @@ def _check_kernel(estimate: VmemEstimate, limit: int | None):
     if record is not None and record.planned:
         import numpy as np
 
-        classes = [[PARTIAL, PARTIAL], [PARTIAL, PARTIAL]] if record.masks_full_tiles else [[FULL, PARTIAL], [PARTIAL, FULL]]
+        classes = record.step_classes([[FULL, PARTIAL], [PARTIAL, FULL]])
         schedule = jnp.asarray(pack_schedule(np.array([[0, 1], [0, 1]]), np.array(classes)))
         head_kind = jnp.zeros((1,), jnp.int32)
         return (lambda q, k, v: block_sparse_attention(q, k, v, head_kind, schedule, steps=2, stage=e.method,
@@ -148,8 +148,7 @@ def _backward_check_kernel(e: VmemEstimate, limit: int | None, tokens: int):
 
     stage, _, which = e.method.partition(":")
     bq, bkv, c = e.block_q, e.block_kv, e.block_kv_compute
-    classes = np.array([[PARTIAL, PARTIAL], [PARTIAL, PARTIAL]] if METHODS[stage].masks_full_tiles
-                       else [[FULL, PARTIAL], [PARTIAL, FULL]])
+    classes = METHODS[stage].step_classes([[FULL, PARTIAL], [PARTIAL, FULL]])
     schedule = None if not METHODS[stage].planned else jnp.asarray(pack_schedule(np.array([[0, 1], [0, 1]]), classes))
 
     def keep(q_ids, k_ids):

@@ -472,10 +472,10 @@ def step_kinds(method: str, plan=None, b3_plan=None, *, tokens: int | None = Non
 
 def _plan_of(record, plan, b3_plan):
     """The plan `record`'s kernel walks: the exact mask's, or B3's of the tile-aligned mask."""
-    p = b3_plan if record.computes == "tile_aligned" else plan
+    p = b3_plan if record.rounds_to_tiles else plan
     if p is None:
         raise ValueError(f"{record.name} needs its plan (plan_tiles of the "
-                         f"{'tile-aligned' if record.computes == 'tile_aligned' else 'exact'} mask)")
+                         f"{'tile-aligned' if record.rounds_to_tiles else 'exact'} mask)")
     return p
 
 

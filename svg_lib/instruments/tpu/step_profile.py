@@ -236,7 +236,7 @@ def _model_all_idle(config, step, forward_cost, backward_cost) -> dict:
     backward grids with every step idle (the per-row cost of the forward's rows kept)."""
     record = METHODS[step.method]
     mask = config.mask()
-    if record.computes == "tile_aligned":
+    if record.rounds_to_tiles:
         mask = b3_mask(mask, config.block_q, config.block_kv)
     plan = plan_tiles(mask, config.block_q, config.block_kv)
     idle = forward_cost.per_step["svg_lib"]["idle"]

@@ -1,0 +1,269 @@
+"""The tile step of the block-sparse kernels: which key tile a grid step visits, and which body runs it.
+
+A block-sparse kernel (B1, B2, B3; the routed layer's kinds of head; the observed forward) walks a
+grid `(heads, query tiles, steps)`. At every step it does the same four things, whatever its tile
+body computes:
+
+    read      the step's entry of the scalar-prefetched schedule: (key tile, class)   `Schedule.entry`
+    fetch     that key tile (the index maps read the same entry)                      `Schedule.kv_map`
+    pick      the body the class asks for: mask-free, masked by the head's kind, none `dispatch`
+    run       it, after the query tile's first step has set up and before its last finishes
+
+This module owns those four; a kernel brings the rest (`tile_step_call`): the tile body, what a query
+tile starts and finishes with, its outputs and scratch, and optional `Hooks` that ride along every
+step (the observed forward's tile masses). The backward reads its schedules through the same
+decoder (`ScheduleRows`) and picks its bodies by the same `dispatch`.
+
+The sizes of a tile travel as one value, `TileSizes`: `[block_q, head_dim]` query blocks,
+`[block_kv, head_dim]` key and value blocks, and the `[block_q, block_kv_compute]` score slices a
+tile body folds in at a time.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from svg_lib.core.planner import EMPTY, FULL, PARTIAL, schedule_entry
+from svg_lib.kernels.refs import KernelRefs
+from svg_lib.methods import Method
+
+
+@dataclasses.dataclass(frozen=True)
+class TileSizes:
+    """One tile's sizes: `block_q` query rows, `block_kv` key rows fetched per step, folded in
+    slices of `block_kv_compute` keys (a `[block_q, block_kv_compute]` score block bounds VMEM)."""
+
+    block_q: int
+    block_kv: int
+    block_kv_compute: int
+
+    def __post_init__(self):
+        for name in ("block_q", "block_kv", "block_kv_compute"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.block_kv % self.block_kv_compute:
+            raise ValueError(f"block_kv_compute ({self.block_kv_compute}) must divide block_kv ({self.block_kv})")
+
+    @property
+    def slices(self) -> int:
+        """Key slices per tile: how often a tile body runs its loop."""
+        return self.block_kv // self.block_kv_compute
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ScheduleRows:
+    """A packed schedule: int32 `table` `[ceil(rows * steps / 2)]`, `rows` rows of `steps` 16-bit
+    entries, each the tile a grid step visits and its class, two entries to a word
+    (`planner.pack_schedule`). The forward's rows are query tiles (one block of them per kind of
+    head), the transposed schedule's key tiles."""
+
+    table: object
+    rows: int
+    steps: int
+
+    @classmethod
+    def checked(cls, name: str, table, *, rows: int, steps: int):
+        """`table` as `rows` x `steps` entries, its shape checked before anything is traced."""
+        words = -(-rows * steps // 2)
+        if tuple(table.shape) != (words,):
+            raise ValueError(f"{name} must be int32 [{words}] for {rows} rows x {steps} steps "
+                             f"(planner.pack_schedule), got {tuple(table.shape)}")
+        return cls(table, rows, steps)
+
+    def entry(self, table_ref, row, s):
+        """(tile, class) of step `s` of row `row`, read from the table's SMEM ref: the kernels' one decoder."""
+        return schedule_entry(table_ref, row * self.steps + s)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Schedule:
+    """A block-sparse forward's scalar-prefetched tables and their decoder.
+
+    `packed`: the `kinds * query_tiles` rows of the kinds' schedules, kind by kind
+    (`planner.stack_schedules`; one kind for one mask). `head_kind` int32 `[heads]`: which kind head h
+    follows. `head_order`: None, or int32 `[heads]`, a permutation: grid row h runs head
+    `head_order[h]`. All of them sit in SMEM, where the kernel and its index maps read them at every step.
+    """
+
+    head_kind: object
+    packed: ScheduleRows
+    query_tiles: int
+    head_order: object = None
+
+    @classmethod
+    def checked(cls, q_shape, head_kind, table, *, steps: int, kinds: int, block_q: int, head_order=None):
+        """The tables for q `[heads, tokens, head_dim]`, their shapes checked against the heads,
+        `kinds`, the query tiles and `steps` before anything is traced."""
+        heads, q_tokens, _ = q_shape
+        nq = -(-q_tokens // block_q)
+        words = -(-kinds * nq * steps // 2)
+        if tuple(table.shape) != (words,) or tuple(head_kind.shape) != (heads,):
+            raise ValueError(f"for {kinds} kind(s) x {nq} query tiles x {steps} steps and {heads} heads the "
+                             f"schedule must be int32 [{words}] and head_kind int32 [{heads}] (planner.pack_schedule "
+                             f"/ stack_schedules); got {tuple(table.shape)} and {tuple(head_kind.shape)}")
+        if head_order is not None and tuple(head_order.shape) != (heads,):
+            raise ValueError(f"head_order must be int32 [{heads}], a permutation of the heads; "
+                             f"got {tuple(head_order.shape)}")
+        return cls(head_kind, ScheduleRows(table, kinds * nq, steps), nq, head_order)
+
+    @property
+    def steps(self) -> int:
+        """Grid steps per query tile."""
+        return self.packed.steps
+
+    @property
+    def tables(self) -> tuple:
+        """What `pallas_call` scalar-prefetches, in the order of `prefetch`."""
+        return (self.head_kind, self.packed.table) + (() if self.head_order is None else (self.head_order,))
+
+    @property
+    def prefetch(self) -> tuple:
+        """The tables' names for `KernelRefs` (head_order_ref arrives as None without one)."""
+        return ("head_kind", "schedule", ("head_order", self.head_order is not None))
+
+    @staticmethod
+    def head(h, head_order_ref):
+        """The head that grid row h runs: h, or head_order[h]."""
+        return h if head_order_ref is None else head_order_ref[h]
+
+    def entry(self, h, i, s, *, head_kind_ref, schedule_ref, head_order_ref):
+        """(key tile, class) of grid step (h, i, s): entry (kind, i, s) of the table."""
+        kind = head_kind_ref[self.head(h, head_order_ref)]
+        return self.packed.entry(schedule_ref, kind * self.query_tiles + i, s)
+
+    def q_map(self, h, i, s, **tables):
+        """The query (and output) block of grid step (h, i, s): its head's query tile i."""
+        return self.head(h, tables["head_order_ref"]), i, 0
+
+    def kv_map(self, h, i, s, **tables):
+        """The key and value block of grid step (h, i, s): the key tile its entry names."""
+        return self.head(h, tables["head_order_ref"]), self.entry(h, i, s, **tables)[0], 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """Grid step (h, i, s) as a kernel sees it: `head` the head it runs, `kv_tile` and `cls` its
+    schedule entry; `refs` every ref of the kernel by name (`q_ref`, `m_ref`, ...)."""
+
+    h: object
+    i: object
+    s: object
+    head: object
+    kv_tile: object
+    cls: object
+    refs: dict
+
+
+def dispatch(cls, free: Callable, masked: Callable, *, method: Method):
+    """Run the body a step of class `cls` asks for, as `method`'s record says: `free()` on FULL tiles
+    and `masked()` on PARTIAL ones, or, where it masks full tiles too (B1's cost), `masked()` on every
+    tile that is not EMPTY. An EMPTY step runs nothing. Every branch is compiled, so a kernel holds
+    one copy per body."""
+    if method.masks_full_tiles:
+        pl.when(cls != EMPTY)(masked)
+    else:
+        pl.when(cls == FULL)(free)
+        pl.when(cls == PARTIAL)(masked)
+
+
+@dataclasses.dataclass(frozen=True)
+class Hooks:
+    """Work that rides along a block-sparse kernel's steps without changing its result.
+
+    `outputs`, `scratch`: `KernelRefs` entries of the extra refs, after the kernel's own; their
+    `out_shapes(q_map)` -> `[(ShapeDtypeStruct, BlockSpec)]` (q_map: the query block's index map) and
+    `scratch_shapes`. `body(body, step)` -> the tile body to run in place of the kernel's `body`
+    (called once per step, inside the step's trace);
+    `start(step)`, `finish(step)`: after the kernel's own start of a query tile and its own finish.
+    `name`: what the kernel's name adds (its kernels are told apart in a profile).
+    """
+
+    name: str = ""
+    outputs: tuple = ()
+    scratch: tuple = ()
+    out_shapes: Callable = lambda q_map: []
+    scratch_shapes: tuple = ()
+    body: Callable | None = None
+    start: Callable | None = None
+    finish: Callable | None = None
+
+
+def tile_step_call(schedule: Schedule, sizes: TileSizes, *, q_shape, tile, start, finish, method: Method, keeps,
+                   inputs, operands, extra_in_specs, outputs, out_shapes, scratch, scratch_shapes, hooks=None,
+                   compiler_params, interpret, name):
+    """A `pallas_call` over grid `(heads, query tiles, schedule.steps)` running the tile step.
+
+    q_shape `(heads, tokens, head_dim)`. The inputs are q, k, v (`[heads, tokens, head_dim]`,
+    blocks fetched by the schedule) then `extra_in_specs`' (named after them in `inputs`);
+    `operands` all of them in that order. `outputs`: KernelRefs entries, their `out_shapes(q_map)`
+    the `[(ShapeDtypeStruct, BlockSpec)]` of those present; `scratch` and `scratch_shapes` likewise.
+
+    `method`: the record whose fields pick each step's body (`dispatch`). Per step: `tile(wrap, step)`
+    -> `run(keep)`, where `wrap` is None (the kernel's own tile body) or maps that body to the one
+    to run instead (`Hooks.body`), and `keep` None (a mask-free tile) or a predicate, one of `keeps`,
+    one per kind of head; `start(step)` on a query tile's first step, `finish(step)` on its last.
+    Returns the list of outputs.
+    """
+    hooks = Hooks() if hooks is None else hooks
+    heads, _, head_dim = q_shape
+    refs = KernelRefs(prefetch=schedule.prefetch, inputs=inputs, outputs=tuple(outputs) + tuple(hooks.outputs),
+                      scratch=tuple(scratch) + tuple(hooks.scratch))
+
+    def kernel(**named):
+        h, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+        tables = {n: named[n] for n in ("head_kind_ref", "schedule_ref", "head_order_ref")}
+        head = schedule.head(h, tables["head_order_ref"])
+        kv_tile, cls = schedule.entry(h, i, s, **tables)
+        step = Step(h, i, s, head, kv_tile, cls, named)
+        run = tile(None if hooks.body is None else (lambda body: hooks.body(body, step)), step)
+
+        def masked_tile():  # the predicate of this head's kind (one kind unless routing)
+            for kind, keep in enumerate(keeps):
+                pl.when(named["head_kind_ref"][head] == kind)(lambda keep=keep: run(keep))
+
+        @pl.when(s == 0)
+        def _():
+            start(step)
+            if hooks.start is not None:
+                hooks.start(step)
+
+        dispatch(cls, lambda: run(None), masked_tile, method=method)
+
+        @pl.when(s == schedule.steps - 1)
+        def _():
+            finish(step)
+            if hooks.finish is not None:
+                hooks.finish(step)
+
+    q_map, kv_map = refs.index_map(schedule.q_map), refs.index_map(schedule.kv_map)
+    shaped = list(out_shapes(q_map)) + list(hooks.out_shapes(q_map))
+    outs = pl.pallas_call(
+        refs.kernel(kernel),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=len(schedule.tables),
+            grid=(heads, schedule.query_tiles, schedule.steps),
+            in_specs=[pl.BlockSpec((None, sizes.block_q, head_dim), q_map),
+                      pl.BlockSpec((None, sizes.block_kv, head_dim), kv_map),
+                      pl.BlockSpec((None, sizes.block_kv, head_dim), kv_map), *extra_in_specs],
+            out_specs=[spec for _, spec in shaped],
+            scratch_shapes=list(scratch_shapes) + list(hooks.scratch_shapes)),
+        out_shape=[shape for shape, _ in shaped],
+        compiler_params=compiler_params,
+        interpret=interpret,
+        name=name,
+    )(*schedule.tables, *operands)
+    return list(outs)
+
+
+def row_block(index_map, lanes: int):
+    """A `[1, lanes]` row block per (head, query tile) of an output `[heads, 1, query tiles * lanes]`,
+    from the index map of the query block (h, i, 0): a row that broadcasts down sublanes."""
+    def row_map(*grid_and_tables):
+        h, i, _ = index_map(*grid_and_tables)
+        return h, 0, i
+    return pl.BlockSpec((None, 1, lanes), row_map)
+
