@@ -44,8 +44,11 @@
 #      test_vmem's here), test_semantic_plan.py, test_semantic_quality.py, test_semantic_router.py
 #      (12's planner, tables and router; test_semantic.py, the public API exact and differentiable,
 #      stays), test_radial.py, test_pooled.py (masks and plans test_frontier.py runs here end to end);
-#      test_knobs.py, test_yourcode_cells.py (the spine notebooks run again by papermill at other tile
-#      sizes and with their your-code cells swapped; step 3 runs each as shipped here).
+#      test_knobs.py, test_yourcode_cells_*.py (the spine notebooks run again by papermill at other tile
+#      sizes and with their your-code cells swapped; step 3 runs each as shipped here);
+#      test_cli.py (the commands' flags, files and refusals; the work behind them is the library's,
+#      tested here in its own files), test_measurements.py (the committed TPU records against the
+#      code's rules, on the host), test_run_notebook_cells.py (a tool for a TPU machine).
 # 5. Colab's libtpu compiles B3 at the case study's size (the blog preset: 75,600 tokens,
 #    3328 x 1536 tiles) for a v5e (Colab's free tier), in the background from the start of
 #    step 3 (173 s of a core, 2026-12-04): the series' headline kernel, its schedule tables in
@@ -131,9 +134,11 @@ echo "make test-colab: every notebook (${#notebooks[@]}), working directory $CON
 
 PINNED_ONLY="test_browser test_compiler test_cost test_step_profile test_masks test_planner test_layers test_execute_notebooks
   test_bench test_synthetic test_exercises test_tuner test_semantic_plan test_semantic_quality test_semantic_router
-  test_radial test_pooled test_knobs test_yourcode_cells"  # see step 4 above
+  test_radial test_pooled test_knobs test_yourcode_cells_* test_cli test_measurements test_run_notebook_cells"  # step 4
 ignore=()
-for name in $PINNED_ONLY; do ignore+=("--ignore=tests/$name.py"); done
+set -f  # the names are globs for pytest, not for this shell
+for name in $PINNED_ONLY; do ignore+=("--ignore-glob=tests/$name.py"); done
+set +f
 echo "make test-colab: unit tests (left to the pinned stage: $PINNED_ONLY), $(date -u +%T) UTC"
 (cd "$CLONE" && env -u PYTHONPATH SVG_LIB_REQUIRE_TPU_COMPILER=1 SVG_LIB_REPLICA=1 "$PY" -m pytest -o addopts="" -ra -q \
    -n "$WORKERS" --dist loadfile --no-loadscope-reorder --durations=25 -p no:cacheprovider \
