@@ -201,6 +201,11 @@ def attention_gradients_float64(q, k, v, dout, mask=None):
     return np.einsum("hqk,hkd->hqd", ds, k) * scale, np.einsum("hqk,hqd->hkd", ds, q) * scale, dv
 
 
+def bound_test_on_device() -> bool:
+    """Whether `bound_test` computes its scores on jax's device by default: on a TPU only."""
+    return jax.default_backend() == "tpu"
+
+
 def kept_row_max(rows, keys, kept, on_device: bool) -> np.ndarray:
     """max over kept keys of each row's scores, float64 `[heads, rows]`: rows `[heads, rows, d]`, keys
     `[heads, keys, d]`, kept bool `[rows, keys]` (a row keeping none gets MASK_VALUE)."""
@@ -214,7 +219,7 @@ def kept_row_max(rows, keys, kept, on_device: bool) -> np.ndarray:
 
 def bound_test(q, k, *, block_q: int, block_kv: int, first_kv=None, keep=None, on_device: bool | None = None) -> np.ndarray:
     """Which query tiles switch to the bounded max, decided as the kernels decide it
-    (`svg_lib.kernels.forward.try_bound`), in float64 on the host: bool `[heads, ceil(tokens / block_q)]`.
+    (`svg_lib.kernels.forward.try_bound`): bool `[heads, ceil(tokens / block_q)]`.
 
     q, k `[heads, tokens, head_dim]` as given to `attention()` (not yet scaled). After its first
     visited key tile, a query tile passes when every row's bound |q_i| max|k| (1 + BOUND_MARGIN) is
@@ -226,11 +231,11 @@ def bound_test(q, k, *, block_q: int, block_kv: int, first_kv=None, keep=None, o
     past it no row keeps.
     Work: heads x tokens x block_kv, never tokens x tokens. `on_device`: the scores and their row
     maxima in float32 (matmuls at HIGHEST) on jax's default device instead of float64 on the host:
-    minutes of host work at the case study's size take a second on a TPU. None: on a TPU only.
+    minutes of host work at the case study's size take a second on a TPU. None: `bound_test_on_device()`.
     """
     heads, n, d = check_qkv(q, k, k)
     if on_device is None:
-        on_device = jax.default_backend() == "tpu"
+        on_device = bound_test_on_device()
     nq = -(-n // block_q)
     first_kv = np.zeros(nq, np.int64) if first_kv is None else np.asarray(first_kv, np.int64)
     predicate, masked = keep if keep is not None else (None, np.zeros(nq, bool))

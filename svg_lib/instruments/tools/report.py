@@ -41,7 +41,7 @@ from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.svg_masks import SVGMask
 from svg_lib.environment import installed_version
 from svg_lib.instruments.adversarial import CASES, adversarial_heads
-from svg_lib.kernels.reference import attention_float64
+from svg_lib.kernels.reference import attention_float64, bound_test_on_device
 from svg_lib.kernels.tolerances import tolerance
 from svg_lib.layers.profiling import bound_pass_rate
 from svg_lib.layers.synthetic import structured_qkv
@@ -154,9 +154,7 @@ def pass_rates(config: BenchConfig, *, seed: int = 0) -> dict:
                                                            block_kv=config.block_kv)]
                      for m in ("dense", "b1", "b2", "b3")}
     out["planted_kinds"] = list(PLANTED_KINDS)
-    # bound_test's choice (on a TPU only): the same test, in float32 there, float64 here
-    out["computed"] = ("on the device, float32 scores" if jax.default_backend() == "tpu"
-                       else "on the host, float64 scores")
+    out["computed"] = "on the device, float32 scores" if bound_test_on_device() else "on the host, float64 scores"
     return out
 
 
@@ -341,6 +339,6 @@ def markdown(data: dict, bench) -> str:
         lines.append(f"| {name} | " + " | ".join(f"{np.mean(rates[name][m]):.2f}" for m in ("dense", "b1", "b2", "b3"))
                      + " |")
     lines += ["", f"planted heads: one each of {', '.join(rates['planted_kinds'])}; every query tile tested, "
-              f"{rates.get('computed', 'on the host, float64 scores')}.", ""]
+              f"{rates['computed']}.", ""]
     lines += [f"Send report.json, report.md and report.png to {issues_url()} (a new issue, template \"TPU report\")."]
     return "\n".join(lines) + "\n"
