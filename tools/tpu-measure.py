@@ -181,6 +181,15 @@ def main(argv=None) -> int:
         forward.MAX_UNROLLED_CHUNKS = 0 if setting == "rolled" else chunks
         forward.MAX_UNROLLED_BODIES = 99 if setting == "unrolled" else bodies
 
+    def compiled_loop(method, bkv, bkc):
+        """How this row's key-slice loop compiled under the limits set now; None for Splash's own loop."""
+        record = METHODS[method]
+        if record.family != "svg_lib":
+            return None
+        chunks = bkv // bkc
+        bodies = forward.tile_bodies(1, mask_free=not record.masks_full_tiles)
+        return "one slice" if chunks == 1 else "unrolled" if forward.unroll_chunks(chunks, bodies) else "rolled"
+
     def build(method, bq, bkv, bkc, backward=None):
         return build_attention(mask, method=method, heads=heads, tokens=n, head_dim=d, dtype=jnp.bfloat16,
                                block_q=bq, block_kv=bkv, block_kv_compute=bkc, backward=backward)
@@ -201,7 +210,8 @@ def main(argv=None) -> int:
         floor = floor_ms(method, bq, bkv)
         tiles = method_tiles(get_preset("blog", block_q=bq, block_kv=bkv), method)
         row.update({"part": part, "method": method, "block_q": bq, "block_kv": bkv, "block_kv_compute": bkc,
-                    "unroll": unroll, "max_unrolled_chunks": forward.MAX_UNROLLED_CHUNKS,
+                    "unroll": unroll, "loop": compiled_loop(method, bkv, bkc),
+                    "max_unrolled_chunks": forward.MAX_UNROLLED_CHUNKS,
                     "max_unrolled_bodies": forward.MAX_UNROLLED_BODIES,
                     "tiles_visited_per_head": tiles["tiles_visited"], "heads": heads, "tokens": n,
                     "mxu_floor_ms": round(floor, 3), "mxu_fraction": round(floor / row["median_ms"], 4),

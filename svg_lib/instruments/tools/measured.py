@@ -18,7 +18,7 @@ from svg_lib.core.planner import plan_tiles
 from svg_lib.instruments.tpu.cost import committed_tile_cost, model_cycles
 from svg_lib.kernels.forward import tile_bodies, unroll_chunks
 from svg_lib.methods import BASELINE, METHODS, check_method
-from svg_lib.problem import BLOG_V6E_MS, get_preset
+from svg_lib.problem import BLOG_V6E_MS, default_block_kv_compute, get_preset
 
 MEASUREMENTS_FILE = Path(__file__).resolve().parents[2] / "data" / "tpu_measurements.json"
 # the tile bodies of each of the series' kernels, as the forward builds it for one kind of head
@@ -51,15 +51,19 @@ def shipped_loop(method: str, block_kv: int, block_kv_compute: int) -> str | Non
 
 def shipped_row(method: str, block_q: int, block_kv: int, *, chip: str = "v5e", part: str = "forward",
                 rows=None) -> dict | None:
-    """The measured row of `method` at `block_q` x `block_kv` whose loop is compiled as the kernel now
-    ships it (the newest such row), or None where none was measured."""
+    """The measured row of `method` at `block_q` x `block_kv` whose key-slice loop compiled as the kernel now
+    compiles it (the newest such row; at the default key slices where those were measured, else at the
+    row's own `block_kv_compute`), or None where none was measured."""
     check_method(method)
     rows = load_measurements() if rows is None else rows
     parts = (part, "splash") if part == "forward" else (part,)  # Splash's block-size search is forward too
     found = [r for r in rows if r.get("chip") == chip and r.get("part") in parts and r.get("method") == method and r.get("block_q") == block_q and r.get("block_kv") == block_kv
              and "median_ms" in r and r.get("backward") in (None, "fused")]
     if method in BODIES and part == "forward":
+        # the loop as the kernel compiles it at the row's key slices; the shipped slices where measured
         found = [r for r in found if r.get("loop") == shipped_loop(method, block_kv, r["block_kv_compute"])]
+        slices = default_block_kv_compute(block_q, block_kv)
+        found = [r for r in found if r["block_kv_compute"] == slices] or found
     return found[-1] if found else None
 
 
