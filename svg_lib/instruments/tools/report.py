@@ -302,7 +302,7 @@ def markdown(data: dict, bench) -> str:
     lines = [f"# svg_lib report: {bench.device}, {data['mode']}", "",
              f"jax {data['runtime']['jax_version']}; problem: {bench.config.describe()}.", ""]
     if p:
-        lines += [f"svg_lib {p['svg_lib']} (commit {p['git_commit'] or 'unknown'}), jax {p['jax']}, jaxlib "
+        lines += [f"svg_lib {p['svg_lib'] or 'from its source folder'} (commit {p['git_commit'] or 'unknown'}), jax {p['jax']}, jaxlib "
                   f"{p['jaxlib']}, libtpu {p['libtpu'] or 'not installed'}; chip {p['chip'] or 'none'} "
                   f"({p['device_kind']}); {p['date_utc']}; command: `{p['command']}`", ""]
     lines += ["![Time per stage, measured and simulated, one axis per chip](report.png)", ""]
