@@ -14,6 +14,8 @@ from svg_lib.core.svg_masks import SVGMask
 from svg_lib.kernels.forward import MASK_VALUE, block_sparse_attention
 from svg_lib.kernels.grid import Pieces
 from svg_lib.kernels.tolerances import tolerance
+from svg_lib.teaching.exercises.p03_b1 import b1_learner_attention
+from svg_lib.teaching.exercises.p04_b2_dispatch import b2_exercise_attention
 from svg_lib.teaching.exercises.plugged import b1_step_piece, b2_dispatch_piece, kv_map_piece, tile_body_piece
 
 BLOCK = 128
@@ -129,3 +131,14 @@ def body_without_rescale(*refs):
 def test_tile_body(stage):
     assert np.allclose(forward(stage, Pieces(body=tile_body_piece(body))), LIBRARY[stage], **tolerance("float32"))
     assert differs(forward(stage, Pieces(body=tile_body_piece(body_without_rescale))), stage)
+
+
+def test_plugged_pieces_compile_for_a_tpu(tpu_compiler):
+    """The B1 and B2 kernels with pieces plugged in compile for a v6e (compile-only), bf16 at 128 x 128."""
+    shapes = [((2, MASK.tokens, 128), "bfloat16")] * 3
+    for kernel in (lambda q, k, v: b1_learner_attention(q, k, v, MASK, kv_map=kv_map, step=b1_step, block_q=BLOCK,
+                                                        block_kv=BLOCK, interpret=False),
+                   lambda q, k, v: b2_exercise_attention(q, k, v, MASK, b2_dispatch, block_q=BLOCK, block_kv=BLOCK,
+                                                         interpret=False, record=False)[0]):
+        compiled, _ = tpu_compiler.compile_fn(kernel, shapes, target="v6e")
+        assert compiled is not None

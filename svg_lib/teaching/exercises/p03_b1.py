@@ -1,7 +1,7 @@
 """Notebook 03's two your-code pieces, B1 written by the learner: the key/value index map that reads
 the packed schedule (`check_b1_kv_map`) and B1's masked step (`check_b1_step`), with svg_lib's B1
-that runs them in place of its own (`b1_learner_attention`), a dry run of the two pieces at any size (`b1_dry_run`), the
-library's own pieces and the hints.
+that runs them in place of its own (`b1_learner_attention`), a dry run of the two pieces at any size
+(`b1_dry_run`), the library's own pieces and the hints.
 
 The references are the planner's tables (`plan_tiles`: `kv_index`, `step_class`) and
 `reference_attention`.
