@@ -112,7 +112,8 @@ def test_notebook_runs_the_learners_body():
 
 def test_the_given_kernel_compiles_for_a_tpu(tpu_compiler):
     """With svg_lib's body, the kernel the learner's body runs in compiles for a v6e (compile-only: the
-    Mosaic compiler checks its [block_q, 1] scratch, the transposed k and VMEM), at the walkthrough's tiles."""
+    Mosaic compiler checks the [block_q, 1] views of the state, the transposed k and VMEM), at the
+    walkthrough's tiles."""
     import functools
 
     kernel = functools.partial(p01.flash_attention_with_body, body=p01.tile_body, block_q=256, block_kv=128,

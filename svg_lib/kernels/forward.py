@@ -66,7 +66,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from svg_lib.kernels.grid import Schedule, TileSizes, row_block, tile_step_call
+from svg_lib.kernels.grid import Pieces, Schedule, TileSizes, row_block, tile_step_call
 from svg_lib.kernels.refs import KernelRefs
 from svg_lib.methods import PLANNED_METHODS, check_method
 
@@ -454,7 +454,7 @@ def dense_flash_attention(q, k, v, *, block_q, block_kv, block_kv_compute, inter
 
 def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, block_q, block_kv,
                            block_kv_compute, interpret, vmem_limit_bytes=None, residuals=False, head_order=None,
-                           hooks=None):
+                           hooks=None, pieces=None):
     """B1 / B2 / B3 over a planner schedule.
 
     schedule: int32 `[ceil(kinds * nq * steps / 2)]` from the planner (`TilePlan.schedule`,
@@ -477,7 +477,10 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
     The grid, the schedule's decoding and the choice of body per step are `grid.tile_step_call`'s;
     this kernel brings the online-softmax tile with its bounded max, its start and its finish.
     `hooks` (`grid.Hooks`, e.g. the observed forward's tile masses) append their outputs after these.
+    `pieces` (`grid.Pieces`): an index map, a step or a tile body to run in place of the library's; a
+    replaced tile body runs with the running max only (the bounded max would make its rescaling moot).
     """
+    pieces = Pieces() if pieces is None else pieces
     record = check_method(stage, PLANNED_METHODS, what="block-sparse stage")
     keeps = keep if isinstance(keep, tuple) else (keep,)
     sizes = TileSizes(block_q, block_kv, block_kv_compute)
@@ -495,6 +498,8 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
                                  q_start=step.i * block_q, k_start=step.kv_tile * block_kv,
                                  block_kv_compute=block_kv_compute, interpret=on_cpu,
                                  kv_tokens=partial_tail(tokens, block_kv), bodies=bodies)
+        if pieces.body is not None:
+            return lambda keep: body(keep=keep, bounded=False)
         switch = functools.partial(try_bound, r["q_ref"], r["m_ref"], r["l_ref"], r["acc_ref"], r["flag_ref"],
                                    r["key_norm_ref"][step.head], on_cpu, q_start=step.i * block_q,
                                    q_tokens=partial_tail(q_tokens, block_q))
@@ -514,6 +519,6 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
         extra_in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],  # [heads] f32 key-norm maxima
         outputs=("o", ("lse", residuals)), out_shapes=lambda q_map: _output_blocks(q, block_q, q_map, residuals),
         scratch=("m", "l", "acc", "flag"), scratch_shapes=softmax_scratch(block_q, q.shape[2], bounded=True),
-        hooks=hooks, compiler_params=compiler_params(vmem_limit_bytes), interpret=interpret,
+        hooks=hooks, pieces=pieces, compiler_params=compiler_params(vmem_limit_bytes), interpret=interpret,
         name=f"{stage}_{'' if hooks is None else hooks.name + '_'}block_sparse_attention")
     return outs[0] if len(outs) == 1 else tuple(outs)

@@ -11,7 +11,9 @@ body computes:
 
 This module owns those four; a kernel brings the rest (`tile_step_call`): the tile body, what a query
 tile starts and finishes with, its outputs and scratch, and optional `Hooks` that ride along every
-step (the observed forward's tile masses). The backward reads its schedules through the same
+step (the observed forward's tile masses). `Pieces` replaces any of fetch, pick and the tile body
+with other code of the same contract (the notebooks plug the learner's in); left at None, each is
+the library's own and the kernel traces exactly as without it. The backward reads its schedules through the same
 decoder (`ScheduleRows`) and picks its bodies by the same `dispatch`.
 
 The sizes of a tile travel as one value, `TileSizes`: `[block_q, head_dim]` query blocks,
@@ -192,9 +194,34 @@ class Hooks:
     finish: Callable | None = None
 
 
+def library_step(step: Step, free: Callable, masked: Callable, *, method: Method, run: Callable):
+    """What a step of class `step.cls` runs, by the library: `dispatch` (`run(keep)`, the tile with
+    any predicate, is there for a replacement's use)."""
+    dispatch(step.cls, free, masked, method=method)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pieces:
+    """The tile step's replaceable pieces; each None is the library's own.
+
+    `kv_map(h, i, s, **tables)` -> `(head, key tile, 0)`: the key and value blocks' index map, with
+    `Schedule.kv_map`'s contract (tables: `head_kind_ref`, `schedule_ref`, `head_order_ref`).
+    `step(step, free, masked, *, method, run)`: what a grid step runs, `library_step`'s contract:
+    `free()` the mask-free tile, `masked()` the tile under the head's kind's predicate, `run(keep)`
+    the tile under any predicate (None: mask-free).
+    `body`: a tile body with `forward.online_softmax_tile`'s contract, run in place of the kernel's
+    own at every tile a step runs (a kernel given one runs it with the running max only, so that the
+    body's own rescaling is what the output shows).
+    """
+
+    kv_map: Callable | None = None
+    step: Callable | None = None
+    body: Callable | None = None
+
+
 def tile_step_call(schedule: Schedule, sizes: TileSizes, *, q_shape, tile, start, finish, method: Method, keeps,
                    inputs, operands, extra_in_specs, outputs, out_shapes, scratch, scratch_shapes, hooks=None,
-                   compiler_params, interpret, name):
+                   pieces=None, compiler_params, interpret, name):
     """A `pallas_call` over grid `(heads, query tiles, schedule.steps)` running the tile step.
 
     q_shape `(heads, tokens, head_dim)`. The inputs are q, k, v (`[heads, tokens, head_dim]`,
@@ -206,9 +233,12 @@ def tile_step_call(schedule: Schedule, sizes: TileSizes, *, q_shape, tile, start
     -> `run(keep)`, where `wrap` is None (the kernel's own tile body) or maps that body to the one
     to run instead (`Hooks.body`), and `keep` None (a mask-free tile) or a predicate, one of `keeps`,
     one per kind of head; `start(step)` on a query tile's first step, `finish(step)` on its last.
+    `pieces` (`Pieces`): the index map, the step and the tile body to run instead of the library's.
     Returns the list of outputs.
     """
     hooks = Hooks() if hooks is None else hooks
+    pieces = Pieces() if pieces is None else pieces
+    run_step = library_step if pieces.step is None else pieces.step
     heads, _, head_dim = q_shape
     refs = KernelRefs(prefetch=schedule.prefetch, inputs=inputs, outputs=tuple(outputs) + tuple(hooks.outputs),
                       scratch=tuple(scratch) + tuple(hooks.scratch))
@@ -219,7 +249,7 @@ def tile_step_call(schedule: Schedule, sizes: TileSizes, *, q_shape, tile, start
         head = schedule.head(h, tables["head_order_ref"])
         kv_tile, cls = schedule.entry(h, i, s, **tables)
         step = Step(h, i, s, head, kv_tile, cls, named)
-        run = tile(None if hooks.body is None else (lambda body: hooks.body(body, step)), step)
+        run = tile(_wrap(pieces.body, hooks.body, step), step)
 
         def masked_tile():  # the predicate of this head's kind (one kind unless routing)
             for kind, keep in enumerate(keeps):
@@ -231,7 +261,7 @@ def tile_step_call(schedule: Schedule, sizes: TileSizes, *, q_shape, tile, start
             if hooks.start is not None:
                 hooks.start(step)
 
-        dispatch(cls, lambda: run(None), masked_tile, method=method)
+        run_step(step, lambda: run(None), masked_tile, method=method, run=run)
 
         @pl.when(s == schedule.steps - 1)
         def _():
@@ -239,7 +269,8 @@ def tile_step_call(schedule: Schedule, sizes: TileSizes, *, q_shape, tile, start
             if hooks.finish is not None:
                 hooks.finish(step)
 
-    q_map, kv_map = refs.index_map(schedule.q_map), refs.index_map(schedule.kv_map)
+    q_map = refs.index_map(schedule.q_map)
+    kv_map = refs.index_map(schedule.kv_map if pieces.kv_map is None else pieces.kv_map)
     shaped = list(out_shapes(q_map)) + list(hooks.out_shapes(q_map))
     outs = pl.pallas_call(
         refs.kernel(kernel),
@@ -257,6 +288,18 @@ def tile_step_call(schedule: Schedule, sizes: TileSizes, *, q_shape, tile, start
         name=name,
     )(*schedule.tables, *operands)
     return list(outs)
+
+
+def _wrap(piece, hook, step):
+    """What `tile` gets as `wrap`: None (the kernel's own body), or the map from the kernel's body to
+    the one to run: the piece in its place, then the hook's wrapper around whichever it is."""
+    if piece is None and hook is None:
+        return None
+
+    def wrap(own):
+        body = own if piece is None else piece
+        return body if hook is None else hook(body, step)
+    return wrap
 
 
 def row_block(index_map, lanes: int):

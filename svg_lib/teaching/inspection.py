@@ -4,7 +4,7 @@ Two helpers that let a notebook show a kernel instead of describing it:
 
     from svg_lib.teaching.inspection import source_lines, tile_bodies, tile_body_table
 
-    print(source_lines(grid.tile_step_call, "def kernel(", "dispatch(cls, lambda"))
+    print(source_lines(grid.tile_step_call, "def kernel(", "run_step(step, lambda"))
     bodies = {m: tile_bodies(mask, m) for m in ("b1", "b2")}   # one TileBody per tile body a kernel holds
     print(tile_body_table(bodies))
 

@@ -1,10 +1,8 @@
-"""E3, B2's dispatch inside a working Pallas kernel: `b2_exercise_attention` (the kernel, its
-dispatch left to the learner), `check_b2_dispatch` and its hidden cases.
+"""E3, B2's dispatch inside svg_lib's own kernel: `b2_exercise_attention` (B2 with its dispatch
+left to the learner), `check_b2_dispatch` and its hidden cases.
 
 The references are the planner's step classes and `reference_attention`."""
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
@@ -12,22 +10,22 @@ from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.masks import Mask
 from svg_lib.core.svg_masks import SVGMask
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles
-from svg_lib.kernels.forward import finish as finish_tile
-from svg_lib.kernels.forward import init_state, plain_interpreter, online_softmax_tile, softmax_scratch
+from svg_lib.kernels.grid import Pieces
 from svg_lib.kernels.reference import reference_attention
 from svg_lib.kernels.tolerances import tolerance
 from svg_lib.teaching.exercises.common import CheckResult, _Case, _Fail, _call, _finish
-
-
-MASK_FREE_PATH, MASKED_PATH = 1, 16  # what the exercise kernel records per tile body run (16 so counts add up)
+from svg_lib.teaching.exercises.plugged import MASK_FREE as MASK_FREE_PATH
+from svg_lib.teaching.exercises.plugged import MASKED as MASKED_PATH
+from svg_lib.teaching.exercises.plugged import b2_dispatch_piece, plugged_attention
 
 
 def b2_exercise_attention(q, k, v, mask: Mask, dispatch, *, block_q: int = 128, block_kv: int = 128,
                           interpret=True, record: bool = True):
-    """The B2 kernel with its dispatch left to `dispatch(step_class, tile, keep)`.
+    """svg_lib's B2 (`forward.block_sparse_attention`, built by `grid.tile_step_call`) with its
+    dispatch replaced by `dispatch(step_class, tile, keep)` (`plugged`).
 
     q, k, v `[heads, tokens, head_dim]` float32 (unscaled; scaled by 1/sqrt(head_dim) here).
-    Returns `(out [heads, tokens, head_dim], paths [heads, q_tiles, steps] int32)`: `paths`
+    Returns `(out [heads, tokens, head_dim], paths [heads, q_tiles, steps] int32, plan)`: `paths`
     records, for every grid step, the tile bodies that ran: MASK_FREE_PATH (1) per mask-free
     run plus MASKED_PATH (16) per masked run, so 0 means the step computed nothing.
     `dispatch` receives the step's class (EMPTY / PARTIAL / FULL, read from SMEM), `tile`
@@ -35,77 +33,11 @@ def b2_exercise_attention(q, k, v, mask: Mask, dispatch, *, block_q: int = 128, 
     `keep`, the mask's elementwise predicate. With `record=False` nothing is recorded (`paths` is
     None): the kernel alone, to time it.
     """
-    import functools
-
-    import jax
-    import jax.numpy as jnp
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import tpu as pltpu
-
-    heads, tokens, head_dim = q.shape
     plan = plan_tiles(mask, block_q, block_kv)
-    # the plan's two tables as they are (the series' kernels read them packed, notebook 03)
-    kv_index, step_class = (jnp.asarray(t, jnp.int32) for t in (plan.kv_index, plan.step_class))
-    nq, steps = plan.kv_index.shape
-    q_len, kv_len = nq * block_q, plan.grid[1] * block_kv
     keep = mask.kernel_predicate(block_q, block_kv)
-
-    def kernel(kv_index_ref, step_class_ref, q_ref, k_ref, v_ref, o_ref, *rest):
-        path_ref, m_ref, l_ref, acc_ref = rest if record else (None, *rest)
-        i, s = pl.program_id(1), pl.program_id(2)
-
-        if record:
-            @pl.when((i == 0) & (s == 0))
-            def _():
-                path_ref[...] = jnp.zeros(path_ref.shape, jnp.int32)
-
-        @pl.when(s == 0)
-        def _():
-            init_state(m_ref, l_ref, acc_ref)
-
-        body = functools.partial(online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
-                                 q_start=i * block_q, k_start=kv_index_ref[i, s] * block_kv,
-                                 block_kv_compute=block_kv, interpret=plain_interpreter(interpret))
-
-        def tile(keep=None):
-            body(keep=keep)
-            if record:
-                path_ref[i, s] += MASK_FREE_PATH if keep is None else MASKED_PATH
-
-        dispatch(step_class_ref[i, s], tile, keep)
-
-        @pl.when(s == steps - 1)
-        def _():
-            finish_tile(m_ref, l_ref, acc_ref, o_ref, plain_interpreter(interpret))
-
-    def q_map(h, i, s, kv_index_ref, *_):
-        return h, i, 0
-
-    def kv_map(h, i, s, kv_index_ref, *_):
-        return h, kv_index_ref[i, s], 0
-
-    def path_map(h, i, s, *_):
-        return h, 0, 0
-
-    call = pl.pallas_call(
-        kernel,
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=2, grid=(heads, nq, steps),
-            in_specs=[pl.BlockSpec((None, block_q, head_dim), q_map),
-                      pl.BlockSpec((None, block_kv, head_dim), kv_map),
-                      pl.BlockSpec((None, block_kv, head_dim), kv_map)],
-            out_specs=[pl.BlockSpec((None, block_q, head_dim), q_map),
-                       pl.BlockSpec((None, nq, steps), path_map)][:2 if record else 1],
-            scratch_shapes=softmax_scratch(block_q, head_dim)),
-        out_shape=[jax.ShapeDtypeStruct((heads, q_len, head_dim), q.dtype),
-                   jax.ShapeDtypeStruct((heads, nq, steps), jnp.int32)][:2 if record else 1],
-        interpret=interpret,
-    )
-    qs = q * (1.0 / math.sqrt(head_dim))
-    out, paths = (*call(kv_index, step_class, jnp.pad(qs, ((0, 0), (0, q_len - tokens), (0, 0))),
-                      jnp.pad(k, ((0, 0), (0, kv_len - tokens), (0, 0))),
-                      jnp.pad(v, ((0, 0), (0, kv_len - tokens), (0, 0)))), None)[:2]
-    return out[:, :tokens], paths, plan
+    pieces = Pieces(step=b2_dispatch_piece(dispatch, keep))
+    outs = plugged_attention(q, k, v, plan, stage="b2", keep=keep, pieces=pieces, record=record, interpret=interpret)
+    return (outs[0], outs[1], plan) if record else (outs, None, plan)
 
 
 def _path_words(code: int) -> str:

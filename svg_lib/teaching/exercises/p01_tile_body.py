@@ -1,5 +1,5 @@
-"""Notebook 01's your-code piece, the online-softmax tile body on refs inside a given flash kernel:
-`flash_attention_with_body` (the kernel, its tile body left to the learner), `check_tile_body_on_refs`,
+"""Notebook 01's your-code piece, the online-softmax tile body on refs inside svg_lib's own kernel:
+`flash_attention_with_body` (the kernel with the learner's tile body plugged in), `check_tile_body_on_refs`,
 its hidden cases and hints, and svg_lib's own body (`tile_body`, what the notebook runs until the
 learner's passes).
 
@@ -8,14 +8,17 @@ with the same kernel simulated in float64 with one typical mistake each, to name
 """
 from __future__ import annotations
 
-import functools
+import dataclasses
 import math
 
 import numpy as np
 
-from svg_lib.kernels.forward import MASK_VALUE, token_ids
+from svg_lib.core.planner import FULL, PARTIAL, pack_schedule
+from svg_lib.kernels.forward import MASK_VALUE
+from svg_lib.kernels.grid import Pieces
 from svg_lib.kernels.reference import attention_float64
 from svg_lib.teaching.exercises.common import CheckResult, _Case, _Fail, _call, _finish, _fmt
+from svg_lib.teaching.exercises.plugged import plugged_attention, tile_body_piece
 from svg_lib.teaching.yourcode import Hints
 
 
@@ -62,71 +65,49 @@ HINTS = Hints("the tile body", (
 ), SOLUTION)
 
 
+@dataclasses.dataclass(frozen=True)
+class _EveryTile:
+    """A plan that visits every (query tile, key tile) in order (dense attention as a schedule): the
+    fields of `planner.TilePlan` that `plugged_attention` reads."""
+
+    kv_index: np.ndarray
+    schedule: np.ndarray
+    block_q: int
+    block_kv: int
+
+
 def flash_attention_with_body(q, k, v, body, *, block_q: int, block_kv: int, keep=None, interpret=True,
                               pad_value: float = 0.0):
-    """Dense flash attention whose tile body is `body(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, keep)`.
+    """Dense flash attention whose tile body is `body(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, keep)`:
+    svg_lib's B2 kernel (`forward.block_sparse_attention`, built by `grid.tile_step_call`) over a
+    schedule that visits every key tile of every query tile, with `body` in place of its own (`plugged`).
 
-    q, k, v `[heads, tokens, head_dim]` (unscaled; q is scaled by 1/sqrt(head_dim) here, in its dtype).
-    Grid (heads, query tiles, key tiles), key tiles last. Scratch: m and l `[block_q, 1]` float32, acc
-    `[block_q, head_dim]` float32, set to (MASK_VALUE, 0, 0) at each query tile's first key tile and
-    turned into the output (acc / l; zeros for a row that kept no key) at its last. The body gets
+    q, k, v `[heads, tokens, head_dim]` (unscaled; q is scaled by 1/sqrt(head_dim) here, in its dtype),
+    padded to whole tiles with `pad_value`. Scratch: m and l `[block_q, 1]` float32 (as the body sees
+    them), acc `[block_q, head_dim]` float32, set to (MASK_VALUE, 0, 0) at each query tile's first key
+    tile and turned into the output (acc / l; zeros for a row that kept no key) at its last. The body gets
     `keep=None` on tiles with nothing to mask, else a bool `[block_q, block_kv]`: the key padding
-    (`k < tokens`; the inputs are padded to whole tiles with `pad_value`) and, if given, the
-    predicate `keep(q_ids, k_ids)` on global token indices (q_ids `[block_q, 1]`, k_ids `[1, block_kv]`).
+    (`k < tokens`) and, if given, the predicate `keep(q_ids, k_ids)` on global token indices (q_ids
+    `[block_q, 1]`, k_ids `[1, block_kv]`).
     """
-    import jax
     import jax.numpy as jnp
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import tpu as pltpu
 
     heads, tokens, head_dim = q.shape
     nq, nk = -(-tokens // block_q), -(-tokens // block_kv)
+    kv_index = np.broadcast_to(np.arange(nk), (nq, nk))
+    # a tile masks where a predicate is given, or where it reaches into key padding; the rest are FULL
+    masked = np.broadcast_to(keep is not None or np.arange(1, nk + 1) * block_kv > tokens, (nq, nk))
+    plan = _EveryTile(kv_index, pack_schedule(kv_index, np.where(masked, PARTIAL, FULL)), block_q, block_kv)
 
-    def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
-        i, j = pl.program_id(1), pl.program_id(2)
-
-        @pl.when(j == 0)
-        def _():
-            m_ref[...] = jnp.full(m_ref.shape, MASK_VALUE, jnp.float32)
-            l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
-            acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
-
-        q_ids, k_ids = token_ids(i * block_q, block_q, 0), token_ids(j * block_kv, block_kv, 1)
-        in_keys = jnp.broadcast_to(k_ids < tokens, (block_q, block_kv))
-        tile = functools.partial(body, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref)
-        if keep is None:
-            padded = (j + 1) * block_kv > tokens  # the tile reaches into key padding
-            pl.when(jnp.logical_not(padded))(lambda: tile(None))
-            pl.when(padded)(lambda: tile(in_keys))
-        else:
-            tile(in_keys & keep(q_ids, k_ids))
-
-        @pl.when(j == nk - 1)
-        def _():
-            seen = m_ref[...] > 0.5 * MASK_VALUE
-            out = jnp.where(seen, acc_ref[...] / jnp.where(seen, l_ref[...], 1.0), 0.0)
-            o_ref[...] = out.astype(o_ref.dtype)
-
-    q_map, kv_map = (lambda h, i, j: (h, i, 0)), (lambda h, i, j: (h, j, 0))
-    call = pl.pallas_call(
-        kernel,
-        grid=(heads, nq, nk),
-        in_specs=[pl.BlockSpec((None, block_q, head_dim), q_map),
-                  pl.BlockSpec((None, block_kv, head_dim), kv_map),
-                  pl.BlockSpec((None, block_kv, head_dim), kv_map)],
-        out_specs=pl.BlockSpec((None, block_q, head_dim), q_map),
-        out_shape=jax.ShapeDtypeStruct((heads, nq * block_q, head_dim), q.dtype),
-        scratch_shapes=[pltpu.VMEM((block_q, 1), jnp.float32), pltpu.VMEM((block_q, 1), jnp.float32),
-                        pltpu.VMEM((block_q, head_dim), jnp.float32)],
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
-        interpret=interpret,
-    )
+    def in_keys(q_ids, k_ids):
+        return k_ids < tokens if keep is None else (k_ids < tokens) & keep(q_ids, k_ids)
 
     def pad(x, n):
         return jnp.pad(x, ((0, 0), (0, n - tokens), (0, 0)), constant_values=pad_value)
 
-    qs = (q * (1.0 / math.sqrt(head_dim))).astype(q.dtype)
-    return call(pad(qs, nq * block_q), pad(k, nk * block_kv), pad(v, nk * block_kv))[:, :tokens]
+    out = plugged_attention(pad(q, nq * block_q), pad(k, nk * block_kv), pad(v, nk * block_kv), plan, stage="b2",
+                            keep=in_keys, pieces=Pieces(body=tile_body_piece(body)), interpret=interpret)
+    return out[:, :tokens]
 
 
 # -- the kernel in float64, with one typical mistake at a time -----------------------------------

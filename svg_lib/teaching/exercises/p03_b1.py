@@ -1,7 +1,7 @@
 """Notebook 03's two your-code pieces, B1 written by the learner: the key/value index map that reads
-the packed schedule (`check_b1_kv_map`) and B1's masked step (`check_b1_step`), with the kernel that
-assembles them (`b1_learner_attention`), a dry run of the two pieces at any size (`b1_dry_run`), the
-library's own pieces and the hints.
+the packed schedule (`check_b1_kv_map`) and B1's masked step (`check_b1_step`), with svg_lib's B1
+that runs them in place of its own (`b1_learner_attention`), a dry run of the two pieces at any size
+(`b1_dry_run`), the library's own pieces and the hints.
 
 The references are the planner's tables (`plan_tiles`: `kv_index`, `step_class`) and
 `reference_attention`.
@@ -9,7 +9,6 @@ The references are the planner's tables (`plan_tiles`: `kv_index`, `step_class`)
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 
@@ -17,14 +16,12 @@ from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.masks import Mask
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles, schedule_entry
 from svg_lib.core.svg_masks import SVGMask
-from svg_lib.kernels.forward import finish as finish_tile
-from svg_lib.kernels.forward import init_state, online_softmax_tile, plain_interpreter, softmax_scratch
+from svg_lib.kernels.grid import Pieces
 from svg_lib.kernels.reference import reference_attention
 from svg_lib.kernels.tolerances import tolerance
 from svg_lib.teaching.exercises.common import CheckResult, _Case, _Fail, _call, _finish
+from svg_lib.teaching.exercises.plugged import MASK_FREE, MASKED, b1_step_piece, kv_map_piece, plugged_attention
 from svg_lib.teaching.yourcode import Hints
-
-MASK_FREE, MASKED = 1, 16  # what a recorded step adds per mask-free / masked tile body run (16: counts add up)
 
 
 # -- the library's pieces (what choose() falls back to) ---------------------------------------
@@ -81,79 +78,24 @@ def step_hints():
 
 def b1_learner_attention(q, k, v, mask: Mask, *, kv_map=library_kv_map, step=library_b1_step,
                          block_q: int = 128, block_kv: int = 128, interpret=True, record: bool = False):
-    """B1 with its key/value index map and its step given: one `pallas_call`, grid
-    (heads, query tiles, steps), the plan's packed schedule scalar-prefetched into SMEM.
+    """svg_lib's B1 (`forward.block_sparse_attention`, built by `grid.tile_step_call`) with its
+    key/value index map and its step replaced by `kv_map` and `step` (`plugged`).
 
-    q, k, v `[heads, tokens, head_dim]` (unscaled; scaled by 1/sqrt(head_dim) here, padded to whole
-    tiles in HBM). `kv_map(h, i, s, schedule_ref, *, steps)` is the key and value BlockSpecs' index
-    map; `step(i, s, kv_tile, cls, tile, keep, *, block_q, block_kv)` runs at every grid step between
-    the given init (s == 0) and finish (last step), with `tile(keep, q_start, k_start)` the tile body
-    (the running max; `keep=None` mask-free) over the resident blocks. Returns the output
-    `[heads, tokens, head_dim]`, and with `record` also `(out, paths, q_starts, k_starts, plan)`:
-    per grid step `[heads, nq, steps]` int32, the bodies run (MASK_FREE per mask-free run plus MASKED
-    per masked run) and the offsets the last run was given (-1: none).
+    q, k, v `[heads, tokens, head_dim]` (unscaled; scaled by 1/sqrt(head_dim) here). `kv_map(h, i, s,
+    schedule_ref, *, steps)` is the key and value BlockSpecs' index map; `step(i, s, kv_tile, cls, tile,
+    keep, *, block_q, block_kv)` runs at every grid step between the library's init (s == 0) and finish
+    (last step), with `tile(keep, q_start, k_start)` the library's tile body (the running max; `keep=None`
+    mask-free) over the resident blocks. Returns the output `[heads, tokens, head_dim]`, and with
+    `record` also `(out, paths, q_starts, k_starts, plan)`: per grid step `[heads, nq, steps]` int32, the
+    bodies run (MASK_FREE per mask-free run plus MASKED per masked run) and the offsets the last run was
+    given (-1: none).
     """
-    import jax
-    import jax.numpy as jnp
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import tpu as pltpu
-
-    heads, tokens, head_dim = q.shape
     plan = plan_tiles(mask, block_q, block_kv)
-    nq, steps = plan.kv_index.shape
-    q_len, kv_len = nq * block_q, plan.grid[1] * block_kv
     keep = mask.kernel_predicate(block_q, block_kv)
-    on_cpu = plain_interpreter(interpret)
-
-    def kernel(schedule_ref, q_ref, k_ref, v_ref, o_ref, *rest):
-        paths_ref, qs_ref, ks_ref, m_ref, l_ref, acc_ref = rest if record else (None, None, None, *rest)
-        i, s = pl.program_id(1), pl.program_id(2)
-        kv_tile, cls = schedule_entry(schedule_ref, i * steps + s)
-
-        if record:
-            @pl.when((i == 0) & (s == 0))
-            def _():
-                paths_ref[...] = jnp.zeros(paths_ref.shape, jnp.int32)
-                qs_ref[...] = jnp.full(qs_ref.shape, -1, jnp.int32)
-                ks_ref[...] = jnp.full(ks_ref.shape, -1, jnp.int32)
-
-        @pl.when(s == 0)
-        def _():
-            init_state(m_ref, l_ref, acc_ref)
-
-        def tile(keep, q_start, k_start):
-            online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, keep=keep, q_start=q_start,
-                                k_start=k_start, block_kv_compute=block_kv, interpret=on_cpu)
-            if record:
-                paths_ref[i, s] += MASK_FREE if keep is None else MASKED
-                qs_ref[i, s], ks_ref[i, s] = q_start, k_start
-
-        step(i, s, kv_tile, cls, tile, keep, block_q=block_q, block_kv=block_kv)
-
-        @pl.when(s == steps - 1)
-        def _():
-            finish_tile(m_ref, l_ref, acc_ref, o_ref, on_cpu)
-
-    q_spec = pl.BlockSpec((None, block_q, head_dim), lambda h, i, s, schedule_ref: (h, i, 0))
-    kv_spec = pl.BlockSpec((None, block_kv, head_dim), functools.partial(kv_map, steps=steps))
-    out_specs = [q_spec]
-    out_shape = [jax.ShapeDtypeStruct((heads, q_len, head_dim), q.dtype)]
-    if record:
-        out_specs += [pl.BlockSpec((None, nq, steps), lambda h, i, s, schedule_ref: (h, 0, 0))] * 3
-        out_shape += [jax.ShapeDtypeStruct((heads, nq, steps), jnp.int32)] * 3
-    call = pl.pallas_call(
-        kernel,
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=1, grid=(heads, nq, steps), in_specs=[q_spec, kv_spec, kv_spec],
-            out_specs=out_specs, scratch_shapes=softmax_scratch(block_q, head_dim)),
-        out_shape=out_shape, interpret=interpret, name="b1_learner_attention")
-    pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n - tokens), (0, 0)))  # noqa: E731
-    outs = call(jnp.asarray(plan.schedule, jnp.int32), pad(q * (1.0 / math.sqrt(head_dim)), q_len),
-                pad(k, kv_len), pad(v, kv_len))
-    if not record:
-        return outs[0][:, :tokens]
-    out, paths, q_starts, k_starts = outs
-    return out[:, :tokens], np.asarray(paths), np.asarray(q_starts), np.asarray(k_starts), plan
+    pieces = Pieces(kv_map=kv_map_piece(kv_map, steps=plan.kv_index.shape[1]),
+                    step=b1_step_piece(step, keep, block_q=block_q, block_kv=block_kv))
+    outs = plugged_attention(q, k, v, plan, stage="b1", keep=keep, pieces=pieces, record=record, interpret=interpret)
+    return (*outs, plan) if record else outs
 
 
 def b1_dry_run(plan, *, kv_map=library_kv_map, step=library_b1_step):
