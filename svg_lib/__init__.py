@@ -45,8 +45,8 @@ from svg_lib.core.geometry import (TileLayout, VideoGeometry, from_tile_major,  
                                    to_temporal_major, to_tile_major)
 from svg_lib.core.masks import Mask, RoundingReport, TileAlignedMask, check_block_size
 from svg_lib.core.svg_masks import PermutedMask, SVGMask, TemporalMask
-from svg_lib.core.sliding import SlidingTileMask
-from svg_lib.core.radial import RadialMask
+from svg_lib.extensions.sliding import SlidingTileMask
+from svg_lib.extensions.radial import RadialMask
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, TilePlan, plan_tiles  # noqa: E402
 # memory, kernels, attention()
 from svg_lib.memory.vmem import VmemEstimate, estimate_vmem  # noqa: E402
