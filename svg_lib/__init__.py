@@ -39,14 +39,14 @@ from svg_lib.problem import (BLOG_SWEEP_V6E_MS, BLOG_V6E_MS, PRESETS, BenchConfi
                              get_preset)
 from svg_lib.runtime import Runtime, chip_devices, default_interpret, detect_runtime  # noqa: E402
 # geometry, masks, the planner (3-D sliding tiles included)
-from svg_lib.core.geometry import (TileLayout, VideoGeometry, from_tile_major,  # noqa: E402
-                                   inverse_temporal_major_permutation, inverse_tile_major_permutation,
-                                   temporal_major_permutation, tile_major_permutation, to_frame_major,
-                                   to_temporal_major, to_tile_major)
+from svg_lib.core.geometry import (VideoGeometry, inverse_temporal_major_permutation,  # noqa: E402
+                                   temporal_major_permutation, to_frame_major, to_temporal_major)
+from svg_lib.extensions.tile_layout import (TileLayout, from_tile_major,  # noqa: E402
+                                            inverse_tile_major_permutation, tile_major_permutation, to_tile_major)
 from svg_lib.core.masks import Mask, RoundingReport, TileAlignedMask, check_block_size
 from svg_lib.core.svg_masks import PermutedMask, SVGMask, TemporalMask
-from svg_lib.core.sliding import SlidingTileMask
-from svg_lib.core.radial import RadialMask
+from svg_lib.extensions.sliding import SlidingTileMask
+from svg_lib.extensions.radial import RadialMask
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, TilePlan, plan_tiles  # noqa: E402
 # memory, kernels, attention()
 from svg_lib.memory.vmem import VmemEstimate, estimate_vmem  # noqa: E402

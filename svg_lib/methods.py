@@ -67,6 +67,11 @@ class Method:
         return self.full_step is not None and self.full_step != "free"
 
     @property
+    def mask_free_body(self) -> bool:
+        """Its kernel compiles a mask-free tile body (`forward.tile_bodies`): all but B1, which masks every tile."""
+        return not self.masks_full_tiles
+
+    @property
     def rounds_to_tiles(self) -> bool:
         """Computes the mask rounded to whole tiles (B3): its plan is the tile-aligned mask's."""
         return self.computes == "tile_aligned"
@@ -112,6 +117,13 @@ PLANNED_METHODS = tuple(n for n, m in METHODS.items() if m.planned)
 STAGES = tuple(m.stage for m in METHODS.values() if m.stage)          # the svg_lib kernels' stages
 MASKED_METHODS = tuple(n for n, m in METHODS.items() if m.needs_mask)
 BACKWARD_METHODS = tuple(n for n, m in METHODS.items() if m.backward)  # the stages with backward kernels
+SERIES_METHODS = tuple(n for n, m in METHODS.items() if m.family == "svg_lib")  # the series' own kernels
+# The orders the benchmarks, the cost model and the measurements list methods in: B0 first (what
+# speedups are against), or Splash's two first.
+DEFAULT_METHODS = (BASELINE,) + tuple(n for n in PALLAS_METHODS if n != BASELINE)  # every Pallas kernel
+MODEL_METHODS = (BASELINE,) + SERIES_METHODS  # what the probes price: Splash's own steps only unmasked
+SPLASH_FIRST_METHODS = SPLASH_METHODS + SERIES_METHODS
+SERIES_FIRST_METHODS = SERIES_METHODS + SPLASH_METHODS  # the VMEM estimates' order
 
 
 def check_method(name, among=None, *, what: str = "method") -> Method:

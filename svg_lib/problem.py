@@ -43,7 +43,7 @@ BLOG_MULTICHIP_MS = {"before": 75.64, "after": 46.81}
 # latency (None: not reported).
 BLOG_END_TO_END = {"720p": (1.28, None, 0.555), "1080p": (1.49, 24.66, None), "1440p": (1.69, 24.05, 0.882)}
 
-DEFAULT_METHODS = ("splash_dense", "dense", "splash", "b1", "b2", "b3")
+DEFAULT_METHODS = methods.DEFAULT_METHODS
 PALLAS_METHODS = methods.PALLAS_METHODS
 _DTYPES = ("float32", "bfloat16")
 

@@ -239,7 +239,7 @@ def test_backward_that_overflows_vmem_is_refused_when_the_gradient_is_traced():
 def test_gradients_with_padding_inside_the_sequence(method):
     """A sliding-tile mask pads each 3-D cube: padded query rows run unmasked and are zeroed,
     padded keys are masked. Neither may leak into a gradient: every one matches float64."""
-    from svg_lib.core.sliding import SlidingTileMask
+    from svg_lib.extensions.sliding import SlidingTileMask
     mask = SlidingTileMask(VideoGeometry(3, 5, 16), (1, 4, 32), (1, 3, 1))  # 128-token cubes, padding inside
     assert mask.tokens > VideoGeometry(3, 5, 16).tokens
     q, k, v = random_qkv(11, 1, mask.tokens, 64, "float32")

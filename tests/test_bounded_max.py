@@ -252,7 +252,7 @@ def test_the_pass_rate_on_the_device_decides_as_the_host_does():
     """bound_test's float32 path on jax's device (what the report takes on a TPU) against its float64 path
     on the host, on heads where some query tiles pass and some fail, with and without a mask's first tiles."""
     from svg_lib import EMPTY, plan_tiles
-    from svg_lib.kernels.reference import bound_test
+    from svg_lib.extensions.bounded_max import bound_test
     q, k, _ = (np.asarray(x, np.float64) for x in _inputs("ordinary", MASK.tokens, heads=2))
     q[0, 130:140] *= 40.0
     q[1, 300:310] *= 40.0

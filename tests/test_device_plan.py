@@ -1,4 +1,4 @@
-"""The device planner (svg_lib.kernels.device_plan) against the NumPy planner (svg_lib.core.planner).
+"""The device planner (svg_lib.extensions.device_plan) against the NumPy planner (svg_lib.core.planner).
 
 A per-head tile selection is a `TileAlignedMask` per head in NumPy terms (whole tiles kept, nothing
 else), so `plan_tiles` of that mask gives the tables the device planner must reproduce: the same
@@ -12,7 +12,7 @@ import pytest
 
 from svg_lib.core.masks import TileAlignedMask
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, pack_schedule, plan_tiles, unpack_schedule
-from svg_lib.kernels.device_plan import device_tables, tile_classes
+from svg_lib.extensions.device_plan import device_tables, tile_classes
 
 # device_tables traced once per shape and budget (eager, op by op, it is ten times slower)
 planned = jax.jit(device_tables, static_argnames=("tokens", "block_kv", "steps", "steps_t"))

@@ -585,7 +585,7 @@ def test_mask_classes_are_never_equal_to_one_another():
         pass
     assert Subclass(g, spatial.band_width, spatial.sink_tokens) != spatial
 
-    from svg_lib.core.sliding import SlidingTileMask
+    from svg_lib.extensions.sliding import SlidingTileMask
     sliding = SlidingTileMask(VideoGeometry(3, 5, 16), [1, 4, 32], (1, 3, 1))
     assert sliding == SlidingTileMask(VideoGeometry(3, 5, 16), (1, 4, 32), [1, 3, 1])
     assert sliding != SlidingTileMask(VideoGeometry(3, 5, 16), (1, 4, 32), (1, 1, 1))

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from svg_lib import VideoGeometry, attention, b3_mask, reference_attention
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles
-from svg_lib.core.radial import RadialMask
+from svg_lib.extensions.radial import RadialMask
 
 BLOCK = 128
 F32 = np.float32

@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from svg_lib import VideoGeometry, attention, b3_mask, reference_attention
-from svg_lib.core.geometry import TileLayout, from_tile_major, tile_major_permutation, to_tile_major
+from svg_lib.extensions.tile_layout import TileLayout, from_tile_major, tile_major_permutation, to_tile_major
 from svg_lib.core.masks import Mask
-from svg_lib.core.sliding import SlidingTileMask
+from svg_lib.extensions.sliding import SlidingTileMask
 from svg_lib.core.planner import FULL, plan_tiles
 
 FAST = settings(max_examples=30, deadline=None, database=None)

@@ -2,7 +2,7 @@
 import numpy as np
 
 from svg_lib import SVGMask, VideoGeometry
-from svg_lib.core.sliding import SlidingTileMask
+from svg_lib.extensions.sliding import SlidingTileMask
 from svg_lib.teaching.sliding_search import cube_shapes, nearest_windows, sliding_candidates, windows
 
 

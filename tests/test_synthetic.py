@@ -113,7 +113,7 @@ def budget_table():
 
 
 def test_equal_budget_table_rows_and_budgets(budget_table):
-    from svg_lib.core.sliding import SlidingTileMask
+    from svg_lib.extensions.sliding import SlidingTileMask
     budget = SlidingTileMask(GEOMETRY, (1, 8, 16), (3, 3, 1)).pair_density
     assert budget == pytest.approx(6 / 16)
     assert [(r["kind"], r["method"]) for r in budget_table] == [

@@ -1,4 +1,4 @@
-"""The B3 forward's tile-mass side output (kernels.observed, beside kernels.forward) and the next
+"""The B3 forward's tile-mass side output (extensions.observed, beside kernels.forward) and the next
 step's tiles chosen from it (layers.next_plan), in interpret mode at small sizes: 2 heads, 500 and
 512 tokens, 128-token tiles."""
 import jax
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from svg_lib.core.planner import EMPTY, schedule_entry
-from svg_lib.kernels.device_plan import device_tables
+from svg_lib.extensions.device_plan import device_tables
 from svg_lib.kernels.forward import block_sparse_attention
-from svg_lib.kernels.observed import observed_block_sparse_attention
+from svg_lib.extensions.observed import observed_block_sparse_attention
 from svg_lib.layers.next_plan import next_plan, next_tiles, plan_tile_mass, tile_masses
 from svg_lib.layers.semantic import semantic_plan
 
@@ -204,7 +204,7 @@ def test_next_tiles_moves_from_a_light_tile_to_a_heavy_estimate():
 
 
 def test_skip_softmax_drops_only_tiles_far_below_the_running_max():
-    """Skip-softmax (`skip_below`, off by default; `kernels.observed.skip_softmax_tile`): key tile 2 lies far below key tile 0 for every query.
+    """Skip-softmax (`skip_below`, off by default; `extensions.observed.skip_softmax_tile`): key tile 2 lies far below key tile 0 for every query.
     Visited after tile 0 it is skipped (mass exactly 0, output that of tile 0 alone); visited first (a
     query tile that sees it before any other) it is not; tile 1, about 8 below, is skipped at threshold 3,
     not at 24; a threshold no gap reaches changes nothing, bit for bit."""

@@ -16,6 +16,7 @@ matplotlib.use("Agg")
 
 from svg_lib import get_preset, plan_tiles  # noqa: E402
 from svg_lib.core.planner import PARTIAL  # noqa: E402
+from svg_lib.methods import METHODS, PLANNED_METHODS  # noqa: E402
 from svg_lib.teaching.plots import plot_tile_maps, stage_classes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,9 +26,8 @@ def main(out: Path) -> None:
     blog = get_preset("blog")
     bq, bkv = blog.block_q, blog.block_kv
     mask = blog.mask()
-    exact = plan_tiles(mask, bq, bkv)
-    rounded = plan_tiles(mask.tile_aligned(bq, bkv), bq, bkv)
-    plans, stages = [exact, exact, rounded], ["b1", "b2", "b3"]
+    stages = list(PLANNED_METHODS)  # each planned stage's plan is that of the mask its kernel computes
+    plans = [plan_tiles(METHODS[stage].computed_mask(mask, bq, bkv), bq, bkv) for stage in stages]
     titles = [f"{stage.upper()}: {plan.stats['tiles_visited']} of {plan.stats['tiles_total']} tiles visited,\n"
               f"{int((stage_classes(plan, stage) == PARTIAL).sum())} masked"
               for plan, stage in zip(plans, stages)]

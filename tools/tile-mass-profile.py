@@ -7,7 +7,7 @@ Compile-only (libtpu, no TPU): probe kernels built like the cost probes' "free" 
 running max and the switch to the bound, later steps bounded), each in four variants:
 
     free          the tile body as the kernels run it by default
-    mass          with kernels.observed's tile mass on a tile that passed the bound's test (every step
+    mass          with extensions.observed's tile mass on a tile that passed the bound's test (every step
                   records its l; the masses at finish)
     mass_running  the same on a tile that failed it (the running-max body, which records its m too)
     skip_tested   with skip-softmax on, every slice tested and (forced by the program id) not skipped
@@ -43,7 +43,7 @@ def probe_kernel(block_q, block_kv, block_kv_compute, rows, steps, variant, head
     from jax.experimental.pallas import tpu as pltpu
 
     from svg_lib.kernels import forward as kf
-    from svg_lib.kernels import observed as ko
+    from svg_lib.extensions import observed as ko
 
     mass_on = variant.startswith("mass")
     skip_on = variant.startswith("skip")
@@ -198,7 +198,7 @@ def main():
                   "note": ("The B3 tile body (kernels.forward.online_softmax_tile, mask-free, bf16, head_dim 128, a "
                            "query tile's first step with the running max and the switch to the bound, later steps "
                            "bounded, as the cost probes' 'free') with and without its optional side output "
-                           "(mass: kernels.observed's tile mass on a query tile that passed the bound's test, each "
+                           "(mass: extensions.observed's tile mass on a query tile that passed the bound's test, each "
                            "visited step records the row's l so far in one lane, a cross-lane sum and a select; "
                            "mass_running: on a tile that failed it, its running-max body records its m too (compare "
                            "it with cost_reference.json's free_running, not with free); finish brings "

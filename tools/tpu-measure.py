@@ -33,8 +33,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 DEFAULT_OUT = REPO / "svg_lib" / "data" / "tpu_measurements.json"
-FORWARD_METHODS = ("splash_dense", "dense", "b1", "b2", "b3")
-TRAIN_METHODS = ("splash_dense", "splash", "dense", "b1", "b2", "b3")
 
 
 def tiles_arg(text: str) -> list[tuple]:
@@ -95,6 +93,8 @@ class Recorder:
 
 
 def main(argv=None) -> int:
+    # the forward is measured for what the cost model prices, training for every Pallas kernel
+    from svg_lib.methods import MODEL_METHODS, SPLASH_FIRST_METHODS
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--parts", nargs="+", default=["forward", "splash", "training", "masks"],
                    choices=["forward", "splash", "training", "masks"])
@@ -102,11 +102,11 @@ def main(argv=None) -> int:
     p.add_argument("--unroll", default="chosen,rolled,unrolled",
                    help="key-slice loop settings: 'chosen' (the kernels' rule, forward.unroll_chunks), 'rolled' "
                         "(never unrolled), 'unrolled' (up to MAX_UNROLLED_CHUNKS whatever the bodies)")
-    p.add_argument("--methods", nargs="+", default=list(FORWARD_METHODS))
+    p.add_argument("--methods", nargs="+", default=list(MODEL_METHODS))
     p.add_argument("--splash-tiles", type=tiles_arg,
                    default=tiles_arg("2048x2048x512,4096x1024x512,1024x2048x512,2048x1024x1024,1024x512x512"))
     p.add_argument("--train-tiles", type=tiles_arg, default=tiles_arg("2048x1024x512"))
-    p.add_argument("--train-methods", nargs="+", default=list(TRAIN_METHODS))
+    p.add_argument("--train-methods", nargs="+", default=list(SPLASH_FIRST_METHODS))
     p.add_argument("--train-forms", nargs="+", default=["fused", "split"], choices=["fused", "split"])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--deadline-s", type=float, default=None)
@@ -120,6 +120,7 @@ def main(argv=None) -> int:
     from svg_lib.attention import build_attention
     from svg_lib.chips import TARGETS, parse_tpu_generation
     from svg_lib.instruments.tools.bench import method_tiles, sample_query_rows, sampled_reference
+    from svg_lib.instruments.tools.measured import shipped_loop
     from svg_lib.kernels import forward
     from svg_lib.methods import METHODS
     from svg_lib.problem import get_preset
@@ -181,15 +182,6 @@ def main(argv=None) -> int:
         forward.MAX_UNROLLED_CHUNKS = 0 if setting == "rolled" else chunks
         forward.MAX_UNROLLED_BODIES = 99 if setting == "unrolled" else bodies
 
-    def compiled_loop(method, bkv, bkc):
-        """How this row's key-slice loop compiled under the limits set now; None for Splash's own loop."""
-        record = METHODS[method]
-        if record.family != "svg_lib":
-            return None
-        chunks = bkv // bkc
-        bodies = forward.tile_bodies(1, mask_free=not record.masks_full_tiles)
-        return "one slice" if chunks == 1 else "unrolled" if forward.unroll_chunks(chunks, bodies) else "rolled"
-
     def build(method, bq, bkv, bkc, backward=None):
         return build_attention(mask, method=method, heads=heads, tokens=n, head_dim=d, dtype=jnp.bfloat16,
                                block_q=bq, block_kv=bkv, block_kv_compute=bkc, backward=backward)
@@ -210,7 +202,7 @@ def main(argv=None) -> int:
         floor = floor_ms(method, bq, bkv)
         tiles = method_tiles(get_preset("blog", block_q=bq, block_kv=bkv), method)
         row.update({"part": part, "method": method, "block_q": bq, "block_kv": bkv, "block_kv_compute": bkc,
-                    "unroll": unroll, "loop": compiled_loop(method, bkv, bkc),
+                    "unroll": unroll, "loop": shipped_loop(method, bkv, bkc),
                     "max_unrolled_chunks": forward.MAX_UNROLLED_CHUNKS,
                     "max_unrolled_bodies": forward.MAX_UNROLLED_BODIES,
                     "tiles_visited_per_head": tiles["tiles_visited"], "heads": heads, "tokens": n,

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from svg_lib import build_attention, plan_tiles
-from svg_lib.core.radial import RadialMask
+from svg_lib.extensions.radial import RadialMask
 from svg_lib.environment import libtpu_version
 from svg_lib.problem import get_preset
 from svg_lib.instruments.tpu.compiler import compile_fn

@@ -10,8 +10,9 @@ from svg_lib.chips import DEFAULT_TARGET, TARGETS
 from svg_lib.environment import MissingCompiler, has_libtpu, missing_compiler_message
 from svg_lib.cli.common import (Command, add_json_argument, add_problem_arguments, block_size, config_from_args,
                                 emit_json, json_to_stdout)
+from svg_lib.methods import BACKWARD_METHODS, MODEL_METHODS
 from svg_lib.problem import BLOG_SWEEP_V6E_MS
-from svg_lib.instruments.tpu.cost import (BLOG_RATIOS, EVIDENCE, MODEL_METHODS, REFERENCE_FILE, backward_tile_cost, cost_model,
+from svg_lib.instruments.tpu.cost import (BLOG_RATIOS, EVIDENCE, REFERENCE_FILE, backward_tile_cost, cost_model,
                               filled_from, load_reference, tile_cost, training_model)
 from svg_lib.instruments.tpu.probes import BLOCKS_KIND, FAILING_KIND
 from svg_lib.instruments.tpu.step_profile import model_of_profile, profile_gradient
@@ -34,7 +35,7 @@ def _cost_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also the static profile of the whole training step's attention (jax.grad of --grad-method, "
                              "one compile with the profile on) beside the training model (implies --backward); its time and memory grow "
                              "fast with the grid: keep the problem small (16,128 tokens at 1024 x 512: minutes, 13 GB)")
-    parser.add_argument("--grad-method", choices=("dense", "b1", "b2", "b3"), default="b3",
+    parser.add_argument("--grad-method", choices=BACKWARD_METHODS, default="b3",
                         help="the method whose jax.grad --grad profiles (default b3; dense is the one whose tiles the "
                              "profile simulates: the others read their schedules from SMEM, which it reads as 0)")
     parser.add_argument("--refresh", action="store_true", help="recompile the probes even if cached")

@@ -22,6 +22,7 @@ from svg_lib.cli.common import (
 )
 from svg_lib.environment import INSTALL_HINT, has_libtpu
 from svg_lib.layers.multichip import PLACEMENTS
+from svg_lib.methods import PLANNED_METHODS
 from svg_lib.problem import get_preset
 from svg_lib.progress import bar, write
 from svg_lib.instruments.tpu.sharded import compile_sharded_layer
@@ -33,7 +34,7 @@ def _sharded_arguments(parser: argparse.ArgumentParser) -> None:
     add_preset_argument(parser, "blog", note="; its mask, head dim, dtype and tiles")
     parser.add_argument("--heads", type=positive_int, default=40,
                         help="heads of the layer, split over the chips (default 40)")
-    parser.add_argument("--method", default="b3", choices=("b1", "b2", "b3"))
+    parser.add_argument("--method", default="b3", choices=PLANNED_METHODS)
     parser.add_argument("--block-q", type=block_size, default=None, help="default: the preset's")
     parser.add_argument("--block-kv", type=block_size, default=None, help="default: the preset's")
     parser.add_argument("--topology", default="v6e:2x4", type=argument_type(check_topology, "topology"),

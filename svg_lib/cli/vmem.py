@@ -16,7 +16,7 @@ from svg_lib.cli.common import (
 )
 from svg_lib.environment import INSTALL_HINT, has_libtpu
 from svg_lib.memory.vmem import SPLASH_METHODS
-from svg_lib.methods import PALLAS_METHODS
+from svg_lib.methods import PALLAS_METHODS, SERIES_FIRST_METHODS
 from svg_lib.progress import bar as progress_bar
 from svg_lib.progress import write
 from svg_lib.instruments.tpu.checks import largest_block_q, sweep_points, verify_points
@@ -29,7 +29,7 @@ def _vmem_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--largest", action="store_true",
                         help="the largest block_q at block_kv 1536 per method and target (slow: a bisection)")
     parser.add_argument("--methods", nargs="+", choices=PALLAS_METHODS,
-                        default=["dense", "b1", "b2", "b3", "splash_dense", "splash"])
+                        default=list(SERIES_FIRST_METHODS))
     parser.add_argument("--targets", nargs="+", type=argument_type(lambda t: check_target(t).name, "target"),
                         default=["v6e", "v5e"])
     parser.add_argument("--blocks", nargs="+", type=block_pair, default=[(512, 512), (1024, 512), (2048, 1536)],

@@ -140,9 +140,22 @@ def _dkv_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, *, k
     jax.lax.fori_loop(0, chunks, chunk, None, unroll=unroll_chunks(chunks, bodies=2))  # mask-free and masked
 
 
-def _visit(stage, cls, tile):
-    """Run `tile(masked)` for a step of class `cls`, the forward's way for `stage` (`grid.dispatch`)."""
+def _step(stage, cls, tile, s, last, accs, outs):
+    """One grid step of a backward kernel: the f32 accumulators `accs` zeroed at a row's first step
+    (`s == 0`), `tile(masked)` run for a step of class `cls` the forward's way for `stage`
+    (`grid.dispatch`), and each accumulator written to its output block of `outs` at the row's last
+    step (`s == last`)."""
+    @pl.when(s == 0)
+    def _():
+        for acc in accs:
+            acc[...] = jnp.zeros(acc.shape, jnp.float32)
+
     dispatch(cls, functools.partial(tile, False), functools.partial(tile, True), method=METHODS[stage])
+
+    @pl.when(s == last)
+    def _():
+        for acc, out in zip(accs, outs):
+            out[...] = acc[...].astype(out.dtype)
 
 
 def _tile_reader(name, schedule, rows, steps, padding_class):
@@ -204,19 +217,11 @@ def attention_dq(q, k, v, do, lse_rows, di_rows, schedule, *, steps, stage, keep
         i, s = pl.program_id(1), pl.program_id(2)
         kv_tile, cls = step_at(refs[:n], i, s)
 
-        @pl.when(s == 0)
-        def _():
-            dq_acc[...] = jnp.zeros(dq_acc.shape, jnp.float32)
-
         def tile(masked):
             _dq_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_acc, keep=keep if masked else None,
                      q_start=i * block_q, k_start=kv_tile * block_kv, block_kv_compute=block_kv_compute,
                      kv_tokens=partial_tail(tokens, block_kv))
-        _visit(stage, cls, tile)
-
-        @pl.when(s == steps - 1)
-        def _():
-            dq_ref[...] = dq_acc[...].astype(dq_ref.dtype)
+        _step(stage, cls, tile, s, steps - 1, [dq_acc], [dq_ref])
 
     row = pl.BlockSpec((None, block_q, head_dim), lambda h, i, s, *tables: (h, i, 0))
     kv = pl.BlockSpec((None, block_kv, head_dim), lambda h, i, s, *tables: (h, step_at(tables, i, s)[0], 0))
@@ -260,21 +265,11 @@ def attention_dkv(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, stage,
         j, s = pl.program_id(1), pl.program_id(2)
         q_tile, cls = step_at(refs[:n], j, s)
 
-        @pl.when(s == 0)
-        def _():
-            dk_acc[...] = jnp.zeros(dk_acc.shape, jnp.float32)
-            dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
-
         def tile(masked):
             _dkv_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, keep=keep if masked else None,
                       q_start=q_tile * block_q, k_start=j * block_kv, block_kv_compute=block_kv_compute,
                       q_tokens=partial_tail(q_tokens, block_q), kv_tokens=partial_tail(tokens, block_kv))
-        _visit(stage, cls, tile)
-
-        @pl.when(s == steps_t - 1)
-        def _():
-            dk_ref[...] = dk_acc[...].astype(dk_ref.dtype)
-            dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
+        _step(stage, cls, tile, s, steps_t - 1, [dk_acc, dv_acc], [dk_ref, dv_ref])
 
     out = jax.ShapeDtypeStruct(k.shape, k.dtype)
     return _call(kernel, prefetch, (q, k, v, do, lse_rows, di_rows), grid=(heads, -(-tokens // block_kv), steps_t),
@@ -350,23 +345,13 @@ def attention_fused(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, stag
         def _():
             dq_acc[...] = jnp.zeros(dq_acc.shape, jnp.float32)
 
-        @pl.when(s == 0)
-        def _():
-            dk_acc[...] = jnp.zeros(dk_acc.shape, jnp.float32)
-            dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
-
         def tile(masked):
             rows = pl.ds(pl.multiple_of(q_tile * block_q, block_q), block_q)
             _dkv_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, keep=keep if masked else None,
                       q_start=q_tile * block_q, k_start=j * block_kv, block_kv_compute=block_kv_compute,
                       dq_acc=dq_acc.at[rows, :], q_tokens=partial_tail(q_tokens, block_q),
                       kv_tokens=partial_tail(tokens, block_kv))
-        _visit(stage, cls, tile)
-
-        @pl.when(s == steps_t - 1)
-        def _():
-            dk_ref[...] = dk_acc[...].astype(dk_ref.dtype)
-            dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
+        _step(stage, cls, tile, s, steps_t - 1, [dk_acc, dv_acc], [dk_ref, dv_ref])
 
         @pl.when((j == nk - 1) & (s == steps_t - 1))
         def _():  # the head's dq is complete

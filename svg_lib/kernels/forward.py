@@ -28,12 +28,8 @@ both interpreters fill it with NaN). The kernels never write into an input block
 the tail where they read it (`real_part`, a select on the loaded value). Key columns past the end are
 masked (every tile reaching them is masked), and a masked tile selects its v slice's rows past the end
 to zero, so that a NaN there never meets `p @ v` (0 * NaN is NaN); query rows past the end compute
-garbage that is never written to HBM, and the bound's test leaves them out (`try_bound`). An earlier
-version cleared the tail in place, writing zeros into the k and v input blocks: on a real TPU (v5e,
-libtpu 0.0.42.1) that write corrupted other rows of the kernel's state (float32, rows 8-15 and
-112-119 of every 256-row query tile that visited the last key tile), where both interpreters were
-right; reading the tail as it lies and masking it is right on both. No padded copy of q, k, v or the
-output is made in HBM: at the case study's size those copies were hundreds of MiB of temporaries
+garbage that is never written to HBM, and the bound's test leaves them out (`try_bound`). Writing
+the tail in place gave wrong rows on a real TPU, and padded copies in HBM cost hundreds of MiB
 (CONTRIBUTING.md, "Measurements behind the kernels").
 
 The bounded max. The running max costs, at every slice of keys, a row max of the scores and a
@@ -44,12 +40,8 @@ the tile's later steps subtract the bound instead: exp, the row sum and the two 
 else; if not, the tile keeps the running max to its end without testing again. Decided per query
 tile at run time (tests/test_bounded_max.py counts which body ran and how often the test did), so
 every input gets the exact result, scores of 1e9 at their bound included. How often tiles pass
-depends on the activations (`svg_lib.instruments.tpu.cost` models both). The compiler's static
-profile prices each body per grid step against its floor, the tile's two matmuls alone; the
-committed figures are `svg_lib/data/cost_reference.json` ("after": these bodies; "running" and
-"before": earlier ones), printed by `python -m svg_lib cost` and notebooks 04 to 06. At head_dim 128 a
-v6e's 256-wide MXU runs `p v` at half its width, so the floor itself is about half the chip's peak
-(a v5e's 128-wide MXUs: near all of it).
+depends on the activations (`svg_lib.instruments.tpu.cost` models both, from the compiler's static
+profile of each body: `svg_lib/data/cost_reference.json`, `python -m svg_lib cost`).
 
 Code size. Every `pl.when` branch is compiled, so a kernel carries one copy of the tile body
 per kind it can run, and two of each (running and bounded): B2 holds the most (mask-free and
@@ -74,13 +66,9 @@ from svg_lib.methods import PLANNED_METHODS, check_method
 # unlike -inf it never produces inf - inf = nan in a row that has seen no kept key yet.
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 LANES = 128
-# Unroll the key-chunk loop only where it is short and the kernel carries few tile bodies. Every
-# `pl.when` branch is compiled, so a kernel holds one copy of the body per kind of tile it can run
-# (mask-free, masked; running and bounded max), and unrolling multiplies each copy by the chunks.
-# Measured on a TPU v5e at the case study's tiles (svg_lib/data/tpu_measurements.json, written by
-# tools/tpu-measure.py): with two bodies (B1) three unrolled chunks beat the rolled loop; with four
-# (dense, B2, B3) unrolling made the kernel 2-3x slower, the rolled loop fast. The compiler's static
-# profile, which simulates one body, cannot see this.
+# Unroll the key-chunk loop only where it is short and the kernel carries few tile bodies: unrolling
+# multiplies every compiled copy of the body, and on a real TPU four unrolled bodies ran 2-3x slower
+# where two gained (svg_lib/data/tpu_measurements.json; the static profile, one body, cannot see it).
 MAX_UNROLLED_CHUNKS = 3
 MAX_UNROLLED_BODIES = 2
 

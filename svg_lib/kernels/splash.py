@@ -48,6 +48,13 @@ class _EqualByKey:
 
     key = None
 
+    @classmethod
+    def keyed(cls, key):
+        """An instance with value key `key`."""
+        m = cls()
+        m.key = key
+        return m
+
     def _identity(self):
         # by class name: each call of the builders below defines its class afresh
         return type(self).__name__, self.key
@@ -81,9 +88,7 @@ def _computable_mask(shape, predicate, key, mask: Mask | None = None):
                         return np.full((r1 - r0, c1 - c0), n > 0)
             return super().__getitem__(idx)
 
-    m = PredicateMask()
-    m.key = key
-    return m
+    return PredicateMask.keyed(key)
 
 
 # Splash handles a mask in one of two ways. Given blocks of booleans (any mask that is not
@@ -110,9 +115,7 @@ def _block_mask(shape, predicate, key):
             kept = np.asarray(predicate(rows[:, None], cols[None, :]), dtype=bool)
             return np.broadcast_to(kept, (rows.size, cols.size))  # a predicate may ignore q
 
-    m = PredicateBlocks()
-    m.key = key
-    return m
+    return PredicateBlocks.keyed(key)
 
 
 def splash_mask_form(mask: Mask | None, tokens: int, kv_len: int) -> str:

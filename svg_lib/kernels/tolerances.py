@@ -42,9 +42,8 @@ GRADIENTS = {
 ONE_BF16_PASS = {"attention": dict(rtol=1e-2, atol=2e-2), "gradients": dict(rtol=6e-2, atol=6e-2)}
 
 # float32 gradients on a TPU need no tolerance of their own: the kernels' matmuls ask for HIGHEST,
-# and the forward refines its log-sum-exp past the TPU's float32 log (`kernels.forward.finish`).
-# Measured on a TPU v5e (315 tokens, 2 heads, float32, dense): worst element 3.3e-4 with the plain
-# log, 2.2e-6 with the refined one (svg_lib/data/tpu_precision.json, tools/tpu-precision-probe.py).
+# and the forward refines its log-sum-exp past the TPU's float32 log (`kernels.forward.finish`;
+# CONTRIBUTING.md, "The log-sum-exp refined past the TPU's log").
 
 # A learner's float32 code in the exercises (E1), against float64: the learner may order the float32
 # work any way it likes (and jnp's reductions differ by backend), and the mistakes the checker names

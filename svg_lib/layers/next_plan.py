@@ -3,7 +3,7 @@
 A plan made at one denoising step (`semantic.semantic_plan`) fixes two things: the token orders
 (its clusters, the tiles' contents) and which tiles are computed. The orders age slowly; the
 choice of tiles can move cheaply if each step's forward says how much every computed tile
-weighed. The B3 forward does so with its tile-mass side output (`kernels.observed`):
+weighed. The B3 forward does so with its tile-mass side output (`extensions.observed`):
 per grid step, the softmax mass of the tile it visited (each row's share of its probability over
 the keys it computes, averaged over the query tile's rows), a `[heads, nq * steps]` f32 side
 output aligned with the schedule. From it, per head and query tile:
@@ -39,8 +39,8 @@ import math
 import numpy as np
 
 from svg_lib.core.planner import EMPTY, schedule_entry
-from svg_lib.kernels.device_plan import device_tables
-from svg_lib.kernels.observed import observed_block_sparse_attention
+from svg_lib.extensions.device_plan import device_tables
+from svg_lib.extensions.observed import observed_block_sparse_attention
 from svg_lib.layers.semantic import (SemanticCentroids, SemanticPlan, check_plan, into_cluster_order, plan_recall,
                                      semantic_plan, tile_budget, tile_means, tile_scores, top_tiles)
 from svg_lib.layers.semantic_clusters import capacities

@@ -14,7 +14,7 @@ in token order (no reordering, unlike semantic tiles):
    first and counted in the budget, as NABLA ORs its estimate with sliding tiles).
 
 The selection is a bool `[heads, nq, nk]` tile table, made with jnp inside `jax.jit`; the device
-planner (`kernels.device_plan.device_tables`) turns it into the B3 kernels' tables on the device
+planner (`extensions.device_plan.device_tables`) turns it into the B3 kernels' tables on the device
 and the B3 forward runs it head by head (`semantic.head_by_head`). Nothing of size tokens^2 is
 ever formed: the mask is the tile table, O(tiles) (`mask_bytes` counts it; at the case study's
 75,600 tokens, 10 heads and 128 x 128 tiles it is a few MiB).

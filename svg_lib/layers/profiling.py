@@ -16,7 +16,8 @@ import numpy as np
 
 from svg_lib.core.planner import EMPTY, PARTIAL, plan_tiles
 from svg_lib.core.svg_masks import TemporalMask
-from svg_lib.kernels.reference import bound_test, check_qkv, masked_softmax_times_v
+from svg_lib.extensions.bounded_max import bound_test
+from svg_lib.kernels.reference import check_qkv, masked_softmax_times_v
 from svg_lib.layers.routing import check_spatial_mask
 from svg_lib.methods import PLANNED_METHODS, check_method
 
@@ -85,7 +86,7 @@ def bound_pass_rate(q, k, mask=None, *, method: str = "dense", block_q: int, blo
 
     q, k `[heads, tokens, head_dim]` as given to `attention()`; `mask` an svg_lib Mask (None for
     dense). Each query tile's test is made after its first visited key tile, as the kernels make it
-    (`kernels.reference.bound_test`, tested against the kernels' own decisions): dense starts at
+    (`extensions.bounded_max.bound_test`, tested against the kernels' own decisions): dense starts at
     key tile 0, B1-B3 at the first tile of their plan's schedule (B3's: the tile-aligned mask's),
     masked there as that stage masks it. Query tiles that visit no key tile run no test and are
     left out."""

@@ -9,7 +9,7 @@ Sparse VideoGen 2's idea made tile-aligned. Per head:
    tile's size (the mass a query of tile i would put on tile j if every key sat on its centroid),
    and keep, per query tile, the best key tiles under a budget set by `density` (`select_tiles`);
 3. gather q, k, v into cluster order, run the B3 forward (and, for `jax.grad`, the fused backward)
-   over the selected tiles, whose tables the device planner makes (`kernels.device_plan`), and
+   over the selected tiles, whose tables the device planner makes (`extensions.device_plan`), and
    gather the output back into the original order.
 
 Everything is jnp with static shapes: one compilation serves every step, however the clusters
@@ -57,7 +57,7 @@ from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.masks import check_block_size
 from svg_lib.core.planner import KernelTables
 from svg_lib.kernels.backward import attention_dq, attention_dkv, attention_fused
-from svg_lib.kernels.device_plan import device_tables
+from svg_lib.extensions.device_plan import device_tables
 from svg_lib.kernels.forward import block_sparse_attention
 from svg_lib.kernels.reference import check_qkv
 from svg_lib.layers.semantic_clusters import (DEFAULT_HALVINGS, DEFAULT_ROUNDS, capacities, check_iterations,
@@ -522,7 +522,7 @@ def semantic_attention(q, k, v, plan: SemanticPlan, *, block_kv_compute: int | N
 
     q, k, v `[heads, tokens, head_dim]` float32 or bfloat16 (any tokens), `plan` from `semantic_plan`.
     q is gathered into `plan.q_order`, k and v into `plan.k_order`, the B3 kernels compute the
-    selected tiles (tables made on the device, `kernels.device_plan`), and the output is gathered
+    selected tiles (tables made on the device, `extensions.device_plan`), and the output is gathered
     back. Softmax scale 1/sqrt(head_dim). Differentiable with `jax.grad` (the B3 backward over the
     same tiles: "fused", "split", or None for fused where it fits, as in `attention`). Runs inside
     `jax.jit`; a new plan of the same shapes is new data, not a new program.

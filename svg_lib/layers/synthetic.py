@@ -35,7 +35,7 @@ import numpy as np
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.masks import Mask
 from svg_lib.core.svg_masks import PermutedMask, SVGMask, TemporalMask
-from svg_lib.core.sliding import SlidingTileMask
+from svg_lib.extensions.sliding import SlidingTileMask
 from svg_lib.kernels.reference import reference_attention
 from svg_lib.layers.profiling import sample_rows
 from svg_lib.layers.routing import svg_attention

@@ -20,9 +20,8 @@ from svg_lib.methods import METHODS
 
 BACKWARD_FORMS = ("fused", "split")
 # On a megacore chip (v4, v5p: two TensorCores, one jax device) the split backward's cycles per head, as a
-# fraction of the fused backward's for one head: 0.699 to 0.707 in the compiler's static profile of a v5p
-# (svg_lib/data/megacore_backward.json, tools/megacore-backward.py: jax.grad of B3 on a band, 512 x 256
-# tiles, bf16, head_dim 128, 8,192 and 16,384 tokens), rounded up.
+# fraction of the fused backward's for one head: 0.699 to 0.707 by the static profile of a v5p, rounded up
+# (CONTRIBUTING.md, "Fused or split backward on a megacore").
 MEGACORE_SPLIT_PER_HEAD = 0.71
 
 
@@ -35,8 +34,7 @@ def split_backward_is_faster(heads: int, generation: str | None) -> bool:
     heads split between the cores, ceil(heads / 2) of them on the busier one; the split kernels have
     heads and tiles parallel, so both cores share every head, at 0.71 of one head's fused cycles per
     head (`MEGACORE_SPLIT_PER_HEAD`: the dq and dk/dv kernels do 7 matmuls per tile against the fused
-    kernel's 5, halved). Split wins where heads x 0.71 < ceil(heads / 2): one head only (measured split
-    / fused on a v5p: 0.70 at 1 head, 1.38 at 2, 1.05 at 3, 1.17 to 1.19 at 5). A v4, the other
+    kernel's 5, halved). Split wins where heads x 0.71 < ceil(heads / 2): one head only. A v4, the other
     megacore, takes the v5p's figures: its static profile aborts in libtpu 0.0.42.1 (the profiler's DMA
     latency model). On every other chip each TensorCore is its own device and the fused backward stays
     the faster one.

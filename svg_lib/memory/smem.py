@@ -13,49 +13,15 @@ smem" error):
   8, cols to a multiple of 128 (`s32[591, 156]` took 592 x 256 words = 606,208 bytes);
 * a 1-D `[n]` array is padded to a multiple of 128 words (`s32[1]` took 512 bytes);
 * besides the tables the kernel needs a little more (1 KiB of register-allocator spill slots,
-  a few words, and what the allocator loses to placement). That overhead is fitted to the
-  compiler's verdicts, per libtpu release (`FIXED_BYTES_BY_LIBTPU`): with libtpu 0.0.42 and a
-  `[1]` head-kind row, a 261,248-word schedule compiles and a 261,376-word one (512 bytes more)
-  is refused: 3 KiB, exact at the padding's granularity there. (That was fitted before the
-  bounded max added two 1-D rows, a `[heads]` float32 key-norm input and a one-word flag; with them the
-  limit moved by their 1 KiB, to 260,992 words, and the estimate still matches the compiler.)
-  Colab's libtpu 0.0.21 with jax 0.7.2 pads more coarsely (its allocation report put a 260,352-word
-  schedule's kernel at 1,044,480 bytes, 255 x 1,024 words) and refuses in 4 KiB steps: 6 KiB, fitted so that the largest kernel tested (40 heads, two kinds of head)
-  compiles; the estimate stays up to 1,024 words on the safe side there. A libtpu not in the table (or none:
+  a few words, and what the allocator loses to placement): an overhead fitted to the compiler's
+  verdicts per libtpu release (`FIXED_BYTES_BY_LIBTPU`); a libtpu not in the table (or none:
   interpret mode) gets the largest, so the estimate never says "fits" where a compiler we have
-  seen refuses; tests/test_smem.py re-checks both sides with the installed compiler.
+  seen refuses. tests/test_smem.py re-checks both sides with the installed compiler.
 
 The kernels pass the packed form (`planner.pack_schedule`): two 16-bit steps per int32 word,
-plus a `[heads]` int32 row of per-head kinds. SMEM per form, analytic (the rule above, applied
-to planned schedules; `smem_table`), one head, SVG band + first-frame sink, density 0.35,
-Wan 2.1 latents of 21 frames (720p 45 x 80, 1080p 68 x 120, 1440p 90 x 160 tokens per frame;
-v6e: 1,024 KiB per core; * = does not fit):
-
-    geometry  tokens   blocks       B2 rows x steps  packed     flat (1 word/step)  two tables
-    720p      75,600   512 x 512    148 x 67         23 KiB     43 KiB              155 KiB
-    1080p    171,360   512 x 512    335 x 147        100 KiB    196 KiB             675 KiB
-    1440p    302,400   512 x 512    591 x 260        304 KiB    604 KiB             1,779 KiB *
-    720p      75,600   3328 x 1536   23 x 26           5 KiB      6 KiB              27 KiB
-    1080p    171,360   3328 x 1536   52 x 53           9 KiB     15 KiB              59 KiB
-    1440p    302,400   3328 x 1536   91 x 90          20 KiB     36 KiB              99 KiB
-
-(B3's schedules are a few steps shorter.) Where each form stops fitting: the two tables at
-1440p / 512 x 512 above density ~0.15, once a row passes 128 steps (estimated 1,187 KiB at 0.2
-and 1,779 KiB at 0.35, where the compiler reported "Used 1.16M of 1.00M" and "1.74M"); one word per step at 260,992 steps, i.e. 1440p / 512 x 512 above density
-~0.55, or 384 x 384 blocks at 0.35; the packed form at 521,984 steps: 1440p / 512 x 512 fits
-at any density (a dense schedule is 591 x 591 = 686 KiB), 384 x 384 fits at 0.35 (534 KiB),
-256 x 256 does not (1,195 KiB). Larger blocks shrink both factors of rows x steps.
-
-The in-kernel routing (routing.build_svg_attention_in_kernel) stacks both kinds' rows at the
-longer kind's step count (the temporal mask, scattered in frame-major order), two heads:
-
-    geometry  blocks       rows x steps   packed       flat (1 word/step)  two tables
-    720p      512 x 512    296 x 126       77 KiB      150 KiB             299 KiB
-    1080p     512 x 512    670 x 211      280 KiB      556 KiB             1,347 KiB *
-    1440p     512 x 512   1182 x 317      736 KiB      1,468 KiB *         3,555 KiB *
-    1440p     3328 x 1536  182 x 173       65 KiB      127 KiB             371 KiB
-
-so at 1440p with 512 x 512 blocks only the packed form fits it (tests/test_routing.py compiles it).
+plus a `[heads]` int32 row of per-head kinds. What each form (`schedule_forms`) takes at the
+case study's sizes, and where each stops fitting, is in CONTRIBUTING.md ("Measurements behind
+the kernels").
 """
 from __future__ import annotations
 
@@ -74,7 +40,7 @@ KiB, MiB = 2**10, 2**20
 WORD = 4                 # SMEM holds 32-bit words; scalar prefetch wants int32
 TILE_ROWS, TILE_COLS = 8, 128  # a 2-D SMEM array's (rows, cols) tile, in words
 VECTOR_WORDS = 128       # a 1-D SMEM array is padded to a multiple of this many words
-# what else the kernel keeps in SMEM, by libtpu release (fitted; see the module docstring)
+# what else the kernel keeps in SMEM, by libtpu release (fitted: CONTRIBUTING.md)
 FIXED_BYTES_BY_LIBTPU = {"0.0.42": 3 * KiB, "0.0.21": 6 * KiB}
 FIXED_BYTES = max(FIXED_BYTES_BY_LIBTPU.values())  # for any other libtpu, or none
 

@@ -3,7 +3,7 @@
 `jax.export` lowers a kernel for TPU on any machine but cannot tell whether its blocks fit in
 VMEM; this module does that arithmetic. `svg_lib.instruments.tpu.checks` holds it against the real TPU
 compiler (libtpu, compile-only, on this CPU: `compile_check`, `verify_against_compiler`,
-`largest_block_q`); what that found is written below.
+`largest_block_q`); what that found is in CONTRIBUTING.md ("Measurements behind the kernels").
 
 Capacities come from one table, `svg_lib.chips.TARGETS` (v4, v5e, v5p, v6e); on a TPU, from
 `pltpu.get_tpu_info()` where jax has it. Off a TPU we plan for a v6e (the blog's chip); on a
@@ -24,44 +24,10 @@ kernel's `CompilerParams(vmem_limit_bytes=...)`: our kernels pass it themselves;
 inside a caller's `jax.jit` (a jit's `compiler_options`, `VmemEstimate.compiler_options`, would
 only be accepted on the outermost jit).
 
-What the compiler does (libtpu 0.0.42.1, jax 0.10.2, compiled for TPU, nothing run):
-  * It checks each kernel's *scoped* allocation against its scoped limit (the chip's default,
-    or what the kernel asks for: any value is accepted, only allocations are checked) and
-    refuses with "CompileTimeScopedVmemOom ... Scoped allocation with size X and limit Y".
-    That allocation is the pipeline and scratch alone: dense 3328 x 1536 bf16 needs 9.62 MiB
-    with block_kv_compute 512 and 1536 alike (ours: 4.75 + 4.88 = 9.63 MiB).
-  * Then it checks the whole program's VMEM (scoped allocations plus what Mosaic keeps of a
-    kernel's intermediate values) against the chip's capacity: "Ran out of memory in memory
-    space vmem. Used X of Y vmem". On a v4 (16 MiB) B2 at 2048 x 1536 with block_kv_compute
-    768 fails there (17.21 MiB) although its blocks and scratch take 6.5 MiB, and compiles
-    with block_kv_compute 256; Splash at 1024 x 1536 (compute 1536) fails with 22.39 MiB.
-    The intermediates cost it about 4 to 7 bytes per element of the score slice
-    [block_q, block_kv_compute]; the estimate counts 19 to 21.
-  * So the estimate is conservative, and by its intermediates term mostly: where it says
-    "fits", the kernel compiles (the limit it asks for covers the scoped allocation with room
-    to spare); where the compiler refuses, the estimate refuses too; in between it refuses
-    tiles the compiler would take (tests/test_vmem.py holds points on each side;
-    `largest_block_q` and data/largest_block_q.json give the compiler's boundary).
-  * Splash's partial-mask block (the "blocks" form, which `splash_dense` uses whenever the
-    tokens need key padding) is an int32 [block_q, block_kv] block, double-buffered: 39 MiB at
-    3328 x 1536, more than a v6e's 32 MiB default scoped limit (refused: 43.88 MiB at 6,000
-    tokens). At 75,600 tokens on a v6e it compiled anyway: XLA chose to keep the whole mask
-    table resident in VMEM (an S(1) operand), so the kernel did not double-buffer it. That is
-    XLA's memory-space heuristic, not a promise: on a v5e the same call was refused (20.12 MiB
-    over its 16 MiB default). The estimate counts the mask block double-buffered, and
-    `build_attention` raises Splash's limit to cover it. (With that, the blog's splash_dense,
-    75,600 tokens at 3328 x 1536, compiles for a v5e too.)
-
-Largest block_q at block_kv 1536, bf16, head_dim 128, default block_kv_compute, scoped limit at
-the chip's whole VMEM (compiled for TPU, libtpu 0.0.42.1 compile-only; data/largest_block_q.json;
-in brackets the largest the estimate lets through):
-    v4   B2 1792 (256)    splash_dense with mask blocks 512 (256)
-    v5p                   splash_dense with mask blocks 3072 (1792): the blog's 3328 is refused
-    v6e                   splash_dense with mask blocks 8192 (5632): 8448 is refused (129.36 MiB)
-B2 on v5e, v5p and v6e is not bisected: its boundary lies at block_q in the tens of
-thousands (compiles of many minutes each). The estimate is most conservative on a v4: its
-default compute slice (2M score elements, 38 MiB of intermediates by our count) alone exceeds
-a v4's budget; a smaller block_kv_compute is what fits there.
+The estimate is conservative, by its intermediates term mostly: where it says "fits" the kernel
+compiles, where the compiler refuses it refuses too, and in between it refuses tiles the compiler
+would take (tests/test_vmem.py holds points on each side; CONTRIBUTING.md, "Measurements behind the
+kernels", says what the compiler checks and where its boundary lies, data/largest_block_q.json).
 """
 from __future__ import annotations
 
@@ -77,9 +43,7 @@ MiB = 2**20
 KiB = 2**10
 OFFLINE_GENERATION = "v6e"  # what we plan for when no TPU is attached (the blog's chip)
 HEADROOM = 0.85  # leave room for Mosaic's internal scratch and alignment padding
-# The fused backward's estimate is fitted to the compiler's own scoped allocation (it sits above it at
-# the case study's tiles), not counted, so it needs less room: on a 64 MiB v5p or v7x the compiler
-# allocates 55.29 MiB there (libtpu 0.0.42.1) and compiles it with a 60.8 MiB limit, above 0.85's 54.4.
+# the fused backward's estimate is fitted to the compiler's scoped allocation, not counted: less room
 FUSED_HEADROOM = 0.95
 
 SPLASH_MASK_FORMS = ("full", "blocks", "computable")  # see splash.splash_mask_form
@@ -279,18 +243,8 @@ def estimate_vmem(method: str, block_q: int, block_kv: int, head_dim: int, dtype
 
 
 BACKWARD_PASSES = ("dq", "dkv", "fused")
-# VMEM per score element of a backward kernel's per-tile values (s, p, dp, ds and the mask's), by input
-# itemsize: fitted to the TPU compiler, not counted. Counting every value as live at once (f32 s, p, dp,
-# ds, the casts and the mask: 27 to 33 bytes) put B3's dq and dk/dv kernels at the case study's tiles
-# at 52.3 and 55.3 MiB and refused training on a v5p or v7x, while the compiler (libtpu 0.0.42.1,
-# compile-only v5p, 2 x 2 tiles) compiles them within 15 and 18 MiB: it streams the elementwise work
-# through vector registers and keeps about one f32 tile live. The smallest limit that compiled, less
-# blocks and accumulators, per score element: bf16 3328 x 1536 (slices of 512), B1 and B3 alike:
-# dq 4.1, dk/dv 6.1, fused 2.3 bytes; float32 1024 x 1024 (512): dq 12.8, dk/dv 13.8, fused 14.8 (f32
-# operands take six bf16 passes of the MXU, and their parts). The table keeps about 1.3x above them,
-# except bf16 fused, refitted to the compiler's whole allocation on a v5p and v7x at the blog's tiles
-# (55.29 MiB, what decides whether it compiles there): 5 bytes put the estimate at 56.3 MiB, just above
-# it (8 bytes said 61.0 MiB and refused it; FUSED_HEADROOM above).
+# VMEM per score element of a backward kernel's per-tile values, by input itemsize: fitted to the
+# TPU compiler (about 1.3x above what it kept), not counted (CONTRIBUTING.md, "Measurements behind the kernels").
 _BACKWARD_BYTES_PER_SCORE = {2: {"dq": 6, "dkv": 8, "fused": 5}, 4: {"dq": 17, "dkv": 18, "fused": 19}}
 
 
@@ -301,9 +255,7 @@ def _estimate_backward(method, block_q, block_kv, head_dim, dtype, block_kv_comp
     dq: q, do, dq blocks `[block_q, head_dim]`, k, v blocks, lse and D rows (`[1, block_q]` f32,
     padded to 8 sublanes), all double-buffered; an f32 dq accumulator; per score element what the
     compiler was measured to keep (`_BACKWARD_BYTES_PER_SCORE`). dkv: q, do blocks, k, v, dk, dv
-    blocks, the same lse and D rows; f32 dk and dv accumulators; per element likewise. (Until
-    2026-12-02 the dq count took lse and D as lane-replicated `[block_q, 128]` blocks, which the
-    kernel no longer reads: 6.1 MiB too many at the blog's 3328-row tiles.) fused: dkv's blocks and
+    blocks, the same lse and D rows; f32 dk and dv accumulators; per element likewise. fused: dkv's blocks and
     accumulators, one head's whole dq accumulator (f32 `[q_len, head_dim]`; it leaves for HBM a query
     tile at a time through a `[block_q, head_dim]` buffer, not through a pipelined block), per element
     as dkv, and dq's `[block_q, head_dim]` f32 product.

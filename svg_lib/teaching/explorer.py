@@ -25,7 +25,7 @@ from svg_lib.chips import clock_hz
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.masks import BRUTE_FORCE_LIMIT_TOKENS, LANES, Mask, check_block_size
 from svg_lib.core.svg_masks import SVGMask
-from svg_lib.core.sliding import SlidingTileMask
+from svg_lib.extensions.sliding import SlidingTileMask
 from svg_lib.core.planner import plan_tiles
 from svg_lib.memory.smem import schedule_smem
 from svg_lib.memory.vmem import MiB, estimate_vmem

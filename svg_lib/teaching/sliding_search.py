@@ -15,7 +15,7 @@ import numpy as np
 
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.planner import plan_tiles
-from svg_lib.core.sliding import SlidingTileMask, TileLayout
+from svg_lib.extensions.sliding import SlidingTileMask, TileLayout
 
 FRAMES, ROWS, COLS = (1, 3, 7), (8, 16, 24, 48), (16, 40, 80)   # the cube shapes notebook 10 tries
 

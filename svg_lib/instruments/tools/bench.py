@@ -34,7 +34,7 @@ from svg_lib.methods import BASELINE, BLOG_SWEEP_METHOD, check_method
 from svg_lib.methods import METHODS as METHODS_TABLE
 from svg_lib.methods import check_methods as table_check_methods
 from svg_lib.core.masks import DENSE_LIMIT_TOKENS
-from svg_lib.core.planner import plan_tiles
+from svg_lib.core.planner import PARTIAL, plan_tiles
 from svg_lib.kernels.reference import masked_softmax_times_v, reference_attention
 from svg_lib.kernels.splash import splash_mask_form
 from svg_lib.memory.budget import check_memory
@@ -81,9 +81,11 @@ def method_tiles(config: BenchConfig, method: str, plan=None, b3_plan=None) -> d
     else:
         p = plan or plan_tiles(config.mask(), bq, bkv)
     visited = int(p.visited.sum())
-    # B1 masks every visited tile, and so does Splash when its mask is a predicate
-    masks_all = record.masks_full_tiles or (record.splash and splash_mask_form(config.mask(), n, nk * bkv) == "computable")
-    masked = visited if masks_all else int(p.needs_mask.sum())
+    # the record says which tiles its kernel masks (B1: every visited one); Splash masks every
+    # visited tile when its mask is a predicate
+    masked = int((record.step_classes(p.classes) == PARTIAL).sum())
+    if record.splash and splash_mask_form(config.mask(), n, nk * bkv) == "computable":
+        masked = visited
     return {"tiles_total": nq * nk, "tiles_visited": visited, "tiles_masked": masked,
             "grid_steps": nq * p.steps}
 

@@ -17,8 +17,8 @@ For each mask family and each tile size with committed probes (`svg_lib/data/cos
 
 The families: "svg_b3" (SVG's band with the first-frame sink, rounded to tiles by B3; each head
 takes the better of its spatial and temporal form, as SVG's online profiling would), "radial"
-(`core.radial.RadialMask`, Wan rules, knob: decay_factor; rounded to the tiles by B3), "sliding"
-(`core.sliding.SlidingTileMask` in 512-token cubes of 2 x 16 x 16, tile-aligned at 512 x 256 only:
+(`extensions.radial.RadialMask`, Wan rules, knob: decay_factor; rounded to the tiles by B3), "sliding"
+(`extensions.sliding.SlidingTileMask` in 512-token cubes of 2 x 16 x 16, tile-aligned at 512 x 256 only:
 no 3-D cube is a multiple of 3,328 tokens; knob: the window) and "pooled" (`layers.pooled`,
 top-k of mean-pooled tile scores; knob: density) and, with `--masks ...,semantic`, "semantic"
 (`layers.semantic`: tile-sized k-means clusters, 2 iterations from a cold start, then the same
@@ -39,8 +39,8 @@ import numpy as np
 from svg_lib.chips import MXUS_FOR_CLOCK, check_target, clock_hz
 from svg_lib.core.masks import TileAlignedMask
 from svg_lib.core.planner import plan_tiles
-from svg_lib.core.radial import RadialMask
-from svg_lib.core.sliding import SlidingTileMask
+from svg_lib.extensions.radial import RadialMask
+from svg_lib.extensions.sliding import SlidingTileMask
 from svg_lib.core.svg_masks import SVGMask
 from svg_lib.layers.pooled import pooled_plan
 from svg_lib.layers.profiling import sample_rows

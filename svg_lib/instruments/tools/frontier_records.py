@@ -46,8 +46,8 @@ import numpy as np
 
 from svg_lib.chips import clock_hz
 from svg_lib.core.planner import plan_tiles
-from svg_lib.core.radial import RadialMask
-from svg_lib.core.sliding import SlidingTileMask
+from svg_lib.extensions.radial import RadialMask
+from svg_lib.extensions.sliding import SlidingTileMask
 from svg_lib.core.svg_masks import SVGMask
 from svg_lib.instruments.tools.frontier import (KNOBS, SLIDING_CUBE, _computed_density, _recall, _tile_plans)
 from svg_lib.instruments.tpu.cost import EVIDENCE, load_reference, model_cycles

@@ -17,13 +17,12 @@ from svg_lib.chips import MXUS_FOR_CLOCK, clock_hz
 from svg_lib.core.planner import plan_tiles
 from svg_lib.instruments.tpu.cost import committed_tile_cost, model_cycles
 from svg_lib.kernels.forward import tile_bodies, unroll_chunks
-from svg_lib.methods import BASELINE, METHODS, check_method
+from svg_lib.methods import BASELINE, METHODS, MODEL_METHODS, SERIES_METHODS, check_method
 from svg_lib.problem import BLOG_V6E_MS, default_block_kv_compute, get_preset
 
 MEASUREMENTS_FILE = Path(__file__).resolve().parents[2] / "data" / "tpu_measurements.json"
 # the tile bodies of each of the series' kernels, as the forward builds it for one kind of head
-BODIES = {name: tile_bodies(1, mask_free=not record.masks_full_tiles) for name, record in METHODS.items()
-          if record.family == "svg_lib"}
+BODIES = {name: tile_bodies(1, mask_free=METHODS[name].mask_free_body) for name in SERIES_METHODS}
 LABELS = {"splash_dense": "B0 dense Splash", "dense": "svg_lib dense", "b1": "B1 naive", "b2": "B2 full/edge",
           "b3": "B3 tile-aligned"}
 
@@ -96,7 +95,7 @@ def predicted_ms(method: str, chip: str, block_q: int, block_kv: int, block_kv_c
 
 
 def measured_table(block_q: int = 3328, block_kv: int = 1536, *, chip: str = "v5e",
-                   methods=("splash_dense", "dense", "b1", "b2", "b3"), rows=None) -> str:
+                   methods=MODEL_METHODS, rows=None) -> str:
     """A table: each method measured on `chip` at these tiles (median ms, spread, share of the MXU's peak),
     beside the static profile's prediction for that chip (and its error against the measurement), the
     case study's v6e figure and the prediction for a v6e."""

@@ -41,10 +41,12 @@ from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.svg_masks import SVGMask
 from svg_lib.environment import installed_version
 from svg_lib.instruments.adversarial import CASES, adversarial_heads
-from svg_lib.kernels.reference import attention_float64, bound_test_on_device
+from svg_lib.extensions.bounded_max import bound_test_on_device
+from svg_lib.kernels.reference import attention_float64
 from svg_lib.kernels.tolerances import tolerance
 from svg_lib.layers.profiling import bound_pass_rate
 from svg_lib.layers.synthetic import structured_qkv
+from svg_lib.methods import BASELINE, PLANNED_METHODS, SERIES_METHODS
 from svg_lib.methods import METHODS as METHOD_TABLE
 from svg_lib.problem import BLOG_V6E_MS, PRESETS, BenchConfig
 from svg_lib.progress import bar as progress_bar
@@ -52,7 +54,7 @@ from svg_lib.runtime import default_interpret, detect_runtime
 from svg_lib.instruments.tools.bench import run_benchmark
 from svg_lib.instruments.tpu.cost import BLOCKS_KIND, cost_model, filled_from, load_reference
 
-METHODS = ("splash_dense", "b1", "b2", "b3")
+METHODS = (BASELINE,) + PLANNED_METHODS
 LABELS = {"splash_dense": "B0 dense Splash", "b1": "B1 naive", "b2": "B2 full/edge", "b3": "B3 tile-aligned"}
 ADVERSARIAL_METHODS = ("dense", "b3")
 ADVERSARIAL_HEAD_DIMS = (64, 128, 256)
@@ -152,7 +154,7 @@ def pass_rates(config: BenchConfig, *, seed: int = 0) -> dict:
     for name, (qq, kk) in (("random", (q, k)), ("planted", (np.asarray(pq), np.asarray(pk)))):
         out[name] = {m: [float(x) for x in bound_pass_rate(qq, kk, mask, method=m, block_q=config.block_q,
                                                            block_kv=config.block_kv)]
-                     for m in ("dense", "b1", "b2", "b3")}
+                     for m in SERIES_METHODS}
     out["planted_kinds"] = list(PLANTED_KINDS)
     out["computed"] = "on the device, float32 scores" if bound_test_on_device() else "on the host, float64 scores"
     return out
@@ -334,9 +336,9 @@ def markdown(data: dict, bench) -> str:
               f"{r['within_tolerance']} |" for r in data["adversarial"]]
     rates = data["pass_rates"]
     lines += ["", "## The bounded max's pass rate (fraction of query tiles that take the bound)", "",
-              "| inputs | dense | b1 | b2 | b3 |", "|---|---:|---:|---:|---:|"]
+              "| inputs | " + " | ".join(SERIES_METHODS) + " |", "|---|" + "---:|" * len(SERIES_METHODS)]
     for name in ("random", "planted"):
-        lines.append(f"| {name} | " + " | ".join(f"{np.mean(rates[name][m]):.2f}" for m in ("dense", "b1", "b2", "b3"))
+        lines.append(f"| {name} | " + " | ".join(f"{np.mean(rates[name][m]):.2f}" for m in SERIES_METHODS)
                      + " |")
     lines += ["", f"planted heads: one each of {', '.join(rates['planted_kinds'])}; every query tile tested, "
               f"{rates['computed']}.", ""]

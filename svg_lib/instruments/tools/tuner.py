@@ -41,7 +41,7 @@ from svg_lib.core.planner import PARTIAL, plan_tiles
 from svg_lib.environment import libtpu_version, require_libtpu
 from svg_lib.memory.smem import SmemOverflowError
 from svg_lib.memory.vmem import MiB, estimate_vmem
-from svg_lib.methods import METHODS
+from svg_lib.methods import METHODS, PALLAS_METHODS
 from svg_lib.problem import check_block_kv_compute, get_preset, resolve_problem
 from svg_lib.progress import bar as progress_bar
 from svg_lib.runtime import default_interpret, detect_runtime
@@ -49,7 +49,7 @@ from svg_lib.instruments.tools.tune_result import TuneResult
 from svg_lib.instruments.tpu.compiler import compile_verdict
 from svg_lib.instruments.tpu.errors import first_lines
 
-TUNE_METHODS = ("dense", "splash_dense", "splash", "b1", "b2", "b3")
+TUNE_METHODS = PALLAS_METHODS  # every Pallas kernel has block sizes to tune
 CACHE_FORMAT = 1  # bump when the stored rows change meaning
 DEFAULT_AXIS_VALUES = 4  # block sizes per axis in the default grid
 

@@ -19,7 +19,7 @@ from svg_lib.kernels.backward import attention_dkv, attention_dq, attention_fuse
 from svg_lib.kernels.forward import block_sparse_attention, dense_flash_attention
 from svg_lib.kernels.splash import _block_mask, _computable_mask, _splash, with_vmem_limit
 from svg_lib.memory.vmem import SPLASH_METHODS, KiB, MiB, VmemEstimate, estimate_vmem, tpu_memory
-from svg_lib.methods import METHODS
+from svg_lib.methods import METHODS, SERIES_FIRST_METHODS
 from svg_lib.progress import bar as progress_bar
 from svg_lib.instruments.tpu.compiler import compile_fn
 from svg_lib.instruments.tpu.errors import classify_error, first_lines
@@ -189,7 +189,7 @@ def compile_check(estimate: VmemEstimate, target: str | None = None, limit: int 
     return CompilerCheck(estimate, target, effective, True, None, None, time.perf_counter() - start)
 
 
-def sweep_points(methods=("dense", "b1", "b2", "b3", "splash_dense", "splash"), blocks=((1024, 512),),
+def sweep_points(methods=SERIES_FIRST_METHODS, blocks=((1024, 512),),
                  dtypes=("bfloat16",), targets=("v6e",), block_kv_computes=(None,), splash_masks=("blocks",),
                  head_dim: int = 128) -> list[tuple[VmemEstimate, str]]:
     """Every `(estimate, target)` of a sweep, estimated and not compiled: a bad method, block, dtype or
@@ -225,7 +225,7 @@ def verify_points(points, log=None, bar: bool = False) -> list[CompilerCheck]:
     return checks
 
 
-def verify_against_compiler(methods=("dense", "b1", "b2", "b3", "splash_dense", "splash"),
+def verify_against_compiler(methods=SERIES_FIRST_METHODS,
                             blocks=((1024, 512),), dtypes=("bfloat16",), targets=("v6e",),
                             block_kv_computes=(None,), splash_masks=("blocks",), head_dim: int = 128,
                             log=None, bar: bool = False) -> list[CompilerCheck]:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from svg_lib import cache as cache_files  # `cache` is a parameter name here
 from svg_lib.attention import b3_mask
-from svg_lib.methods import BASELINE, METHODS, check_method
+from svg_lib.methods import BASELINE, METHODS, MODEL_METHODS, check_method
 from svg_lib.chips import check_target
 from svg_lib.environment import MissingCompiler, has_libtpu, missing_compiler_message
 from svg_lib.core.masks import check_block_size
@@ -443,7 +443,6 @@ def filled_from(cost: TileCost, fallback: TileCost | None = None, *, padding_as_
 
 # -- the cost model from the plan -------------------------------------------------------------
 
-MODEL_METHODS = ("splash_dense", "dense", "b1", "b2", "b3")  # the methods the probes price
 # the case study's measured ratios to B0 (one v6e, its problem and blocks), for comparison only
 BLOG_RATIOS = {"splash_dense": 1.0, "b1": 96.37 / 78.70, "b2": 54.12 / 78.70, "b3": 32.76 / 78.70}
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from svg_lib.core.geometry import TileLayout, VideoGeometry, inverse_tile_major_permutation, tile_major_permutation
+from svg_lib.core.geometry import VideoGeometry
+from svg_lib.extensions.tile_layout import TileLayout, inverse_tile_major_permutation, tile_major_permutation
 from svg_lib.core.masks import Mask, _check_policy, _grid_cells, _is_numpy, check_block_size
 from svg_lib.core.svg_masks import PermutedMask
 

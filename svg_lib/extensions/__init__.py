@@ -1,0 +1,5 @@
+"""Beside the lesson, above `attention`: what the layers and instruments build on but the lesson's
+floors do not need. `radial` (Radial Attention's static mask) and `sliding` (3-D sliding tiles,
+notebook 10, on `tile_layout`'s cubes) are masks; `device_plan` (the planner in jnp, inside
+`jax.jit`) and `observed` (hooks on the block-sparse forward: tile masses, skip-softmax) serve the
+semantic and next-plan layers; `bounded_max` replays the forward's bound test for its pass rate."""
