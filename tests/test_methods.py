@@ -75,8 +75,6 @@ def test_the_guard_finds_a_comparison():
 
 # Where the kernel itself reads `masks_full_tiles`: the dispatch and the forward's count of bodies.
 MASKS_FULL_TILES_SITES = {"svg_lib/methods.py", "svg_lib/kernels/grid.py", "svg_lib/kernels/forward.py"}
-# Hand-kept lists another helper's files still hold (teaching/ is edited on its own branch): to go.
-KNOWN_LISTS = {"svg_lib/teaching/explorer.py"}
 
 
 def hand_kept_lists(source: str) -> list[int]:
@@ -98,8 +96,7 @@ def test_method_lists_and_full_tile_branches_are_read_off_the_table():
             continue
         if "masks_full_tiles" in source and name not in MASKS_FULL_TILES_SITES:
             found.append(f"{name}: reads masks_full_tiles (ask the record: step_classes, mask_free_body)")
-        if name not in KNOWN_LISTS:
-            found += [f"{name}:{line}: a hand-kept list of methods" for line in hand_kept_lists(source)]
+        found += [f"{name}:{line}: a hand-kept list of methods" for line in hand_kept_lists(source)]
     assert not found, "take these from svg_lib.methods:\n" + "\n".join(found)
 
 

@@ -29,6 +29,7 @@ from svg_lib.extensions.sliding import SlidingTileMask
 from svg_lib.core.planner import plan_tiles
 from svg_lib.memory.smem import schedule_smem
 from svg_lib.memory.vmem import MiB, estimate_vmem
+from svg_lib.methods import PLANNED_METHODS
 from svg_lib.problem import PALLAS_METHODS, BenchConfig
 from svg_lib.runtime import detect_runtime
 from svg_lib.teaching.plots import plot_mask, plot_tile_map
@@ -343,7 +344,7 @@ def _explorer_class():
             facts += price_facts(self.prices)
             chips = list(self.prices["vmem"])
             rows = [row + tuple(f"{self.prices['ms'][m][c]:.3f}" if m in self.prices["ms"] else "-" for c in chips)
-                    for row, m in zip(rows, ("b1", "b2", "b3"))]
+                    for row, m in zip(rows, PLANNED_METHODS)]
             if self.frame_major_plan is not None:
                 fm = self.frame_major_plan
                 rows.append(("B2 frame-major (in-kernel)", f"{int(fm.visited.sum()):,}",
@@ -432,7 +433,7 @@ def _time_kernel(fn, config, repeats: int) -> float:
 
 
 def mask_explorer(geometry: VideoGeometry | None = None, density: float = 0.35, block_q: int = 128,
-                  block_kv: int = 128, head_kind: str = "spatial", methods=("b1", "b2", "b3"), heads: int = 1,
+                  block_kv: int = 128, head_kind: str = "spatial", methods=PLANNED_METHODS, heads: int = 1,
                   head_dim: int = 128, dtype: str | None = None, cube=DEFAULT_CUBE, window=DEFAULT_WINDOW,
                   kernels: dict | None = None):
     """A widget to explore a mask's tile plan: sliders for frames, height, width, density,
