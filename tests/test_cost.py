@@ -273,3 +273,37 @@ def test_training_model_sums_forward_and_fused_backward_steps():
     assert ratios["forward"] < ratios["total"] < 1 and ratios["total"] <= 0.40  # issue 23's goal, in the model
     with pytest.raises(ValueError, match="tiles"):
         training_model(blog, forward, load_backward_reference()["costs"][("v6e", 512, 256)])
+
+
+def test_the_probe_compile_shows_its_progress_and_stops_at_its_timeout(tmp_path, monkeypatch):
+    """The compiler process logs a line per probe; the bar follows them, and a process past its time is stopped."""
+    import subprocess
+    import sys
+
+    from svg_lib.instruments.tpu import probes
+
+    updates = []
+
+    class Bar:
+        def update(self, n):
+            updates.append(n)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(probes, "progress_bar", lambda **kw: Bar())
+    log = tmp_path / "child.log"
+    script = ("import json, sys, time\n"
+              "for n in range(3):\n"
+              "    print('libtpu chatter', flush=True)\n"
+              "    print(json.dumps({'done': n + 1, 'of': 3}), flush=True)\n"
+              "    time.sleep(0.6)\n")
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=out, stderr=subprocess.STDOUT)
+        probes._follow(proc, str(log), 3, "v6e", timeout=60)
+    assert sum(updates) == 3 and all(n > 0 for n in updates)
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], stdout=out)
+        with pytest.raises(RuntimeError, match="ran past 1 s"):
+            probes._follow(proc, str(log), 3, "v6e", timeout=1)
+    assert proc.returncode is not None

@@ -49,6 +49,7 @@ from svg_lib.environment import require_libtpu
 from svg_lib.kernels import backward
 from svg_lib.kernels import forward as kernels
 from svg_lib.kernels.forward import MASK_VALUE
+from svg_lib.progress import bar as progress_bar
 from svg_lib.instruments.tpu.compiler import compile_fn
 from svg_lib.instruments.tpu.errors import first_lines
 
@@ -585,6 +586,29 @@ def _child(request: dict) -> list[dict]:
     return results
 
 
+_DONE = re.compile(r'\{"done": (\d+)')  # the child's line after each probe
+
+
+def _follow(proc, log_path: str, total: int, target: str, timeout: float) -> None:
+    """Wait for the compiler process, a progress bar advanced by the `{"done": n}` lines it logs
+    (a probe at the case study's tiles takes a minute or more); killed past `timeout` seconds."""
+    shown = progress_bar(total=total, desc=f"compiling cost probes for {target}", unit="probe")
+    start, done = time.perf_counter(), 0
+    while proc.poll() is None:
+        if time.perf_counter() - start > timeout:
+            proc.kill()
+            proc.wait()
+            shown.close()
+            raise RuntimeError(f"the probe compiler process ran past {timeout:.0f} s and was stopped")
+        time.sleep(0.5)
+        with open(log_path) as log:
+            counts = [int(m.group(1)) for m in map(_DONE.match, log) if m]
+        if counts and counts[-1] > done:
+            shown.update(counts[-1] - done)
+            done = counts[-1]
+    shown.close()
+
+
 def run_probes(probes: list[Probe], target: str, *, bundles: bool = True, timeout: float = 3600) -> list[dict]:
     """Compile `probes` for `target` in one subprocess with the compiler's dump flags set.
 
@@ -609,8 +633,9 @@ def run_probes(probes: list[Probe], target: str, *, bundles: bool = True, timeou
         Path(req_path).write_text(json.dumps(request))
         log_path = os.environ.get("SVG_LIB_COST_LOG") or os.path.join(tmp, "child.log")
         with open(log_path, "w") as log:  # libtpu is chatty on stderr; keep it out of the caller's output
-            proc = subprocess.run([sys.executable, "-m", "svg_lib.instruments.tpu.probes", "--child", req_path], env=env,
-                                  stdout=log, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+            proc = subprocess.Popen([sys.executable, "-m", "svg_lib.instruments.tpu.probes", "--child", req_path],
+                                    env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+            _follow(proc, log_path, len(probes), target, timeout)
         out_path = req_path + ".out"
         if proc.returncode != 0 or not os.path.exists(out_path):
             tail = "\n".join(Path(log_path).read_text().strip().splitlines()[-8:])
