@@ -88,16 +88,17 @@ def test_step_checker_names_the_mistake(wrong, message, capsys):
 def test_the_stubs_are_told_they_are_stubs(capsys):
     def stub(*args, **kwargs):
         raise NotImplementedError("your code here")
-    for check in (p03_b1.check_b1_kv_map, p03_b1.check_b1_step):
+    for check in (p03_b1.check_b1_kv_map, p03_b1.check_b1_step, p03_b1.check_b1_grid_spec):
         result = check(stub)
         assert not result.passed and "still the stub" in result.message
 
 
 def test_the_solutions_pass(capsys):
-    hints = (p03_b1.kv_map_hints(), p03_b1.step_hints())
+    hints = (p03_b1.kv_map_hints(), p03_b1.step_hints(), p03_b1.grid_spec_hints())
     assert all(len(h.hints) >= 3 for h in hints)
     assert p03_b1.check_b1_kv_map(_ns(p03_b1.KV_MAP_SOLUTION)["kv_map"]).passed
     assert p03_b1.check_b1_step(_ns(p03_b1.STEP_SOLUTION)["b1_step"]).passed
+    assert p03_b1.check_b1_grid_spec(_spec_ns(p03_b1.GRID_SPEC_SOLUTION)).passed
 
 
 WRONG_MAP = '''def kv_map(h, i, s, schedule_ref, *, steps):
@@ -144,3 +145,45 @@ def test_a_correct_answer_is_what_the_later_cells_run():
     assert int(here) in schedules and int(blog) in schedules      # this size's kernel and the case study's dry run
     assert (3328, 1536) in tiles                                   # the step ran at the case study's tiles
     assert "matches reference_attention" in text
+
+
+def _spec_ns(source):
+    import jax.numpy as jnp
+    from jax.experimental.pallas import tpu as pltpu
+    namespace = {"pl": pl, "pltpu": pltpu, "jnp": jnp}
+    exec(source, namespace)
+    return namespace["b1_grid_spec"]
+
+
+def wrong_spec(old, new):
+    """The solution with one mistake: `old` (which it must hold) replaced by `new`."""
+    assert old in p03_b1.GRID_SPEC_SOLUTION
+    return _spec_ns(p03_b1.GRID_SPEC_SOLUTION.replace(old, new))
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("num_scalar_prefetch=len(tables)", "num_scalar_prefetch=1", "num_scalar_prefetch=len(tables)"),
+    ("grid=(heads, query_tiles, steps)", "grid=(heads, steps, query_tiles)", "the axes are swapped"),
+    ("grid=(heads, query_tiles, steps)", "grid=(heads, query_tiles)", "an axis is missing"),
+    ("pl.BlockSpec((None, block_q, head_dim), q_map)", "pl.BlockSpec((None, block_q, head_dim), kv_map)",
+     "the q block follows the key tile"),
+    ("pl.BlockSpec((None, block_kv, head_dim), kv_map),\n                  pl.BlockSpec((None, block_kv, head_dim), kv_map)",
+     "pl.BlockSpec((None, block_kv, head_dim), q_map),\n                  pl.BlockSpec((None, block_kv, head_dim), q_map)",
+     "the k block follows the query tile, not the schedule"),
+    ("pl.BlockSpec((None, block_kv, head_dim), kv_map), *more",
+     "pl.BlockSpec((None, block_kv, head_dim), lambda h, i, s, *t: (h, s, 0)), *more",
+     "the v block walks the key tiles like a dense grid"),
+    ("pl.BlockSpec((None, block_q, head_dim), q_map)", "pl.BlockSpec((block_q, head_dim), q_map)",
+     "a leading None squeezes the head axis away"),
+    ("pl.BlockSpec((None, block_kv, head_dim), kv_map),\n", "pl.BlockSpec((None, block_q, head_dim), kv_map),\n",
+     "k blocks are block_kv rows"),
+    ("pltpu.VMEM((block_q, head_dim), jnp.float32)", "pltpu.VMEM((block_q, head_dim), jnp.bfloat16)",
+     "acc sums over many key tiles: float32"),
+    ("pltpu.VMEM((block_q, 128), jnp.float32),        # m", "pltpu.VMEM((block_q, 1), jnp.float32),        # m",
+     "scratch m is VMEM (128, 1) float32, expected VMEM (128, 128) float32"),
+    ("                        *more_scratch]", "                        ]", "scratch_shapes has 3 entries, expected 4"),
+    ("out_specs=out_specs", "out_specs=[]", "out_specs=out_specs, unchanged"),
+])
+def test_grid_spec_checker_names_the_mistake(old, new, message, capsys):
+    result = p03_b1.check_b1_grid_spec(wrong_spec(old, new))
+    assert not result.passed and message in result.message, result.message
