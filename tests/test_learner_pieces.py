@@ -161,10 +161,12 @@ def test_tile_body(stage):
 
 
 def test_plugged_pieces_compile_for_a_tpu(tpu_compiler):
-    """The B1 and B2 kernels with pieces plugged in compile for a v6e (compile-only), bf16 at 128 x 128."""
+    """The B1 and B2 kernels with pieces plugged in (B1's grid spec too) compile for a v6e (compile-only), bf16 at
+    128 x 128."""
     shapes = [((2, MASK.tokens, 128), "bfloat16")] * 3
-    for kernel in (lambda q, k, v: b1_learner_attention(q, k, v, MASK, kv_map=kv_map, step=b1_step, block_q=BLOCK,
-                                                        block_kv=BLOCK, interpret=False),
+    for kernel in (lambda q, k, v: b1_learner_attention(q, k, v, MASK, kv_map=kv_map, step=b1_step,
+                                                        grid_spec=b1_grid_spec, block_q=BLOCK, block_kv=BLOCK,
+                                                        interpret=False),
                    lambda q, k, v: b2_exercise_attention(q, k, v, MASK, b2_dispatch, block_q=BLOCK, block_kv=BLOCK,
                                                          interpret=False, record=False)[0]):
         compiled, _ = tpu_compiler.compile_fn(kernel, shapes, target="v6e")

@@ -207,6 +207,7 @@ def wrong_spec(old, new):
      "scratch m is VMEM (128, 1) float32, expected VMEM (128, 128) float32"),
     ("                        *more_scratch]", "                        ]", "scratch_shapes has 3 entries, expected 4"),
     ("out_specs=out_specs", "out_specs=[]", "out_specs=out_specs, unchanged"),
+    ("out_specs=out_specs", "out_specs=out_specs[0]", "your out_specs is a BlockSpec, not the list"),
 ])
 def test_grid_spec_checker_names_the_mistake(old, new, message, capsys):
     result = p03_b1.check_b1_grid_spec(wrong_spec(old, new))

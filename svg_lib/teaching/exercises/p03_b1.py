@@ -503,9 +503,10 @@ def _check_spec(yours, library, tables, *, bq, bkv):
             raise _Fail(f"in_specs[{3 + n}] is not the spec handed over in more_in_specs",
                         "after q, k and v, pass more_in_specs unchanged: *more_in_specs")
     outs, lib_outs = yours.out_specs, library.out_specs
-    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-    if len(outs) != len(lib_outs) or any(a is not b for a, b in zip(outs, lib_outs)):
-        raise _Fail(f"out_specs holds {len(outs)} spec(s), not the {len(lib_outs)} handed over",
+    if (not isinstance(outs, (list, tuple)) or len(outs) != len(lib_outs)
+            or any(a is not b for a, b in zip(outs, lib_outs))):
+        held = (f"{len(outs)} spec(s) of its own" if isinstance(outs, (list, tuple)) else f"a {type(outs).__name__}")
+        raise _Fail(f"your out_specs is {held}, not the list of {len(lib_outs)} output spec(s) handed over",
                     "the library's kernel brings its output blocks: out_specs=out_specs, unchanged")
     scratch, lib_scratch = list(yours.scratch_shapes), list(library.scratch_shapes)
     own = len(OWN_SCRATCH)
