@@ -387,7 +387,8 @@ def _built_specs(fn, q, k, v, mask, bq, bkv):
         raise _SpecsBuilt
 
     try:
-        plugged_attention(q, k, v, plan, stage="b1", keep=mask.kernel_predicate(bq, bkv), pieces=Pieces(grid_spec=capture))
+        plugged_attention(q, k, v, plan, stage="b1", keep=mask.kernel_predicate(bq, bkv),
+                          pieces=Pieces(grid_spec=capture))
     except _SpecsBuilt:
         pass
     return built["yours"], built["library"], built["tables"]
@@ -402,7 +403,8 @@ def _block_indices(index_map, grid, tables, what):
     try:
         result = jax.jit(jax.vmap(lambda *g: tuple(index_map(*g, *tables))))(*idx)
     except Exception as exc:  # the learner's index map
-        raise _Fail(f"{what}'s index map raised {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise _Fail(f"{what}'s index map raised {type(exc).__name__}: {first}",
                     "an index map gets the grid indices (h, i, s) and then every table's ref: "
                     "def q_map(h, i, s, *table_refs)") from None
     if len(result) != 3:
@@ -466,7 +468,8 @@ def _check_spec(yours, library, tables, *, bq, bkv):
             if got_shape is not None and len(got_shape) == 2:
                 hint = ("a leading None squeezes the head axis away: (None, rows, head_dim), and the kernel gets "
                         "one head's [rows, head_dim] block")
-            elif got_shape is not None and len(got_shape) == 3 and got_shape[1] in (bq, bkv) and got_shape[1] != rows[name]:
+            elif (got_shape is not None and len(got_shape) == 3 and got_shape[1] in (bq, bkv)
+                  and got_shape[1] != rows[name]):
                 hint = (f"{name} blocks are {'block_q' if name == 'q' else 'block_kv'} rows: block_q and block_kv "
                         "differ here")
             else:
