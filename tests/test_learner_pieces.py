@@ -7,16 +7,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles, schedule_entry
 from svg_lib.core.svg_masks import SVGMask
 from svg_lib.kernels.forward import MASK_VALUE, block_sparse_attention
-from svg_lib.kernels.grid import Pieces
+from svg_lib.kernels.grid import Pieces, library_grid_spec
 from svg_lib.kernels.tolerances import tolerance
 from svg_lib.teaching.exercises.p03_b1 import b1_learner_attention
 from svg_lib.teaching.exercises.p04_b2_dispatch import b2_exercise_attention
-from svg_lib.teaching.exercises.plugged import b1_step_piece, b2_dispatch_piece, kv_map_piece, tile_body_piece
+from svg_lib.teaching.exercises.plugged import (b1_step_piece, b2_dispatch_piece, grid_spec_piece, kv_map_piece,
+                                                tile_body_piece)
 
 BLOCK = 128
 MASK = SVGMask.spatial(VideoGeometry(4, 8, 15), 0.2)
@@ -54,7 +56,7 @@ def test_default_pieces_trace_as_no_pieces():
         return str(jax.make_jaxpr(lambda q, k, v: block_sparse_attention(
             q, k, v, jnp.zeros((1,), jnp.int32), jnp.asarray(PLAN.schedule), steps=STEPS, stage="b2", keep=KEEP,
             block_q=BLOCK, block_kv=BLOCK, block_kv_compute=BLOCK, interpret=True, pieces=pieces))(*QKV))
-    assert trace(Pieces()) == trace(None)
+    assert trace(Pieces()) == trace(None) == trace(Pieces(grid_spec=library_grid_spec))
 
 
 def kv_map(h, i, s, schedule_ref, *, steps):
@@ -109,6 +111,31 @@ def test_b2_dispatch():
     assert differs(forward("b2", step(b2_dispatch_free_everywhere)), "b2")
 
 
+def b1_grid_spec(tables, *, heads, query_tiles, steps, block_q, block_kv, head_dim, kv_map, out_specs,
+                 more_in_specs, more_scratch, k_map=None):
+    def q_map(h, i, s, *table_refs):
+        return h, i, 0
+
+    block = (None, block_kv, head_dim)
+    return pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=len(tables), grid=(heads, query_tiles, steps),
+        in_specs=[pl.BlockSpec((None, block_q, head_dim), q_map), pl.BlockSpec(block, k_map or kv_map),
+                  pl.BlockSpec(block, k_map or kv_map), *more_in_specs],
+        out_specs=out_specs,
+        scratch_shapes=[pltpu.VMEM((block_q, 128), jnp.float32), pltpu.VMEM((block_q, 128), jnp.float32),
+                        pltpu.VMEM((block_q, head_dim), jnp.float32), *more_scratch])
+
+
+def b1_grid_spec_kv_by_query_tile(*args, **kwargs):
+    return b1_grid_spec(*args, **kwargs, k_map=lambda h, i, s, *table_refs: (h, i, 0))
+
+
+@pytest.mark.parametrize("stage", ["b1", "b2"])
+def test_grid_spec(stage):
+    assert np.array_equal(forward(stage, Pieces(grid_spec=grid_spec_piece(b1_grid_spec))), LIBRARY[stage])
+    assert differs(forward(stage, Pieces(grid_spec=grid_spec_piece(b1_grid_spec_kv_by_query_tile))), stage)
+
+
 def body(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, keep, rescale=True):
     s = jnp.dot(q_ref[...], k_ref[...].T, preferred_element_type=jnp.float32)
     if keep is not None:
@@ -134,10 +161,12 @@ def test_tile_body(stage):
 
 
 def test_plugged_pieces_compile_for_a_tpu(tpu_compiler):
-    """The B1 and B2 kernels with pieces plugged in compile for a v6e (compile-only), bf16 at 128 x 128."""
+    """The B1 and B2 kernels with pieces plugged in (B1's grid spec too) compile for a v6e (compile-only), bf16 at
+    128 x 128."""
     shapes = [((2, MASK.tokens, 128), "bfloat16")] * 3
-    for kernel in (lambda q, k, v: b1_learner_attention(q, k, v, MASK, kv_map=kv_map, step=b1_step, block_q=BLOCK,
-                                                        block_kv=BLOCK, interpret=False),
+    for kernel in (lambda q, k, v: b1_learner_attention(q, k, v, MASK, kv_map=kv_map, step=b1_step,
+                                                        grid_spec=b1_grid_spec, block_q=BLOCK, block_kv=BLOCK,
+                                                        interpret=False),
                    lambda q, k, v: b2_exercise_attention(q, k, v, MASK, b2_dispatch, block_q=BLOCK, block_kv=BLOCK,
                                                          interpret=False, record=False)[0]):
         compiled, _ = tpu_compiler.compile_fn(kernel, shapes, target="v6e")

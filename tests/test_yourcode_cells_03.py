@@ -88,30 +88,36 @@ def test_step_checker_names_the_mistake(wrong, message, capsys):
 def test_the_stubs_are_told_they_are_stubs(capsys):
     def stub(*args, **kwargs):
         raise NotImplementedError("your code here")
-    for check in (p03_b1.check_b1_kv_map, p03_b1.check_b1_step):
+    for check in (p03_b1.check_b1_kv_map, p03_b1.check_b1_step, p03_b1.check_b1_grid_spec):
         result = check(stub)
         assert not result.passed and "still the stub" in result.message
 
 
 def test_the_solutions_pass(capsys):
-    hints = (p03_b1.kv_map_hints(), p03_b1.step_hints())
+    hints = (p03_b1.kv_map_hints(), p03_b1.step_hints(), p03_b1.grid_spec_hints())
     assert all(len(h.hints) >= 3 for h in hints)
     assert p03_b1.check_b1_kv_map(_ns(p03_b1.KV_MAP_SOLUTION)["kv_map"]).passed
     assert p03_b1.check_b1_step(_ns(p03_b1.STEP_SOLUTION)["b1_step"]).passed
+    assert p03_b1.check_b1_grid_spec(_spec_ns(p03_b1.GRID_SPEC_SOLUTION)).passed
 
 
 WRONG_MAP = '''def kv_map(h, i, s, schedule_ref, *, steps):
     return h, s, 0   # walks the key tiles like a dense grid'''
 WRONG_STEP = '''def b1_step(i, s, kv_tile, cls, tile, keep, *, block_q, block_kv):
     tile(keep, i * block_q, kv_tile * block_kv)   # idle steps too'''
+WRONG_SPEC = p03_b1.GRID_SPEC_SOLUTION.replace("pl.BlockSpec((None, block_kv, head_dim), kv_map)",
+                                               "pl.BlockSpec((None, block_kv, head_dim), q_map)")   # k, v by query tile
 
 
 def test_a_wrong_answer_in_the_notebook_gets_its_verdict():
-    out = run_with_pieces(NOTEBOOK, {0: WRONG_MAP, 1: WRONG_STEP}, stop_after=1)["outputs"]
+    out = run_with_pieces(NOTEBOOK, {0: WRONG_MAP, 1: WRONG_STEP, 2: WRONG_SPEC}, stop_after=1)["outputs"]
     text = "\n".join(out)
+    assert WRONG_SPEC != p03_b1.GRID_SPEC_SOLUTION
     assert "not yet: 03 kv_map" in text and "s counts the row's steps" in text
     assert "not yet: 03 b1_step" in text and "idle step must leave the state alone" in text
+    assert "not yet: 03 b1_grid_spec" in text and "the k block follows the query tile" in text
     assert "The cells below run svg_lib's kv_map" in text and "svg_lib's b1_step" in text
+    assert "The cells below run svg_lib's grid spec" in text and "PrefetchScalarGridSpec(" not in text
 
 
 # correct, written differently from the solutions; each records what it was called with
@@ -131,16 +137,78 @@ def b1_step(i, s, kv_tile, cls, tile, keep, *, block_q, block_kv):
     SEEN_TILES.add((block_q, block_kv))
     visited = jnp.logical_or(cls == FULL, cls == PARTIAL)
     pl.when(visited)(lambda: tile(keep, q_start=block_q * i, k_start=block_kv * kv_tile))'''
-PROBE = "print(sorted(SEEN_SCHEDULES), sorted(SEEN_TILES), plan.schedule.size, blog_plan.schedule.size)"
+RIGHT_SPEC = '''SEEN_GRIDS = set()
+
+
+def b1_grid_spec(tables, *, heads, query_tiles, steps, block_q, block_kv, head_dim, kv_map, out_specs,
+                 more_in_specs, more_scratch):
+    SEEN_GRIDS.add((heads, query_tiles, steps))
+    state = [pltpu.VMEM((block_q, 128), jnp.float32) for _ in "ml"]
+    kv = pl.BlockSpec((None, block_kv, head_dim), kv_map)
+    query = pl.BlockSpec((None, block_q, head_dim), lambda h, i, s, *refs: (h, i, 0))
+    return pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=len(tables), grid=(heads, query_tiles, steps),
+                                        in_specs=[query, kv, kv] + list(more_in_specs), out_specs=out_specs,
+                                        scratch_shapes=state + [pltpu.VMEM((block_q, head_dim), jnp.float32),
+                                                                *more_scratch])'''
+PROBE = ("print(sorted(SEEN_SCHEDULES), sorted(SEEN_TILES), plan.schedule.size, blog_plan.schedule.size)\n"
+         "print((config.heads, nq, plan.steps) in SEEN_GRIDS)")
 
 
 def test_a_correct_answer_is_what_the_later_cells_run():
-    result = run_with_pieces(NOTEBOOK, {0: "import jax.numpy as jnp\n" + RIGHT_MAP, 1: RIGHT_STEP}, probe=PROBE)
+    result = run_with_pieces(NOTEBOOK, {0: "import jax.numpy as jnp\n" + RIGHT_MAP, 1: RIGHT_STEP, 2: RIGHT_SPEC},
+                             probe=PROBE)
     text = "\n".join(result["outputs"])
-    assert "passed: 03 kv_map" in text and "passed: 03 b1_step" in text
+    assert "passed: 03 kv_map" in text and "passed: 03 b1_step" in text and "passed: 03 b1_grid_spec" in text
     assert "The cells below run your kv_map." in text and "The cells below run your b1_step." in text
-    schedules, tiles, here, blog = re.fullmatch(r"(\[.*?\]) (\[.*?\]) (\d+) (\d+)\s*", result["probe"]).groups()
+    assert "The cells below run your grid spec." in text and "num_scalar_prefetch=len(schedule.tables)" in text
+    assert "B1 with your kv_map and your b1_step in your grid spec (interpret) matches" in text
+    first, grids = result["probe"].strip().split("\n")
+    assert grids == "True"                                         # the spec laid out the notebook's B1
+    schedules, tiles, here, blog = re.fullmatch(r"(\[.*?\]) (\[.*?\]) (\d+) (\d+)\s*", first).groups()
     schedules, tiles = eval(schedules), eval(tiles)  # noqa: S307 (our own probe's output)
     assert int(here) in schedules and int(blog) in schedules      # this size's kernel and the case study's dry run
     assert (3328, 1536) in tiles                                   # the step ran at the case study's tiles
     assert "matches reference_attention" in text
+
+
+def _spec_ns(source):
+    import jax.numpy as jnp
+    from jax.experimental.pallas import tpu as pltpu
+    namespace = {"pl": pl, "pltpu": pltpu, "jnp": jnp}
+    exec(source, namespace)
+    return namespace["b1_grid_spec"]
+
+
+def wrong_spec(old, new):
+    """The solution with one mistake: `old` (which it must hold) replaced by `new`."""
+    assert old in p03_b1.GRID_SPEC_SOLUTION
+    return _spec_ns(p03_b1.GRID_SPEC_SOLUTION.replace(old, new))
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("num_scalar_prefetch=len(tables)", "num_scalar_prefetch=1", "num_scalar_prefetch=len(tables)"),
+    ("grid=(heads, query_tiles, steps)", "grid=(heads, steps, query_tiles)", "the axes are swapped"),
+    ("grid=(heads, query_tiles, steps)", "grid=(heads, query_tiles)", "an axis is missing"),
+    ("pl.BlockSpec((None, block_q, head_dim), q_map)", "pl.BlockSpec((None, block_q, head_dim), kv_map)",
+     "the q block follows the key tile"),
+    ("head_dim), kv_map),\n                  pl.BlockSpec((None, block_kv, head_dim), kv_map)",
+     "head_dim), q_map),\n                  pl.BlockSpec((None, block_kv, head_dim), q_map)",
+     "the k block follows the query tile, not the schedule"),
+    ("pl.BlockSpec((None, block_kv, head_dim), kv_map), *more",
+     "pl.BlockSpec((None, block_kv, head_dim), lambda h, i, s, *t: (h, s, 0)), *more",
+     "the v block walks the key tiles like a dense grid"),
+    ("pl.BlockSpec((None, block_q, head_dim), q_map)", "pl.BlockSpec((block_q, head_dim), q_map)",
+     "a leading None squeezes the head axis away"),
+    ("pl.BlockSpec((None, block_kv, head_dim), kv_map),\n", "pl.BlockSpec((None, block_q, head_dim), kv_map),\n",
+     "k blocks are block_kv rows"),
+    ("pltpu.VMEM((block_q, head_dim), jnp.float32)", "pltpu.VMEM((block_q, head_dim), jnp.bfloat16)",
+     "acc sums over many key tiles: float32"),
+    ("pltpu.VMEM((block_q, 128), jnp.float32),        # m", "pltpu.VMEM((block_q, 1), jnp.float32),        # m",
+     "scratch m is VMEM (128, 1) float32, expected VMEM (128, 128) float32"),
+    ("                        *more_scratch]", "                        ]", "scratch_shapes has 3 entries, expected 4"),
+    ("out_specs=out_specs", "out_specs=[]", "out_specs=out_specs, unchanged"),
+    ("out_specs=out_specs", "out_specs=out_specs[0]", "your out_specs is a BlockSpec, not the list"),
+])
+def test_grid_spec_checker_names_the_mistake(old, new, message, capsys):
+    result = p03_b1.check_b1_grid_spec(wrong_spec(old, new))
+    assert not result.passed and message in result.message, result.message

@@ -11,9 +11,10 @@ body computes:
 
 This module owns those four; a kernel brings the rest (`tile_step_call`): the tile body, what a query
 tile starts and finishes with, its outputs and scratch, and optional `Hooks` that ride along every
-step (the observed forward's tile masses). `Pieces` replaces any of fetch, pick and the tile body
-with other code of the same contract (the notebooks plug the learner's in); left at None, each is
-the library's own and the kernel traces exactly as without it. The backward reads its schedules through the same
+step (the observed forward's tile masses). `Pieces` replaces any of fetch, pick, the tile body and
+the grid spec that lays the call out (`library_grid_spec`) with other code of the same contract
+(the notebooks plug the learner's in); left at None, each is the library's own and the kernel
+traces exactly as without it. The backward reads its schedules through the same
 decoder (`ScheduleRows`) and picks its bodies by the same `dispatch`.
 
 The sizes of a tile travel as one value, `TileSizes`: `[block_q, head_dim]` query blocks,
@@ -200,6 +201,23 @@ def library_step(step: Step, free: Callable, masked: Callable, *, method: Method
     dispatch(step.cls, free, masked, method=method)
 
 
+def library_grid_spec(schedule: Schedule, sizes: TileSizes, *, q_shape, q_map, kv_map, extra_in_specs, out_specs,
+                      scratch_shapes):
+    """The tile step's `PrefetchScalarGridSpec`, by the library: the schedule's tables scalar-prefetched,
+    grid `(heads, query tiles, steps)`, then the `[block_q, head_dim]` query block by `q_map` and the
+    `[block_kv, head_dim]` key and value blocks by `kv_map` (the head squeezed away), the kernel's
+    other inputs (`extra_in_specs`), its outputs' blocks and its scratch, as the builder hands them over."""
+    heads, _, head_dim = q_shape
+    return pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=len(schedule.tables),
+        grid=(heads, schedule.query_tiles, schedule.steps),
+        in_specs=[pl.BlockSpec((None, sizes.block_q, head_dim), q_map),
+                  pl.BlockSpec((None, sizes.block_kv, head_dim), kv_map),
+                  pl.BlockSpec((None, sizes.block_kv, head_dim), kv_map), *extra_in_specs],
+        out_specs=out_specs,
+        scratch_shapes=scratch_shapes)
+
+
 @dataclasses.dataclass(frozen=True)
 class Pieces:
     """The tile step's replaceable pieces; each None is the library's own.
@@ -212,11 +230,15 @@ class Pieces:
     `body`: a tile body with `forward.online_softmax_tile`'s contract, run in place of the kernel's
     own at every tile a step runs (a kernel given one runs it with the running max only, so that the
     body's own rescaling is what the output shows).
+    `grid_spec(schedule, sizes, *, q_shape, q_map, kv_map, extra_in_specs, out_specs, scratch_shapes)`
+    -> the call's `PrefetchScalarGridSpec`, `library_grid_spec`'s contract (`kv_map` is the piece's
+    where there is one).
     """
 
     kv_map: Callable | None = None
     step: Callable | None = None
     body: Callable | None = None
+    grid_spec: Callable | None = None
 
 
 def tile_step_call(schedule: Schedule, sizes: TileSizes, *, q_shape, tile, start, finish, method: Method, keeps,
@@ -233,13 +255,13 @@ def tile_step_call(schedule: Schedule, sizes: TileSizes, *, q_shape, tile, start
     -> `run(keep)`, where `wrap` is None (the kernel's own tile body) or maps that body to the one
     to run instead (`Hooks.body`), and `keep` None (a mask-free tile) or a predicate, one of `keeps`,
     one per kind of head; `start(step)` on a query tile's first step, `finish(step)` on its last.
-    `pieces` (`Pieces`): the index map, the step and the tile body to run instead of the library's.
+    `pieces` (`Pieces`): the index map, the step, the tile body and the grid spec to use instead of the
+    library's (`library_grid_spec` builds the call's).
     Returns the list of outputs.
     """
     hooks = Hooks() if hooks is None else hooks
     pieces = Pieces() if pieces is None else pieces
     run_step = library_step if pieces.step is None else pieces.step
-    heads, _, head_dim = q_shape
     refs = KernelRefs(prefetch=schedule.prefetch, inputs=inputs, outputs=tuple(outputs) + tuple(hooks.outputs),
                       scratch=tuple(scratch) + tuple(hooks.scratch))
 
@@ -272,16 +294,12 @@ def tile_step_call(schedule: Schedule, sizes: TileSizes, *, q_shape, tile, start
     q_map = refs.index_map(schedule.q_map)
     kv_map = refs.index_map(schedule.kv_map if pieces.kv_map is None else pieces.kv_map)
     shaped = list(out_shapes(q_map)) + list(hooks.out_shapes(q_map))
+    make_spec = library_grid_spec if pieces.grid_spec is None else pieces.grid_spec
     outs = pl.pallas_call(
         refs.kernel(kernel),
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=len(schedule.tables),
-            grid=(heads, schedule.query_tiles, schedule.steps),
-            in_specs=[pl.BlockSpec((None, sizes.block_q, head_dim), q_map),
-                      pl.BlockSpec((None, sizes.block_kv, head_dim), kv_map),
-                      pl.BlockSpec((None, sizes.block_kv, head_dim), kv_map), *extra_in_specs],
-            out_specs=[spec for _, spec in shaped],
-            scratch_shapes=list(scratch_shapes) + list(hooks.scratch_shapes)),
+        grid_spec=make_spec(schedule, sizes, q_shape=q_shape, q_map=q_map, kv_map=kv_map,
+                            extra_in_specs=list(extra_in_specs), out_specs=[spec for _, spec in shaped],
+                            scratch_shapes=list(scratch_shapes) + list(hooks.scratch_shapes)),
         out_shape=[shape for shape, _ in shaped],
         compiler_params=compiler_params,
         interpret=interpret,

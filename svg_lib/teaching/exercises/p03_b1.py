@@ -1,7 +1,8 @@
-"""Notebook 03's two your-code pieces, B1 written by the learner: the key/value index map that reads
-the packed schedule (`check_b1_kv_map`) and B1's masked step (`check_b1_step`), with svg_lib's B1
-that runs them in place of its own (`b1_learner_attention`), a dry run of the two pieces at any size
-(`b1_dry_run`), the library's own pieces and the hints.
+"""Notebook 03's three your-code pieces, B1 written by the learner: the key/value index map that reads
+the packed schedule (`check_b1_kv_map`), B1's masked step (`check_b1_step`) and the scalar-prefetch
+grid spec the call is laid out by (`check_b1_grid_spec`), with svg_lib's B1 that runs them in place
+of its own (`b1_learner_attention`), a dry run of the first two at any size (`b1_dry_run`), the
+library's own pieces and the hints.
 
 The references are the planner's tables (`plan_tiles`: `kv_index`, `step_class`) and
 `reference_attention`.
@@ -16,11 +17,12 @@ from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.masks import Mask
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles, schedule_entry
 from svg_lib.core.svg_masks import SVGMask
-from svg_lib.kernels.grid import Pieces
+from svg_lib.kernels.grid import Pieces, library_grid_spec
 from svg_lib.kernels.reference import reference_attention
 from svg_lib.kernels.tolerances import tolerance
 from svg_lib.teaching.exercises.common import CheckResult, _Case, _Fail, _call, _finish
-from svg_lib.teaching.exercises.plugged import MASK_FREE, MASKED, b1_step_piece, kv_map_piece, plugged_attention
+from svg_lib.teaching.exercises.plugged import (MASK_FREE, MASKED, OWN_SCRATCH, b1_step_piece, grid_spec_piece,
+                                                kv_map_piece, plugged_attention)
 from svg_lib.teaching.yourcode import Hints
 
 
@@ -74,12 +76,45 @@ def step_hints():
     ), STEP_SOLUTION)
 
 
-# -- the kernel the two pieces make ------------------------------------------------------------
+GRID_SPEC_SOLUTION = '''def b1_grid_spec(tables, *, heads, query_tiles, steps, block_q, block_kv, head_dim, kv_map,
+                 out_specs, more_in_specs, more_scratch):
+    def q_map(h, i, s, *table_refs):              # query tile i, the same block all its steps
+        return h, i, 0
 
-def b1_learner_attention(q, k, v, mask: Mask, *, kv_map=library_kv_map, step=library_b1_step,
+    return pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=len(tables),          # head_kind and the schedule, into SMEM
+        grid=(heads, query_tiles, steps),         # steps last: they carry the softmax state
+        in_specs=[pl.BlockSpec((None, block_q, head_dim), q_map),
+                  pl.BlockSpec((None, block_kv, head_dim), kv_map),
+                  pl.BlockSpec((None, block_kv, head_dim), kv_map), *more_in_specs],
+        out_specs=out_specs,
+        scratch_shapes=[pltpu.VMEM((block_q, 128), jnp.float32),        # m
+                        pltpu.VMEM((block_q, 128), jnp.float32),        # l
+                        pltpu.VMEM((block_q, head_dim), jnp.float32),   # acc
+                        *more_scratch])'''
+
+
+def grid_spec_hints():
+    return Hints("b1_grid_spec", (
+        "num_scalar_prefetch counts the call's leading arguments that go to SMEM: all the tables you are "
+        "given (len(tables)), not the schedule alone. The grid is (heads, query_tiles, steps): one step per "
+        "schedule entry, steps last, so a query tile's state stays in scratch while its steps run.",
+        "Every block is one head's: (None, rows, head_dim), the None squeezing the head axis away. q takes "
+        "block_q rows, k and v block_kv rows. An index map gets (h, i, s, *table_refs) and returns three "
+        "block indices: q's is (h, i, 0), whatever s; k and v take the kv_map you are given.",
+        "in_specs: q, k, v, then more_in_specs; out_specs as given. scratch_shapes: m and l as "
+        "pltpu.VMEM((block_q, 128), jnp.float32) (one number per query row, across a vector register's 128 "
+        "lanes), acc as pltpu.VMEM((block_q, head_dim), jnp.float32), then more_scratch.",
+    ), GRID_SPEC_SOLUTION)
+
+
+# -- the kernel the pieces make ------------------------------------------------------------
+
+def b1_learner_attention(q, k, v, mask: Mask, *, kv_map=library_kv_map, step=library_b1_step, grid_spec=None,
                          block_q: int = 128, block_kv: int = 128, interpret=True, record: bool = False):
     """svg_lib's B1 (`forward.block_sparse_attention`, built by `grid.tile_step_call`) with its
-    key/value index map and its step replaced by `kv_map` and `step` (`plugged`).
+    key/value index map and its step replaced by `kv_map` and `step`, and its grid spec by
+    `grid_spec` (None: the library's, `grid.library_grid_spec`) (`plugged`).
 
     q, k, v `[heads, tokens, head_dim]` (unscaled; scaled by 1/sqrt(head_dim) here). `kv_map(h, i, s,
     schedule_ref, *, steps)` is the key and value BlockSpecs' index map; `step(i, s, kv_tile, cls, tile,
@@ -93,7 +128,8 @@ def b1_learner_attention(q, k, v, mask: Mask, *, kv_map=library_kv_map, step=lib
     plan = plan_tiles(mask, block_q, block_kv)
     keep = mask.kernel_predicate(block_q, block_kv)
     pieces = Pieces(kv_map=kv_map_piece(kv_map, steps=plan.kv_index.shape[1]),
-                    step=b1_step_piece(step, keep, block_q=block_q, block_kv=block_kv))
+                    step=b1_step_piece(step, keep, block_q=block_q, block_kv=block_kv),
+                    grid_spec=None if grid_spec is None else grid_spec_piece(grid_spec))
     outs = plugged_attention(q, k, v, plan, stage="b1", keep=keep, pieces=pieces, record=record, interpret=interpret)
     return (*outs, plan) if record else outs
 
@@ -332,3 +368,191 @@ def check_b1_step(fn, *, seed: int = 0) -> CheckResult:
     return _finish("03 b1_step", _cases(rng), run,
                    "every visited step ran the masked body once at the right token offsets, idle steps nothing, "
                    "and the outputs match reference attention")
+
+
+class _SpecsBuilt(Exception):
+    """Stops the library's B1 once both grid specs are built: inspecting them needs nothing to run."""
+
+
+def _built_specs(fn, q, k, v, mask, bq, bkv):
+    """`(yours, library's, grid indices' table values)`: the spec `fn` returns and the library's, both
+    given what the library's B1 builder hands its grid spec over this problem (no kernel runs)."""
+    plan = plan_tiles(mask, bq, bkv)
+    built = {}
+
+    def capture(schedule, sizes, **given):
+        built["yours"] = _call(_learner_run, "your b1_grid_spec", grid_spec_piece(fn), schedule, sizes, **given)
+        built["library"] = library_grid_spec(schedule, sizes, **given)
+        built["tables"] = schedule.tables
+        raise _SpecsBuilt
+
+    try:
+        plugged_attention(q, k, v, plan, stage="b1", keep=mask.kernel_predicate(bq, bkv),
+                          pieces=Pieces(grid_spec=capture))
+    except _SpecsBuilt:
+        pass
+    return built["yours"], built["library"], built["tables"]
+
+
+def _block_indices(index_map, grid, tables, what):
+    """The block index `index_map` returns at every grid step `[n_dims, *grid]`, on traced int32 grid
+    indices and the tables' values, as Pallas evaluates an index map."""
+    import jax
+    import jax.numpy as jnp
+    idx = [jnp.asarray(a.ravel(), jnp.int32) for a in np.indices(grid)]
+    try:
+        result = jax.jit(jax.vmap(lambda *g: tuple(index_map(*g, *tables))))(*idx)
+    except Exception as exc:  # the learner's index map
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise _Fail(f"{what}'s index map raised {type(exc).__name__}: {first}",
+                    "an index map gets the grid indices (h, i, s) and then every table's ref: "
+                    "def q_map(h, i, s, *table_refs)") from None
+    if len(result) != 3:
+        raise _Fail(f"{what}'s index map returned {len(result)} block indices, expected 3",
+                    "the block is (None, rows, head_dim): one block index per axis, (head, tile, 0)")
+    return np.stack([np.broadcast_to(np.asarray(r), (idx[0].size,)).reshape(grid) for r in result])
+
+
+def _shape(block_shape):
+    """A block shape with the squeezed axis as None, whatever the jax version calls it."""
+    if block_shape is None:
+        return None
+    return tuple(None if b is None or "squeezed" in type(b).__name__.lower() else int(b) for b in block_shape)
+
+
+def _scratch_words(ref) -> str:
+    return f"{str(ref.memory_space).upper()} {tuple(ref.shape)} {np.dtype(ref.dtype).name}"
+
+
+_SCRATCH_HINTS = {
+    "m": "m holds one float32 per query row (the running max), across a vector register's 128 lanes: "
+         "pltpu.VMEM((block_q, 128), jnp.float32)",
+    "l": "l holds one float32 per query row (the running sum), across a vector register's 128 lanes: "
+         "pltpu.VMEM((block_q, 128), jnp.float32)",
+    "acc": "acc holds the query tile's unnormalised output, float32 whatever the inputs' dtype: "
+           "pltpu.VMEM((block_q, head_dim), jnp.float32)",
+}
+
+
+def _check_spec(yours, library, tables, *, bq, bkv):
+    """Name the first way `yours` differs from the library's spec (the grid spec's common mistakes)."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    if not isinstance(yours, pltpu.PrefetchScalarGridSpec):
+        raise _Fail(f"your b1_grid_spec returned {type(yours).__name__}, not a PrefetchScalarGridSpec",
+                    "return pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=..., grid=..., in_specs=[...], "
+                    "out_specs=out_specs, scratch_shapes=[...])")
+    if yours.num_scalar_prefetch != library.num_scalar_prefetch:
+        raise _Fail(f"num_scalar_prefetch is {yours.num_scalar_prefetch}, expected {library.num_scalar_prefetch}",
+                    f"the call's first {library.num_scalar_prefetch} arguments are tables (head_kind, then the packed "
+                    "schedule), and all go to SMEM: num_scalar_prefetch=len(tables)")
+    grid, want = tuple(yours.grid), tuple(library.grid)
+    if grid != want:
+        heads, nq, steps = want
+        if len(grid) == 3 and sorted(grid) == sorted(want):
+            hint = ("the axes are swapped: (heads, query_tiles, steps), steps last, so that each query tile's steps "
+                    "run one after the other while its softmax state stays in scratch")
+        elif len(grid) < 3:
+            hint = ("an axis is missing: one grid step per schedule entry, (heads, query_tiles, steps); the index "
+                    "maps get (h, i, s)")
+        else:
+            hint = "the grid is (heads, query_tiles, steps): the sizes you are given, in that order"
+        raise _Fail(f"the grid is {grid}, expected {want} (heads {heads}, query tiles {nq}, steps {steps})", hint)
+    if len(yours.in_specs) != len(library.in_specs):
+        raise _Fail(f"in_specs has {len(yours.in_specs)} entries, expected {len(library.in_specs)}",
+                    "in_specs: the q, k and v blocks, then more_in_specs (what the library's kernel reads besides)")
+    rows = {"q": bq, "k": bkv, "v": bkv}
+    for name, got, lib in zip("qkv", yours.in_specs, library.in_specs):
+        got_shape, lib_shape = _shape(got.block_shape), _shape(lib.block_shape)
+        if got_shape != lib_shape:
+            if got_shape is not None and len(got_shape) == 2:
+                hint = ("a leading None squeezes the head axis away: (None, rows, head_dim), and the kernel gets "
+                        "one head's [rows, head_dim] block")
+            elif (got_shape is not None and len(got_shape) == 3 and got_shape[1] in (bq, bkv)
+                  and got_shape[1] != rows[name]):
+                hint = (f"{name} blocks are {'block_q' if name == 'q' else 'block_kv'} rows: block_q and block_kv "
+                        "differ here")
+            else:
+                hint = "every block is one head's: (None, rows, head_dim)"
+            raise _Fail(f"the {name} block shape is {got_shape}, expected {lib_shape}", hint)
+    grid_idx = np.indices(want)
+    expect = {name: _block_indices(lib.index_map, want, tables, f"the library's {name}")
+              for name, lib in zip("qkv", library.in_specs)}
+    by_query_tile = np.stack([grid_idx[0], grid_idx[1], 0 * grid_idx[0]])
+    by_step = np.stack([grid_idx[0], grid_idx[2], 0 * grid_idx[0]])
+    for name, got in zip("qkv", yours.in_specs):
+        blocks = _block_indices(got.index_map, want, tables, f"your {name} block")
+        if np.array_equal(blocks, expect[name]):
+            continue
+        h, i, s = (int(x) for x in np.argwhere((blocks != expect[name]).any(axis=0))[0])
+        detail = (f"grid step (h={h}, i={i}, s={s}): your {name} block is {tuple(int(b) for b in blocks[:, h, i, s])}, "
+                  f"expected {tuple(int(b) for b in expect[name][:, h, i, s])}")
+        if name == "q" and np.array_equal(blocks, expect["k"]):
+            hint = ("the q block follows the key tile: the query block is the grid's query tile i on every step, "
+                    "q_map(h, i, s, *table_refs) -> (h, i, 0); kv_map is for k and v")
+        elif name == "q":
+            hint = "the query block of grid step (h, i, s) is its head's query tile i, whatever s: (h, i, 0)"
+        elif np.array_equal(blocks, by_query_tile):
+            hint = (f"the {name} block follows the query tile, not the schedule: k and v take the kv_map you are "
+                    "given, which reads the step's key tile from the schedule")
+        elif np.array_equal(blocks, by_step):
+            hint = (f"the {name} block walks the key tiles like a dense grid (s counts steps, not key tiles): use the "
+                    "kv_map you are given")
+        else:
+            hint = f"the {name} block follows the schedule: use the kv_map you are given as its index map"
+        raise _Fail(detail, hint)
+    for n, (got, lib) in enumerate(zip(yours.in_specs[3:], library.in_specs[3:])):
+        if got is not lib:
+            raise _Fail(f"in_specs[{3 + n}] is not the spec handed over in more_in_specs",
+                        "after q, k and v, pass more_in_specs unchanged: *more_in_specs")
+    outs, lib_outs = yours.out_specs, library.out_specs
+    if (not isinstance(outs, (list, tuple)) or len(outs) != len(lib_outs)
+            or any(a is not b for a, b in zip(outs, lib_outs))):
+        held = (f"{len(outs)} spec(s) of its own" if isinstance(outs, (list, tuple)) else f"a {type(outs).__name__}")
+        raise _Fail(f"your out_specs is {held}, not the list of {len(lib_outs)} output spec(s) handed over",
+                    "the library's kernel brings its output blocks: out_specs=out_specs, unchanged")
+    scratch, lib_scratch = list(yours.scratch_shapes), list(library.scratch_shapes)
+    own = len(OWN_SCRATCH)
+    if len(scratch) != len(lib_scratch):
+        raise _Fail(f"scratch_shapes has {len(scratch)} entries, expected {len(lib_scratch)}: "
+                    f"{', '.join(OWN_SCRATCH)}, then the {len(lib_scratch) - own} of more_scratch",
+                    "scratch_shapes=[m, l, acc, *more_scratch]: the softmax state yours, the rest the library's")
+    for n, (got, lib) in enumerate(zip(scratch, lib_scratch)):
+        name = OWN_SCRATCH[n] if n < own else f"more_scratch[{n - own}]"
+        same = (tuple(got.shape) == tuple(lib.shape) and np.dtype(got.dtype) == np.dtype(lib.dtype)
+                and str(got.memory_space) == str(lib.memory_space)) if hasattr(got, "shape") else False
+        if not same:
+            got_words = _scratch_words(got) if hasattr(got, "shape") else type(got).__name__
+            hint = _SCRATCH_HINTS.get(name, "after m, l and acc, pass more_scratch unchanged: *more_scratch")
+            if hasattr(got, "dtype") and np.dtype(got.dtype) != np.dtype(lib.dtype) and n < own:
+                hint = f"{name} sums over many key tiles: float32, whatever the inputs' dtype. " + hint
+            raise _Fail(f"scratch {name} is {got_words}, expected {_scratch_words(lib)}", hint)
+
+
+def check_b1_grid_spec(fn, *, seed: int = 0) -> CheckResult:
+    """`fn(tables, *, heads, query_tiles, steps, block_q, block_kv, head_dim, kv_map, out_specs,
+    more_in_specs, more_scratch)` -> B1's `PrefetchScalarGridSpec`.
+
+    On each hidden case: the spec `fn` returns, given what the library's B1 builder hands over, against
+    the library's (`grid.library_grid_spec`): the tables prefetched, the grid, each block's shape and its
+    index map at every grid step, the output blocks, the scratch; then svg_lib's B1 laid out by `fn`
+    (`Pieces.grid_spec`) against svg_lib's own B1."""
+    rng = np.random.default_rng(seed)
+
+    def run(case):
+        mask, bq, bkv = _mask(case), case.data["block_q"], case.data["block_kv"]
+        q, k, v = _qkv(case)
+        yours, library, tables = _built_specs(fn, q, k, v, mask, bq, bkv)
+        _check_spec(yours, library, tables, bq=bq, bkv=bkv)
+        out = _call(_learner_run, "svg_lib's B1 laid out by your grid spec", b1_learner_attention, q, k, v, mask,
+                    grid_spec=fn, block_q=bq, block_kv=bkv)
+        want = b1_learner_attention(q, k, v, mask, block_q=bq, block_kv=bkv)
+        if not np.allclose(np.asarray(out), np.asarray(want), **tolerance("float32")):
+            err = float(np.nanmax(np.abs(np.asarray(out) - np.asarray(want))))
+            raise _Fail(f"svg_lib's B1 laid out by your spec differs from its own (max error {err:.2g})",
+                        "every part of the spec matched the library's: check that b1_grid_spec builds a fresh spec "
+                        "from its arguments each call")
+
+    return _finish("03 b1_grid_spec", _cases(rng), run,
+                   "the tables, the grid, the q, k and v blocks and their index maps, the outputs and the scratch "
+                   "match the library's, and svg_lib's B1 laid out by your spec gives its output")

@@ -5,6 +5,7 @@ contract into the library's, so that the piece the learner wrote is the code tha
     notebook 01  tile_body(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, keep)   -> Pieces.body
     notebook 03  kv_map(h, i, s, schedule_ref, *, steps)                        -> Pieces.kv_map
     notebook 03  b1_step(i, s, kv_tile, cls, tile, keep, *, block_q, block_kv)  -> Pieces.step
+    notebook 03  b1_grid_spec(tables, *, heads, query_tiles, steps, ...)         -> Pieces.grid_spec
     notebook 04  b2_dispatch(step_class, tile, keep)                            -> Pieces.step
 
 `plugged_attention` runs the forward over a plan with such pieces and, with `record`, what each grid
@@ -62,6 +63,27 @@ def kv_map_piece(kv_map, *, steps: int):
     schedule's rows are the plan's query tiles; no head order)."""
     def piece(h, i, s, *, head_kind_ref, schedule_ref, head_order_ref):
         return tuple(kv_map(h, i, s, schedule_ref, steps=steps))
+    return piece
+
+
+OWN_SCRATCH = ("m", "l", "acc")   # the scratch a learner's grid spec declares; the library's rest is handed over
+
+
+def grid_spec_piece(grid_spec):
+    """Notebook 03's `b1_grid_spec(tables, *, heads, query_tiles, steps, block_q, block_kv, head_dim, kv_map,
+    out_specs, more_in_specs, more_scratch)` as `Pieces.grid_spec`.
+
+    The learner declares the grid, the q, k and v blocks (q's index map their own, k's and v's the
+    `kv_map` handed over: the `Pieces.kv_map` where there is one) and the softmax state's scratch
+    (`OWN_SCRATCH`); the library hands over what its kernel adds: the inputs after q, k and v, the
+    output blocks, and the scratch after the state (the bounded max's flag, any hook's). One mask, no
+    head order: the query block of grid row h is head h's."""
+    def piece(schedule, sizes, *, q_shape, q_map, kv_map, extra_in_specs, out_specs, scratch_shapes):
+        heads, _, head_dim = q_shape
+        return grid_spec(schedule.tables, heads=heads, query_tiles=schedule.query_tiles, steps=schedule.steps,
+                         block_q=sizes.block_q, block_kv=sizes.block_kv, head_dim=head_dim, kv_map=kv_map,
+                         out_specs=list(out_specs), more_in_specs=list(extra_in_specs),
+                         more_scratch=list(scratch_shapes)[len(OWN_SCRATCH):])
     return piece
 
 
