@@ -16,7 +16,7 @@ from svg_lib.kernels.tolerances import tolerance
 from svg_lib.teaching.exercises.common import CheckResult, _Case, _Fail, _call, _finish
 from svg_lib.teaching.exercises.plugged import MASK_FREE as MASK_FREE_PATH
 from svg_lib.teaching.exercises.plugged import MASKED as MASKED_PATH
-from svg_lib.teaching.exercises.plugged import b2_dispatch_piece, plugged_attention
+from svg_lib.teaching.exercises.plugged import b2_dispatch_piece, path_words, plugged_attention
 
 
 def b2_exercise_attention(q, k, v, mask: Mask, dispatch, *, block_q: int = 128, block_kv: int = 128,
@@ -38,16 +38,6 @@ def b2_exercise_attention(q, k, v, mask: Mask, dispatch, *, block_q: int = 128, 
     pieces = Pieces(step=b2_dispatch_piece(dispatch, keep))
     outs = plugged_attention(q, k, v, plan, stage="b2", keep=keep, pieces=pieces, record=record, interpret=interpret)
     return (outs[0], outs[1], plan) if record else (outs, None, plan)
-
-
-def _path_words(code: int) -> str:
-    free, masked = code % MASKED_PATH, code // MASKED_PATH
-    parts = []
-    if free:
-        parts.append("the mask-free body" + (f" {free} times" if free > 1 else ""))
-    if masked:
-        parts.append("the masked body" + (f" {masked} times" if masked > 1 else ""))
-    return " and ".join(parts) if parts else "nothing"
 
 
 _DISPATCH_HINTS = {
@@ -95,7 +85,7 @@ def check_b2_dispatch(fn, *, seed: int = 0) -> CheckResult:
             what = {FULL: "a FULL tile", PARTIAL: "a PARTIAL (edge) tile", EMPTY: "an idle step (class EMPTY)"}[cls]
             tile_words = f"key tile {j}" if cls != EMPTY else f"it repeats key tile {j} so that no DMA is issued"
             detail = (f"grid step (query tile {i}, step {s}) is {what} ({tile_words}): expected "
-                      f"{_path_words(int(expected[i, s]))}, your dispatch ran {_path_words(int(paths[i, s]))}")
+                      f"{path_words(int(expected[i, s]))}, your dispatch ran {path_words(int(paths[i, s]))}")
             got = int(paths[i, s])
             if cls == EMPTY:
                 hint = ("an idle step must compute nothing: its key tile was already folded in at the step before, "

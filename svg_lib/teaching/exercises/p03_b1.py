@@ -22,7 +22,7 @@ from svg_lib.kernels.reference import reference_attention
 from svg_lib.kernels.tolerances import tolerance
 from svg_lib.teaching.exercises.common import CheckResult, _Case, _Fail, _call, _finish
 from svg_lib.teaching.exercises.plugged import (MASK_FREE, MASKED, OWN_SCRATCH, b1_step_piece, grid_spec_piece,
-                                                kv_map_piece, plugged_attention)
+                                                kv_map_piece, path_words, plugged_attention)
 from svg_lib.teaching.yourcode import Hints
 
 
@@ -305,13 +305,6 @@ def check_b1_kv_map(fn, *, seed: int = 0) -> CheckResult:
                    "matches reference attention")
 
 
-def _path_words(code: int) -> str:
-    free, masked = code % MASKED, code // MASKED
-    parts = [f"the {name} body" + (f" {n} times" if n > 1 else "")
-             for name, n in (("mask-free", free), ("masked", masked)) if n]
-    return " and ".join(parts) if parts else "nothing"
-
-
 def check_b1_step(fn, *, seed: int = 0) -> CheckResult:
     """`fn(i, s, kv_tile, cls, tile, keep, *, block_q, block_kv)`, one grid step of B1.
 
@@ -335,8 +328,8 @@ def check_b1_step(fn, *, seed: int = 0) -> CheckResult:
                 i, s = (int(x) for x in wrong[0])
                 cls, got = int(plan.step_class[i, s]), int(paths[h, i, s])
                 what = {FULL: "a FULL tile", PARTIAL: "a PARTIAL (edge) tile", EMPTY: "an idle step (class EMPTY)"}[cls]
-                detail = (f"grid step (h={h}, i={i}, s={s}) is {what}: expected {_path_words(int(expected[i, s]))}, "
-                          f"your step ran {_path_words(got)}")
+                detail = (f"grid step (h={h}, i={i}, s={s}) is {what}: expected {path_words(int(expected[i, s]))}, "
+                          f"your step ran {path_words(got)}")
                 if cls == EMPTY:
                     hint = ("an idle step must leave the state alone: its key tile was folded in at the step before, "
                             "so running the body adds that tile's keys a second time")

@@ -87,6 +87,14 @@ def grid_spec_piece(grid_spec):
     return piece
 
 
+def path_words(code: int) -> str:
+    """A recorded step's code (`MASK_FREE` per mask-free run plus `MASKED` per masked run) in words."""
+    free, masked = code % MASKED, code // MASKED
+    parts = [f"the {name} body" + (f" {n} times" if n > 1 else "")
+             for name, n in (("mask-free", free), ("masked", masked)) if n]
+    return " and ".join(parts) if parts else "nothing"
+
+
 def _record(step, keep, q_start=None, k_start=None):
     """Add the body a step ran to the recording outputs, where there are any."""
     paths = step.refs.get("paths_ref")
