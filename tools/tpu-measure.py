@@ -101,7 +101,9 @@ def main(argv=None) -> int:
     p.add_argument("--tiles", type=tiles_arg, default=tiles_arg("3328x1536x512,2048x1024x512,1024x1024x512,512x512"))
     p.add_argument("--unroll", default="chosen,rolled,unrolled",
                    help="key-slice loop settings: 'chosen' (the kernels' rule, forward.unroll_chunks), 'rolled' "
-                        "(never unrolled), 'unrolled' (up to MAX_UNROLLED_CHUNKS whatever the bodies)")
+                        "(never unrolled), 'unrolled' (up to MAX_UNROLLED_CHUNKS whatever the bodies), and for "
+                        "kernels of more than MAX_UNROLLED_BODIES bodies: 'bounded' (only the bounded-max bodies "
+                        "unrolled), 'bounded-free' (only the bounded mask-free body), 'free' (only the mask-free ones)")
     p.add_argument("--methods", nargs="+", default=list(MODEL_METHODS))
     p.add_argument("--splash-tiles", type=tiles_arg,
                    default=tiles_arg("2048x2048x512,4096x1024x512,1024x2048x512,2048x1024x1024,1024x512x512"))
@@ -138,7 +140,7 @@ def main(argv=None) -> int:
     n, heads, d = config.tokens, config.heads, config.head_dim
     keys = jax.random.split(jax.random.key(0), 4)
     q, k, v, dout = (jax.random.normal(key, config.shape, jnp.bfloat16) for key in keys)
-    shipped = (forward.MAX_UNROLLED_CHUNKS, forward.MAX_UNROLLED_BODIES)
+    shipped = (forward.MAX_UNROLLED_CHUNKS, forward.MAX_UNROLLED_BODIES, forward.UNROLLED_IN_LARGER)
     refs = {}
 
     def out_of_time():
@@ -177,10 +179,14 @@ def main(argv=None) -> int:
         got = out[:, jnp.asarray(rows_checked)].astype(jnp.float32)
         return float(jnp.max(jnp.abs(got - refs[key])))
 
+    partly = {"bounded": {(True, False), (True, True)}, "bounded-free": {(True, False)},
+              "free": {(True, False), (False, False)}}
+
     def set_unroll(setting):
-        chunks, bodies = shipped
+        chunks, bodies, larger = shipped
         forward.MAX_UNROLLED_CHUNKS = 0 if setting == "rolled" else chunks
         forward.MAX_UNROLLED_BODIES = 99 if setting == "unrolled" else bodies
+        forward.UNROLLED_IN_LARGER = frozenset(partly[setting]) if setting in partly else larger
 
     def build(method, bq, bkv, bkc, backward=None):
         return build_attention(mask, method=method, heads=heads, tokens=n, head_dim=d, dtype=jnp.bfloat16,
@@ -205,6 +211,8 @@ def main(argv=None) -> int:
                     "unroll": unroll, "loop": shipped_loop(method, bkv, bkc),
                     "max_unrolled_chunks": forward.MAX_UNROLLED_CHUNKS,
                     "max_unrolled_bodies": forward.MAX_UNROLLED_BODIES,
+                    "unrolled_in_larger": sorted(["bounded" if b else "running", "masked" if m else "free"]
+                                                 for b, m in forward.UNROLLED_IN_LARGER),
                     "tiles_visited_per_head": tiles["tiles_visited"], "heads": heads, "tokens": n,
                     "mxu_floor_ms": round(floor, 3), "mxu_fraction": round(floor / row["median_ms"], 4),
                     "max_error": err, "error_rows": len(rows_checked), "compile_s": round(compile_s, 2)})

@@ -71,13 +71,15 @@ LANES = 128
 # where two gained (svg_lib/data/tpu_measurements.json; the static profile, one body, cannot see it).
 MAX_UNROLLED_CHUNKS = 3
 MAX_UNROLLED_BODIES = 2
+# In a kernel of more bodies, the kinds of body, (bounded, masked), that unroll all the same.
+UNROLLED_IN_LARGER: frozenset = frozenset()
 
 
-def unroll_chunks(chunks: int, bodies: int = 1) -> bool:
+def unroll_chunks(chunks: int, bodies: int = 1, *, bounded: bool = False, masked: bool = True) -> bool:
     """Whether a tile body unrolls its loop of `chunks` key slices, in a kernel that carries `bodies`
-    copies of a tile body (read when tracing, so that a measurement can set the two limits for every
-    kernel at once)."""
-    return chunks <= MAX_UNROLLED_CHUNKS and bodies <= MAX_UNROLLED_BODIES
+    copies of a tile body, this one of kind (`bounded`, `masked`) (read when tracing, so that a
+    measurement can set the limits for every kernel at once)."""
+    return chunks <= MAX_UNROLLED_CHUNKS and (bodies <= MAX_UNROLLED_BODIES or (bounded, masked) in UNROLLED_IN_LARGER)
 
 
 def tile_bodies(masked_kinds: int, mask_free: bool) -> int:
@@ -198,7 +200,8 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
         acc_ref[...] = _lanes(alpha, head_dim, interpret) * acc_ref[...] + pv
         return carry
 
-    jax.lax.fori_loop(0, chunks, chunk, None, unroll=unroll_chunks(chunks, bodies))
+    jax.lax.fori_loop(0, chunks, chunk, None,
+                      unroll=unroll_chunks(chunks, bodies, bounded=bounded, masked=keep is not None))
 
 
 # -- the bounded max ---------------------------------------------------------------------------

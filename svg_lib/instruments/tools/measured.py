@@ -38,14 +38,18 @@ def load_measurements(path: Path = MEASUREMENTS_FILE) -> list[dict]:
 
 
 def shipped_loop(method: str, block_kv: int, block_kv_compute: int) -> str | None:
-    """How the kernel as it ships compiles its key-slice loop at these tiles: "one slice", "unrolled" or
-    "rolled" (`forward.unroll_chunks`); None for Splash, whose loop is its own."""
+    """How the kernel as it ships compiles its key-slice loop at these tiles: "one slice", "unrolled",
+    "partly unrolled" (some of its bodies) or "rolled" (`forward.unroll_chunks`); None for Splash, whose
+    loop is its own."""
     if method not in BODIES:
         return None
     chunks = block_kv // block_kv_compute
     if chunks == 1:
         return "one slice"
-    return "unrolled" if unroll_chunks(chunks, BODIES[method]) else "rolled"
+    kinds = [(bounded, masked) for bounded in (False, True)
+             for masked in ((False, True) if METHODS[method].mask_free_body else (True,))]
+    unrolled = [unroll_chunks(chunks, BODIES[method], bounded=b, masked=m) for b, m in kinds]
+    return "unrolled" if all(unrolled) else "partly unrolled" if any(unrolled) else "rolled"
 
 
 def shipped_row(method: str, block_q: int, block_kv: int, *, chip: str = "v5e", part: str = "forward",
