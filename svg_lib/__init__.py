@@ -12,7 +12,7 @@ of each kind goes):
                   the problem, described once (BenchConfig; presets are named ones); where the
                   code runs
     memory/       arithmetic: vmem, smem estimates, known before building; budget checks both once
-    kernels/      Pallas: forward (one tile body), backward, splash, reference, tolerances
+    kernels/      Pallas: forward (one tile body), backward, splash, reference
     attention     attention() and build_attention(): plan once, check memory once, build
     layers/       built on attention(): routing, profiling, multichip, synthetic, semantic tiles
     tpu/          TPU tooling without a TPU: lowering, compiler, errors, checks, sharded, probes

@@ -22,8 +22,8 @@ def on_tpu() -> bool:
 
 def method_tolerance(method, dtype, kind="attention"):
     """The tolerance for `method`'s results of `dtype` on this backend: Splash's float32 matmuls run
-    one bf16 pass on a TPU (svg_lib/kernels/tolerances.py)."""
-    from svg_lib.kernels.tolerances import tolerance
+    one bf16 pass on a TPU (svg_lib/extensions/tolerances.py)."""
+    from svg_lib.extensions.tolerances import tolerance
     from svg_lib.methods import METHODS
     splash = method in METHODS and METHODS[method].splash
     return tolerance(dtype, kind, one_bf16_pass=splash and on_tpu())

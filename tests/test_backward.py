@@ -20,7 +20,7 @@ from helpers import EMPTY_TILE_ROW, HOLEY, method_tolerance, needs_race_state, r
 MASK = SVGMask.spatial(VideoGeometry(3, 7, 15), 0.35)
 BLOCKS = dict(block_q=128, block_kv=256, block_kv_compute=128)
 METHODS = ["dense", "b1", "b2", "b3", "splash_dense", "splash"]
-# Tolerances: helpers.method_tolerance (svg_lib/kernels/tolerances.py says why): float32 rounding, bf16
+# Tolerances: helpers.method_tolerance (svg_lib/extensions/tolerances.py says why): float32 rounding, bf16
 # inputs with p and ds rounded to bf16, and on a TPU Splash's one-pass products and the TPU's rounding.
 
 

@@ -21,7 +21,7 @@ from jax.experimental.pallas import tpu as pltpu
 from svg_lib import SVGMask, VideoGeometry, attention, b3_mask, build_attention
 from svg_lib.kernels import forward
 from svg_lib.instruments.adversarial import CASES, adversarial_heads, adversarial_qkv
-from svg_lib.kernels.tolerances import tolerance
+from svg_lib.extensions.tolerances import tolerance
 from helpers import HOLEY
 from svg_lib.kernels.reference import attention_float64
 

@@ -21,12 +21,12 @@ from jax.experimental.pallas import tpu as pltpu
 from svg_lib import METHODS, Mask, SVGMask, TileAlignedMask, VideoGeometry, attention, b3_mask, build_attention
 from svg_lib.core.planner import EMPTY, plan_tiles
 from svg_lib.kernels.reference import attention_float64
-from svg_lib.kernels.tolerances import tolerance
+from svg_lib.extensions.tolerances import tolerance
 
 from helpers import DTYPES, EMPTY_TILE_ROW, HOLEY, method_tolerance, needs_race_state, races_found_in, random_qkv
 
 # -- tolerances ----------------------------------------------------------------------------
-# One place per dtype, with the reasons: svg_lib/kernels/tolerances.py (float32: summation order only,
+# One place per dtype, with the reasons: svg_lib/extensions/tolerances.py (float32: summation order only,
 # every matmul at float32 precision; bfloat16: bf16 rounding inside the kernel). Both are far
 # below the O(1) changes a wrong mask causes (checked in test_masks_are_told_apart).
 TOL = {"float32": tolerance("float32"), "bfloat16": tolerance("bfloat16")}

@@ -14,7 +14,7 @@ from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles, schedule_entr
 from svg_lib.core.svg_masks import SVGMask
 from svg_lib.kernels.forward import MASK_VALUE, block_sparse_attention
 from svg_lib.kernels.grid import Pieces, library_grid_spec
-from svg_lib.kernels.tolerances import tolerance
+from svg_lib.extensions.tolerances import tolerance
 from svg_lib.teaching.exercises.p03_b1 import b1_learner_attention
 from svg_lib.teaching.exercises.p04_b2_dispatch import b2_exercise_attention
 from svg_lib.teaching.exercises.plugged import (b1_step_piece, b2_dispatch_piece, grid_spec_piece, kv_map_piece,

@@ -9,7 +9,7 @@ import pytest
 from svg_lib.instruments.tools.measured import (BODIES, best_splash, load_measurements, measured_table,
                                                 shipped_loop, shipped_row, unroll_evidence)
 from svg_lib.kernels import forward
-from svg_lib.kernels.tolerances import tolerance
+from svg_lib.extensions.tolerances import tolerance
 
 pytestmark = pytest.mark.lesson
 

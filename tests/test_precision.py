@@ -25,7 +25,7 @@ from svg_lib import SVGMask, VideoGeometry, attention, build_attention, referenc
 from svg_lib.kernels import forward as kernels
 from svg_lib.kernels.forward import matmul_precision
 from svg_lib.kernels.reference import attention_float64
-from svg_lib.kernels.tolerances import tolerance
+from svg_lib.extensions.tolerances import tolerance
 
 MASK = SVGMask.spatial(VideoGeometry(3, 8, 16), 0.35)  # 384 tokens: 3 x 3 tiles of 128, some partial
 HIGHEST, DEFAULT = jax.lax.Precision.HIGHEST, jax.lax.Precision.DEFAULT

@@ -10,7 +10,7 @@ from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.masks import TileAlignedMask
 from svg_lib.core.svg_masks import SVGMask
 from svg_lib.kernels.reference import reference_attention
-from svg_lib.kernels.tolerances import tolerance
+from svg_lib.extensions.tolerances import tolerance
 
 
 def naive_attention(q, k, v, keep=None):
@@ -39,7 +39,7 @@ def random_qkv(seed, heads, n, d, dtype=np.float32, sharpness=2.0):
     return tuple(jnp.asarray(x, dtype=dtype) for x in (q, k, v))
 
 
-# the series' tolerances (svg_lib/kernels/tolerances.py); for bf16 the output's own rounding is what is left
+# the series' tolerances (svg_lib/extensions/tolerances.py); for bf16 the output's own rounding is what is left
 F32, BF16 = tolerance("float32"), tolerance("bfloat16")
 
 GEOMETRY = VideoGeometry(4, 6, 12, text_tokens=10)  # 298 tokens: several bands' worth
@@ -286,7 +286,7 @@ def test_float64_references_refuse_bad_input():
 # -- the tolerances ----------------------------------------------------------------------------
 
 def test_tolerances_are_one_table_per_dtype():
-    from svg_lib.kernels import tolerances
+    from svg_lib.extensions import tolerances
 
     assert tolerance(jnp.float32) == tolerance("float32") == tolerances.ATTENTION["float32"]
     assert tolerance(jnp.bfloat16, "gradients") == tolerances.GRADIENTS["bfloat16"]
@@ -303,7 +303,7 @@ def test_tolerances_are_one_table_per_dtype():
 def test_one_bf16_pass_slack_bounds_a_bf16_rounded_matmul():
     import ml_dtypes
 
-    from svg_lib.kernels.tolerances import one_bf16_pass_slack
+    from svg_lib.extensions.tolerances import one_bf16_pass_slack
 
     rng = np.random.default_rng(19)
     a, b = rng.standard_normal((16, 64)).astype(np.float32), rng.standard_normal((64, 8)).astype(np.float32)

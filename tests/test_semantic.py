@@ -14,7 +14,7 @@ import pytest
 import svg_lib
 from svg_lib import CompileCounter, VideoGeometry, structured_qkv
 from svg_lib.kernels.reference import attention_float64, attention_gradients_float64
-from svg_lib.kernels.tolerances import tolerance
+from svg_lib.extensions.tolerances import tolerance
 from svg_lib.layers.semantic import plan_keep
 
 GEOMETRY = VideoGeometry(3, 8, 15)            # 360 tokens

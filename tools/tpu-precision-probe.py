@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What a backend's float32 exp, log and reciprocal, and its float32 matmuls at HIGHEST, do inside a
 Pallas kernel, against float64 on the host: the figures behind the forward's refined log-sum-exp
-(`svg_lib.kernels.forward.finish`) and the tolerances (`svg_lib.kernels.tolerances`).
+(`svg_lib.kernels.forward.finish`) and the tolerances (`svg_lib.extensions.tolerances`).
 
     python tools/tpu-precision-probe.py [--out FILE]
 

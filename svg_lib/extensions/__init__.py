@@ -2,4 +2,5 @@
 floors do not need. `radial` (Radial Attention's static mask) and `sliding` (3-D sliding tiles,
 notebook 10, on `tile_layout`'s cubes) are masks; `device_plan` (the planner in jnp, inside
 `jax.jit`) and `observed` (hooks on the block-sparse forward: tile masses, skip-softmax) serve the
-semantic and next-plan layers; `bounded_max` replays the forward's bound test for its pass rate."""
+semantic and next-plan layers; `bounded_max` replays the forward's bound test for its pass rate.
+What only the tests, notebooks and checkers read: `tolerances` (the series' tolerances, per dtype)."""

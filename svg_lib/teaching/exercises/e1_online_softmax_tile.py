@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from svg_lib.kernels.reference import masked_softmax_times_v
-from svg_lib.kernels.tolerances import one_bf16_pass_slack, tolerance
+from svg_lib.extensions.tolerances import one_bf16_pass_slack, tolerance
 from svg_lib.teaching.exercises.common import CheckResult, _Case, _Fail, _call, _finish, _fmt
 
 

@@ -12,7 +12,7 @@ from svg_lib.core.svg_masks import SVGMask
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles
 from svg_lib.kernels.grid import Pieces
 from svg_lib.kernels.reference import reference_attention
-from svg_lib.kernels.tolerances import tolerance
+from svg_lib.extensions.tolerances import tolerance
 from svg_lib.teaching.exercises.common import CheckResult, _Case, _Fail, _call, _finish
 from svg_lib.teaching.exercises.plugged import MASK_FREE as MASK_FREE_PATH
 from svg_lib.teaching.exercises.plugged import MASKED as MASKED_PATH

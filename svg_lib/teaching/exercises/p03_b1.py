@@ -19,7 +19,7 @@ from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles, schedule_entr
 from svg_lib.core.svg_masks import SVGMask
 from svg_lib.kernels.grid import Pieces, library_grid_spec
 from svg_lib.kernels.reference import reference_attention
-from svg_lib.kernels.tolerances import tolerance
+from svg_lib.extensions.tolerances import tolerance
 from svg_lib.teaching.exercises.common import CheckResult, _Case, _Fail, _call, _finish
 from svg_lib.teaching.exercises.plugged import (MASK_FREE, MASKED, OWN_SCRATCH, b1_step_piece, grid_spec_piece,
                                                 kv_map_piece, path_words, plugged_attention)
