@@ -14,8 +14,9 @@ import pytest
 from svg_lib.environment import installed_version
 
 from svg_lib import SVGMask, VideoGeometry, build_attention, plan_tiles
+from svg_lib.extensions.smem_forms import largest_fitting_steps, schedule_forms
 from svg_lib.memory.smem import (FIXED_BYTES, FIXED_BYTES_BY_LIBTPU, KiB, VECTOR_WORDS, check_schedule_fits, estimate_smem,
-                          fixed_bytes, largest_fitting_steps, schedule_forms, schedule_smem, table_bytes)
+                          fixed_bytes, schedule_smem, table_bytes)
 
 WAN_1440P = VideoGeometry(21, 90, 160)  # 302,400 tokens
 

@@ -10,7 +10,7 @@ The kernel receives that schedule as one flat int32 table in SMEM (`TilePlan.sch
 each grid step is a 16-bit entry `kv_index << CLASS_BITS | step_class`, two entries to a
 word, row after row. Two separate `[nq, steps]` int32 tables would cost about four times as
 much SMEM, more with Mosaic's (8, 128)-word tiling of 2-D SMEM arrays; `svg_lib.memory.smem` has the
-arithmetic and the sizes where each form stops fitting.
+arithmetic, `svg_lib.extensions.smem_forms` the sizes where each form stops fitting.
 """
 from __future__ import annotations
 

@@ -3,4 +3,5 @@ floors do not need. `radial` (Radial Attention's static mask) and `sliding` (3-D
 notebook 10, on `tile_layout`'s cubes) are masks; `device_plan` (the planner in jnp, inside
 `jax.jit`) and `observed` (hooks on the block-sparse forward: tile masses, skip-softmax) serve the
 semantic and next-plan layers; `bounded_max` replays the forward's bound test for its pass rate.
-What only the tests, notebooks and checkers read: `tolerances` (the series' tolerances, per dtype)."""
+What only the tests, notebooks and checkers read: `tolerances` (the series' tolerances, per dtype), `smem_forms`
+(what each form of the schedule would take in SMEM)."""
