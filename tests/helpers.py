@@ -1,7 +1,7 @@
 """What several test files share: masks built from plain arrays (`ArrayMask`, `tile_view`), inputs
 (`random_qkv`), masks with empty rows and tiles (`HOLEY`, `EMPTY_TILE_ROW`), and the race detector of
 the interpreter that simulates a TPU (`needs_race_state`, `races_found_in`). The float64 references
-are the package's own (`svg_lib.kernels.reference`)."""
+are the package's own (`svg_lib.extensions.references`)."""
 import importlib
 
 import jax

@@ -8,7 +8,7 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 from svg_lib import attention, b3_mask, plan_tiles, reference_attention
-from svg_lib.kernels.reference import attention_gradients_float64
+from svg_lib.extensions.references import attention_gradients_float64
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.svg_masks import SVGMask
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, schedule_rows, unpack_schedule

@@ -23,7 +23,7 @@ from svg_lib.kernels import forward
 from svg_lib.instruments.adversarial import CASES, adversarial_heads, adversarial_qkv
 from svg_lib.extensions.tolerances import tolerance
 from helpers import HOLEY
-from svg_lib.kernels.reference import attention_float64
+from svg_lib.extensions.references import attention_float64
 
 GEOMETRY = VideoGeometry(4, 8, 12, text_tokens=20)  # 404 tokens: q and kv padding at 128 x 128
 MASK = SVGMask.spatial(GEOMETRY, 0.35)

@@ -20,7 +20,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from svg_lib import METHODS, Mask, SVGMask, TileAlignedMask, VideoGeometry, attention, b3_mask, build_attention
 from svg_lib.core.planner import EMPTY, plan_tiles
-from svg_lib.kernels.reference import attention_float64
+from svg_lib.extensions.references import attention_float64
 from svg_lib.extensions.tolerances import tolerance
 
 from helpers import DTYPES, EMPTY_TILE_ROW, HOLEY, method_tolerance, needs_race_state, races_found_in, random_qkv

@@ -26,7 +26,7 @@ import pytest
 import svg_lib
 from svg_lib import Mask, attention, b3_mask, plan_tiles
 from svg_lib.extensions.bounded_max import bound_test
-from svg_lib.kernels.reference import attention_float64, attention_gradients_float64
+from svg_lib.extensions.references import attention_float64, attention_gradients_float64
 from svg_lib.layers.semantic import plan_keep
 from svg_lib.methods import METHODS
 

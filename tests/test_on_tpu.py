@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from svg_lib import SVGMask, VideoGeometry, attention, b3_mask
-from svg_lib.kernels.reference import attention_float64
+from svg_lib.extensions.references import attention_float64
 
 from helpers import method_tolerance, random_qkv
 

@@ -24,7 +24,7 @@ from jax import export
 from svg_lib import SVGMask, VideoGeometry, attention, build_attention, reference_attention
 from svg_lib.kernels import forward as kernels
 from svg_lib.kernels.forward import matmul_precision
-from svg_lib.kernels.reference import attention_float64
+from svg_lib.extensions.references import attention_float64
 from svg_lib.extensions.tolerances import tolerance
 
 MASK = SVGMask.spatial(VideoGeometry(3, 8, 16), 0.35)  # 384 tokens: 3 x 3 tiles of 128, some partial

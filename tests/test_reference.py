@@ -1,4 +1,5 @@
-"""Tests of svg_lib.kernels.reference: the ground-truth attention every kernel is compared with.
+"""Tests of svg_lib.kernels.reference and svg_lib.extensions.references: the ground-truth attention
+every kernel is compared with.
 
 It is checked against the textbook formula written here in float64 numpy.
 """
@@ -199,8 +200,8 @@ def test_additive_float_mask_is_refused():
 
 # -- the float64 references on the host ------------------------------------------------------
 
-from svg_lib.kernels.reference import (attention_float64, attention_gradients_float64,  # noqa: E402
-                                       attention_rows_float64)
+from svg_lib.extensions.references import (attention_float64, attention_gradients_float64,  # noqa: E402
+                                          attention_rows_float64)
 
 
 @pytest.mark.parametrize("name", list(MASKS))

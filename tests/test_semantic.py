@@ -13,7 +13,7 @@ import pytest
 
 import svg_lib
 from svg_lib import CompileCounter, VideoGeometry, structured_qkv
-from svg_lib.kernels.reference import attention_float64, attention_gradients_float64
+from svg_lib.extensions.references import attention_float64, attention_gradients_float64
 from svg_lib.extensions.tolerances import tolerance
 from svg_lib.layers.semantic import plan_keep
 

@@ -14,7 +14,7 @@ import pytest
 
 import svg_lib
 from svg_lib import CompileCounter, SVGMask, VideoGeometry, structured_qkv, svg_attention
-from svg_lib.kernels.reference import attention_float64
+from svg_lib.extensions.references import attention_float64
 from svg_lib.extensions.tolerances import tolerance
 from svg_lib.layers.semantic import plan_keep
 from svg_lib.layers.semantic_router import CANDIDATES, band_density, route, routed_plan

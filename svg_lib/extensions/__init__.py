@@ -4,4 +4,5 @@ notebook 10, on `tile_layout`'s cubes) are masks; `device_plan` (the planner in 
 `jax.jit`) and `observed` (hooks on the block-sparse forward: tile masses, skip-softmax) serve the
 semantic and next-plan layers; `bounded_max` replays the forward's bound test for its pass rate.
 What only the tests, notebooks and checkers read: `tolerances` (the series' tolerances, per dtype), `smem_forms`
-(what each form of the schedule would take in SMEM)."""
+(what each form of the schedule would take in SMEM), `references` (attention and its gradients in
+float64 on the host)."""

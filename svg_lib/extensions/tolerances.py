@@ -2,7 +2,7 @@
 
 Each figure bounds what rounding does to a right answer, with the reason beside it, and stays far
 below what a wrong answer changes (a wrong mask, a missing rescale: O(1) changes in these problems).
-The references they are measured against are float64 (`svg_lib.kernels.reference.attention_float64`,
+The references they are measured against are float64 (`svg_lib.extensions.references.attention_float64`,
 `attention_gradients_float64`) or float32 at float32 precision (`reference_attention`), both on the
 same inputs as the kernel (bf16 inputs upcast exactly). Every matmul of the kernels states its
 precision (`svg_lib.kernels.forward.matmul_precision`), so these hold on a TPU as in the CPU interpreter.

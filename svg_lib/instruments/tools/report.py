@@ -42,7 +42,7 @@ from svg_lib.core.svg_masks import SVGMask
 from svg_lib.environment import installed_version
 from svg_lib.instruments.adversarial import CASES, adversarial_heads
 from svg_lib.extensions.bounded_max import bound_test_on_device
-from svg_lib.kernels.reference import attention_float64
+from svg_lib.extensions.references import attention_float64
 from svg_lib.extensions.tolerances import tolerance
 from svg_lib.layers.profiling import bound_pass_rate
 from svg_lib.layers.synthetic import structured_qkv

@@ -16,7 +16,7 @@ import numpy as np
 from svg_lib.core.planner import FULL, PARTIAL, pack_schedule
 from svg_lib.kernels.forward import MASK_VALUE
 from svg_lib.kernels.grid import Pieces
-from svg_lib.kernels.reference import attention_float64
+from svg_lib.extensions.references import attention_float64
 from svg_lib.teaching.exercises.common import CheckResult, _Case, _Fail, _call, _finish, _fmt
 from svg_lib.teaching.exercises.plugged import plugged_attention, tile_body_piece
 from svg_lib.teaching.yourcode import Hints
