@@ -4,8 +4,8 @@ svg_lib/data/tpu_measurements.json (one file for every chip measured; rows keyed
 
 What it runs (each a part, `--parts`):
   forward    splash_dense, dense, b1, b2, b3 at each `--tiles` size, the key-slice loop unrolled as the
-             kernels choose (`forward.unroll_chunks`) and with it forced rolled and forced unrolled
-             (`--unroll`), each call's output checked on sampled query rows against a float32 reference
+             kernels choose (`forward.unrolled_bodies`) and with other sets of bodies forced (`--unroll`),
+             each call's output checked on sampled query rows against a float32 reference
   splash     Splash's dense attention at more block sizes (`--splash-tiles`): the best B0 we can find
   training   forward + backward (`jax.grad` of sum(out * dout) for q, k, v) of dense, b1, b2, b3 with
              the fused and the split backward, and of splash_dense and splash (`--train-tiles`)
@@ -100,10 +100,9 @@ def main(argv=None) -> int:
                    choices=["forward", "splash", "training", "masks"])
     p.add_argument("--tiles", type=tiles_arg, default=tiles_arg("3328x1536x512,2048x1024x512,1024x1024x512,512x512"))
     p.add_argument("--unroll", default="chosen,rolled,unrolled",
-                   help="key-slice loop settings: 'chosen' (the kernels' rule, forward.unroll_chunks), 'rolled' "
-                        "(never unrolled), 'unrolled' (up to MAX_UNROLLED_CHUNKS whatever the bodies), and for "
-                        "kernels of more than MAX_UNROLLED_BODIES bodies: 'bounded' (only the bounded-max bodies "
-                        "unrolled), 'bounded-free' (only the bounded mask-free body), 'free' (only the mask-free ones)")
+                   help="key-slice loop settings: 'chosen' (the kernels' rule, forward.unrolled_bodies), 'rolled' "
+                        "(never unrolled), 'unrolled' (every body, up to MAX_UNROLLED_CHUNKS slices), 'bounded' (the "
+                        "bounded-max bodies only), 'bounded-free' (the bounded mask-free body only)")
     p.add_argument("--methods", nargs="+", default=list(MODEL_METHODS))
     p.add_argument("--splash-tiles", type=tiles_arg,
                    default=tiles_arg("2048x2048x512,4096x1024x512,1024x2048x512,2048x1024x1024,1024x512x512"))
@@ -122,7 +121,8 @@ def main(argv=None) -> int:
     from svg_lib.attention import build_attention
     from svg_lib.chips import TARGETS, parse_tpu_generation
     from svg_lib.instruments.tools.bench import method_tiles, sample_query_rows, sampled_reference
-    from svg_lib.instruments.tools.measured import shipped_loop
+    from svg_lib.instruments.tools.measured import BODIES, loop_name
+    from svg_lib.kernels.grid import TileSizes
     from svg_lib.kernels import forward
     from svg_lib.methods import METHODS
     from svg_lib.problem import get_preset
@@ -140,7 +140,6 @@ def main(argv=None) -> int:
     n, heads, d = config.tokens, config.heads, config.head_dim
     keys = jax.random.split(jax.random.key(0), 4)
     q, k, v, dout = (jax.random.normal(key, config.shape, jnp.bfloat16) for key in keys)
-    shipped = (forward.MAX_UNROLLED_CHUNKS, forward.MAX_UNROLLED_BODIES, forward.UNROLLED_IN_LARGER)
     refs = {}
 
     def out_of_time():
@@ -179,14 +178,17 @@ def main(argv=None) -> int:
         got = out[:, jnp.asarray(rows_checked)].astype(jnp.float32)
         return float(jnp.max(jnp.abs(got - refs[key])))
 
-    partly = {"bounded": {(True, False), (True, True)}, "bounded-free": {(True, False)},
-              "free": {(True, False), (False, False)}}
+    chosen_rule = forward.unrolled_bodies
+    forced = {"rolled": set(), "unrolled": {(True, False), (True, True), (False, False), (False, True)},
+              "bounded": {(True, False), (True, True)}, "bounded-free": {(True, False)}}
 
     def set_unroll(setting):
-        chunks, bodies, larger = shipped
-        forward.MAX_UNROLLED_CHUNKS = 0 if setting == "rolled" else chunks
-        forward.MAX_UNROLLED_BODIES = 99 if setting == "unrolled" else bodies
-        forward.UNROLLED_IN_LARGER = frozenset(partly[setting]) if setting in partly else larger
+        """Which bodies the kernels built next unroll: the rule's choice, or a forced set (slice limits kept)."""
+        def rule(sizes, masked_kinds=1, mask_free=True):
+            if setting not in forced or not 1 < sizes.slices <= forward.MAX_UNROLLED_CHUNKS:
+                return chosen_rule(sizes, masked_kinds, mask_free)
+            return frozenset(forced[setting])
+        forward.unrolled_bodies = rule
 
     def build(method, bq, bkv, bkc, backward=None):
         return build_attention(mask, method=method, heads=heads, tokens=n, head_dim=d, dtype=jnp.bfloat16,
@@ -203,16 +205,17 @@ def main(argv=None) -> int:
                      "unroll": unroll, "refused": str(e).splitlines()[0][:300]})
             return
         compile_s = time.perf_counter() - t
+        sizes = TileSizes(bq, bkv, bkc)
+        unrolled = BODIES.get(method, frozenset()) & forward.unrolled_bodies(sizes, 1, METHODS[method].mask_free_body)
         row = timed(fn, q, k, v)
         err = error(method, bq, bkv, fn(q, k, v))
         floor = floor_ms(method, bq, bkv)
         tiles = method_tiles(get_preset("blog", block_q=bq, block_kv=bkv), method)
         row.update({"part": part, "method": method, "block_q": bq, "block_kv": bkv, "block_kv_compute": bkc,
-                    "unroll": unroll, "loop": shipped_loop(method, bkv, bkc),
-                    "max_unrolled_chunks": forward.MAX_UNROLLED_CHUNKS,
-                    "max_unrolled_bodies": forward.MAX_UNROLLED_BODIES,
-                    "unrolled_in_larger": sorted(["bounded" if b else "running", "masked" if m else "free"]
-                                                 for b, m in forward.UNROLLED_IN_LARGER),
+                    "unroll": unroll, "loop": loop_name(method, sizes, unrolled), "unroll_budget": forward.UNROLL_BUDGET,
+                    **({"unrolled_bodies": sorted([["bounded" if b else "running", "masked" if m else "free"]
+                                                   for b, m in unrolled])} if loop_name(method, sizes, unrolled)
+                       not in (None, "one slice") else {}),
                     "tiles_visited_per_head": tiles["tiles_visited"], "heads": heads, "tokens": n,
                     "mxu_floor_ms": round(floor, 3), "mxu_fraction": round(floor / row["median_ms"], 4),
                     "max_error": err, "error_rows": len(rows_checked), "compile_s": round(compile_s, 2)})

@@ -42,8 +42,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from svg_lib.kernels.forward import (LANES, MASK_VALUE, NN, NT, _lane_sum, _lanes, block_sparse_attention, dot,
-                                     online_softmax_tile, partial_tail, plain_interpreter, real_part, token_ids,
-                                     unroll_chunks)
+                                     online_softmax_tile, partial_tail, plain_interpreter, real_part, token_ids)
 from svg_lib.kernels.grid import Hooks, row_block
 
 
@@ -126,7 +125,7 @@ def finish_tile_mass(m_ref, l_ref, mass: TileMass, mass_ref, *, q_start, q_token
 
 def skip_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_start, k_start, block_kv_compute,
                       interpret=False, bounded=False, threshold: float, seen_ref, gate=None, kv_tokens=None,
-                      q_tokens=None, bodies=1):
+                      q_tokens=None, unrolled=frozenset()):
     """`forward.online_softmax_tile` with skip-softmax: each key slice whose every score lies more than
     `threshold` below its row's running max (`seen_ref` `[block_q, 128]` f32 beside the bound; m itself
     with the running max) skips its exp, row sum and `p @ v`. `gate`: None, or `gate(run) -> run`
@@ -172,7 +171,7 @@ def skip_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_sta
         seen_ref[...] = m_next
         acc_ref[...] = _lanes(alpha, head_dim, interpret) * acc_ref[...] + dot(p.astype(v.dtype), v, NN)
 
-    jax.lax.fori_loop(0, chunks, chunk, None, unroll=unroll_chunks(chunks, bodies))
+    jax.lax.fori_loop(0, chunks, chunk, None, unroll=(bounded, keep is not None) in unrolled)
 
 
 # -- the observed forward -----------------------------------------------------------------------

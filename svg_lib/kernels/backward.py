@@ -53,8 +53,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from svg_lib.core.planner import FULL, PARTIAL, KernelTables
-from svg_lib.kernels.forward import (MASK_VALUE, NN, NT, dot, partial_tail, real_part, token_ids,
-                                     unroll_chunks)
+from svg_lib.kernels.forward import MASK_VALUE, MAX_UNROLLED_CHUNKS, NN, NT, dot, partial_tail, real_part, token_ids
 from svg_lib.kernels.grid import ScheduleRows, dispatch
 from svg_lib.methods import METHODS
 
@@ -98,7 +97,7 @@ def _dq_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_acc, *, keep, q_st
         return carry
 
     chunks = k_ref.shape[0] // block_kv_compute
-    jax.lax.fori_loop(0, chunks, chunk, None, unroll=unroll_chunks(chunks, bodies=2))  # mask-free and masked
+    jax.lax.fori_loop(0, chunks, chunk, None, unroll=chunks <= MAX_UNROLLED_CHUNKS)  # two small bodies
 
 
 def _dkv_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, *, keep, q_start, k_start,
@@ -137,7 +136,7 @@ def _dkv_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, *, k
         return carry
 
     chunks = k_ref.shape[0] // block_kv_compute
-    jax.lax.fori_loop(0, chunks, chunk, None, unroll=unroll_chunks(chunks, bodies=2))  # mask-free and masked
+    jax.lax.fori_loop(0, chunks, chunk, None, unroll=chunks <= MAX_UNROLLED_CHUNKS)  # two small bodies
 
 
 def _step(stage, cls, tile, s, last, accs, outs):

@@ -66,26 +66,42 @@ from svg_lib.methods import PLANNED_METHODS, check_method
 # unlike -inf it never produces inf - inf = nan in a row that has seen no kept key yet.
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 LANES = 128
-# Unroll the key-chunk loop only where it is short and the kernel carries few tile bodies: unrolling
-# multiplies every compiled copy of the body, and on a real TPU four unrolled bodies ran 2-3x slower
-# where two gained (svg_lib/data/tpu_measurements.json; the static profile, one body, cannot see it).
+# Code size. Mosaic compiles every `pl.when` branch and lays each vector op out over every vreg of its
+# block, so a tile body's program grows with its score slice, block_q x block_kv_compute, and an
+# unrolled loop holds one copy of it per slice. On a v5e, kernels whose compiled slices summed to more
+# than UNROLL_BUDGET score elements ran 2.5-3x slower, rolled loops and single slices alike (likely the
+# instruction memory overflowing: not verified); within it, unrolling gained 1-7 %
+# (svg_lib/data/tpu_measurements.json, `measured.unroll_evidence`). The static profile, one body, cannot see it.
+UNROLL_BUDGET = 8 * 3328 * 512  # the largest total measured fast
 MAX_UNROLLED_CHUNKS = 3
-MAX_UNROLLED_BODIES = 2
-# In a kernel of more bodies, the kinds of body, (bounded, masked), that unroll all the same.
-UNROLLED_IN_LARGER: frozenset = frozenset()
+# The kinds of tile body, (bounded, masked), in the order they unroll: the hottest first (after a
+# query tile's first step nearly every step runs a bounded body, most of them mask-free).
+UNROLL_ORDER = ((True, False), (True, True), (False, False), (False, True))
 
 
-def unroll_chunks(chunks: int, bodies: int = 1, *, bounded: bool = False, masked: bool = True) -> bool:
-    """Whether a tile body unrolls its loop of `chunks` key slices, in a kernel that carries `bodies`
-    copies of a tile body, this one of kind (`bounded`, `masked`) (read when tracing, so that a
-    measurement can set the limits for every kernel at once)."""
-    return chunks <= MAX_UNROLLED_CHUNKS and (bodies <= MAX_UNROLLED_BODIES or (bounded, masked) in UNROLLED_IN_LARGER)
+def body_copies(masked_kinds: int = 1, mask_free: bool = True) -> dict:
+    """{(bounded, masked): copies} of the tile bodies a forward kernel compiles: each kind once, its masked
+    ones once per kind of head (`masked_kinds`; B1 has no mask-free body)."""
+    return {(bounded, masked): masked_kinds if masked else int(mask_free) for bounded, masked in UNROLL_ORDER}
 
 
-def tile_bodies(masked_kinds: int, mask_free: bool) -> int:
-    """How many copies of the tile body a forward kernel compiles: one per masked kind of head and one
-    mask-free, each twice (the running and the bounded max)."""
-    return (masked_kinds + int(mask_free)) * 2
+def compiled_slices(sizes: TileSizes, unrolled=frozenset(), masked_kinds: int = 1, mask_free: bool = True) -> int:
+    """The score elements a forward kernel's program lays out: a `[block_q, block_kv_compute]` slice per
+    compiled copy of a tile body, `sizes.slices` of them for each body whose loop is `unrolled`."""
+    return sizes.block_q * sizes.block_kv_compute * sum(
+        n * (sizes.slices if kind in unrolled else 1) for kind, n in body_copies(masked_kinds, mask_free).items())
+
+
+def unrolled_bodies(sizes: TileSizes, masked_kinds: int = 1, mask_free: bool = True) -> frozenset:
+    """The kinds of tile body, (bounded, masked), whose key-slice loop a forward kernel unrolls: in
+    `UNROLL_ORDER`, each kind the kernel compiles whose unrolling keeps `compiled_slices` within
+    `UNROLL_BUDGET`. Loops of one slice, or of more than `MAX_UNROLLED_CHUNKS`, stay as they are."""
+    chosen = frozenset()
+    if 1 < sizes.slices <= MAX_UNROLLED_CHUNKS:
+        for kind, n in body_copies(masked_kinds, mask_free).items():
+            if n and compiled_slices(sizes, chosen | {kind}, masked_kinds, mask_free) <= UNROLL_BUDGET:
+                chosen |= {kind}
+    return chosen
 
 
 NT = (((1,), (1,)), ((), ()))  # dot_general dimensions of a @ b^T: contract both operands' last dims
@@ -136,7 +152,7 @@ def _lane_sum(p):
 
 
 def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_start, k_start,
-                         block_kv_compute, interpret=False, bounded=False, kv_tokens=None, bodies=1):
+                         block_kv_compute, interpret=False, bounded=False, kv_tokens=None, unrolled=frozenset()):
     """Fold one key/value tile into the running softmax state of one query tile.
 
     q_ref `[block_q, head_dim]`; k_ref, v_ref `[block_kv, head_dim]`; m_ref `[block_q, 128]` f32
@@ -156,8 +172,8 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
     and a `[1, block_kv_compute]` row of key indices (it must broadcast them): a predicate on
     keys alone (padding) then costs one row, not a tile. `kv_tokens`: None, or the key count when
     the last key tile is partial: a masked tile then selects its v rows past it to zero (`real_part`;
-    the predicate already masks their scores). `bodies`: the copies of this body the kernel carries,
-    which decide the unroll (`unroll_chunks`). `interpret` (known at trace time)
+    the predicate already masks their scores). `unrolled`: the kinds of body, (bounded, masked), whose
+    loop the kernel unrolls (`unrolled_bodies`). `interpret` (known at trace time)
     picks the broadcasts each backend does cheaply (see `_lanes`). Both matmuls go through `dot`,
     which states the precision of the inputs' dtype (`matmul_precision`): float32 tiles get float32
     products on a TPU too, not its default single bf16 pass.
@@ -165,9 +181,7 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
     Two choices serve the CPU interpreter, at no cost on a TPU: kernels call this only under
     `pl.when`, and blocks are read inside the loop. Without them the interpreter copies the
     whole q, k and v arrays at every grid step (XLA turns its write-back of a block into a
-    copy). On a TPU the loop is unrolled up to `MAX_UNROLLED_CHUNKS` chunks in a kernel of at most
-    `MAX_UNROLLED_BODIES` bodies: each unrolled chunk is another copy of the body in instruction
-    memory (what was measured is beside the constants).
+    copy). Each unrolled slice is another copy of the body in the program (`UNROLL_BUDGET`).
     """
     block_q = q_ref.shape[0]
     head_dim = acc_ref.shape[1]
@@ -200,8 +214,7 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
         acc_ref[...] = _lanes(alpha, head_dim, interpret) * acc_ref[...] + pv
         return carry
 
-    jax.lax.fori_loop(0, chunks, chunk, None,
-                      unroll=unroll_chunks(chunks, bodies, bounded=bounded, masked=keep is not None))
+    jax.lax.fori_loop(0, chunks, chunk, None, unroll=(bounded, keep is not None) in unrolled)
 
 
 # -- the bounded max ---------------------------------------------------------------------------
@@ -408,7 +421,7 @@ def dense_flash_attention(q, k, v, *, block_q, block_kv, block_kv_compute, inter
         tile = functools.partial(online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
                                  q_start=i * block_q, k_start=j * block_kv, block_kv_compute=block_kv_compute,
                                  interpret=on_cpu, kv_tokens=partial_tail(tokens, block_kv),
-                                 bodies=tile_bodies(1, mask_free=True))
+                                 unrolled=unrolled_bodies(TileSizes(block_q, block_kv, block_kv_compute)))
         switch = functools.partial(try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[h], on_cpu,
                                    q_start=i * block_q, q_tokens=partial_tail(q_tokens, block_q))
 
@@ -479,7 +492,7 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
                             head_order=head_order)
     q_tokens, tokens = q.shape[1], k.shape[1]
     on_cpu = plain_interpreter(interpret)
-    bodies = tile_bodies(len(keeps), mask_free=not record.masks_full_tiles)
+    unrolled = unrolled_bodies(sizes, len(keeps), mask_free=record.mask_free_body)
 
     def tile(wrap, step):
         """`run(keep)`: this step's tile body under the bounded max (`visit`)."""
@@ -488,7 +501,7 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
                                  r["q_ref"], r["k_ref"], r["v_ref"], r["m_ref"], r["l_ref"], r["acc_ref"],
                                  q_start=step.i * block_q, k_start=step.kv_tile * block_kv,
                                  block_kv_compute=block_kv_compute, interpret=on_cpu,
-                                 kv_tokens=partial_tail(tokens, block_kv), bodies=bodies)
+                                 kv_tokens=partial_tail(tokens, block_kv), unrolled=unrolled)
         if pieces.body is not None:
             return lambda keep: body(keep=keep, bounded=False)
         switch = functools.partial(try_bound, r["q_ref"], r["m_ref"], r["l_ref"], r["acc_ref"], r["flag_ref"],

@@ -16,13 +16,15 @@ from pathlib import Path
 from svg_lib.chips import MXUS_FOR_CLOCK, clock_hz
 from svg_lib.core.planner import plan_tiles
 from svg_lib.instruments.tpu.cost import committed_tile_cost, model_cycles
-from svg_lib.kernels.forward import tile_bodies, unroll_chunks
+from svg_lib.kernels.forward import UNROLL_BUDGET, body_copies, compiled_slices, unrolled_bodies
+from svg_lib.kernels.grid import TileSizes
 from svg_lib.methods import BASELINE, METHODS, MODEL_METHODS, SERIES_METHODS, check_method
 from svg_lib.problem import BLOG_V6E_MS, default_block_kv_compute, get_preset
 
 MEASUREMENTS_FILE = Path(__file__).resolve().parents[2] / "data" / "tpu_measurements.json"
-# the tile bodies of each of the series' kernels, as the forward builds it for one kind of head
-BODIES = {name: tile_bodies(1, mask_free=METHODS[name].mask_free_body) for name in SERIES_METHODS}
+# the kinds of tile body, (bounded, masked), each of the series' kernels compiles for one kind of head
+BODIES = {name: frozenset(kind for kind, n in body_copies(1, METHODS[name].mask_free_body).items() if n)
+          for name in SERIES_METHODS}
 LABELS = {"splash_dense": "B0 dense Splash", "dense": "svg_lib dense", "b1": "B1 naive", "b2": "B2 full/edge",
           "b3": "B3 tile-aligned"}
 
@@ -37,19 +39,30 @@ def load_measurements(path: Path = MEASUREMENTS_FILE) -> list[dict]:
     return [dict(r) for r in _load(str(path))]
 
 
-def shipped_loop(method: str, block_kv: int, block_kv_compute: int) -> str | None:
-    """How the kernel as it ships compiles its key-slice loop at these tiles: "one slice", "unrolled",
-    "partly unrolled" (some of its bodies) or "rolled" (`forward.unroll_chunks`); None for Splash, whose
-    loop is its own."""
+def loop_name(method: str, sizes: TileSizes, unrolled) -> str | None:
+    """How a kernel of `method` compiles its key-slice loop with the kinds of body `unrolled`: "one slice",
+    "unrolled" (every body), "partly unrolled" or "rolled"; None for Splash, whose loop is its own."""
     if method not in BODIES:
         return None
-    chunks = block_kv // block_kv_compute
-    if chunks == 1:
+    if sizes.slices == 1:
         return "one slice"
-    kinds = [(bounded, masked) for bounded in (False, True)
-             for masked in ((False, True) if METHODS[method].mask_free_body else (True,))]
-    unrolled = [unroll_chunks(chunks, BODIES[method], bounded=b, masked=m) for b, m in kinds]
-    return "unrolled" if all(unrolled) else "partly unrolled" if any(unrolled) else "rolled"
+    unrolled = BODIES[method] & frozenset(unrolled)
+    return "unrolled" if unrolled == BODIES[method] else "partly unrolled" if unrolled else "rolled"
+
+
+def shipped_loop(method: str, block_q: int, block_kv: int, block_kv_compute: int) -> str | None:
+    """`loop_name` of the kernel as it ships at these tiles (`forward.unrolled_bodies`)."""
+    sizes = TileSizes(block_q, block_kv, block_kv_compute)
+    return loop_name(method, sizes, unrolled_bodies(sizes, 1, METHODS[method].mask_free_body))
+
+
+def row_unrolled(row: dict) -> frozenset | None:
+    """The kinds of body, (bounded, masked), a measured row's kernel unrolled: recorded as
+    `unrolled_bodies` (["bounded" | "running", "masked" | "free"] pairs), or read from its loop where
+    it ran all or none; None for Splash and single slices."""
+    if "unrolled_bodies" in row:
+        return frozenset((b == "bounded", m == "masked") for b, m in row["unrolled_bodies"])
+    return {"rolled": frozenset(), "unrolled": BODIES.get(row.get("method"))}.get(row.get("loop"))
 
 
 def shipped_row(method: str, block_q: int, block_kv: int, *, chip: str = "v5e", part: str = "forward",
@@ -64,7 +77,8 @@ def shipped_row(method: str, block_q: int, block_kv: int, *, chip: str = "v5e", 
              and "median_ms" in r and r.get("backward") in (None, "fused")]
     if method in BODIES and part == "forward":
         # the loop as the kernel compiles it at the row's key slices; the shipped slices where measured
-        found = [r for r in found if r.get("loop") == shipped_loop(method, block_kv, r["block_kv_compute"])]
+        found = [r for r in found if r["block_kv_compute"] == block_kv or BODIES[method] & (row_unrolled(r) or set())
+                 == unrolled_bodies(TileSizes(block_q, block_kv, r["block_kv_compute"]), 1, METHODS[method].mask_free_body)]
         slices = default_block_kv_compute(block_q, block_kv)
         found = [r for r in found if r["block_kv_compute"] == slices] or found
     return found[-1] if found else None
@@ -134,17 +148,20 @@ def measured_table(block_q: int = 3328, block_kv: int = 1536, *, chip: str = "v5
 
 
 def unroll_evidence(rows=None) -> list[dict]:
-    """Every (method, tiles) measured both with the key-slice loop rolled and unrolled: the tile bodies
-    the kernel carries, both medians, and what the kernel now chooses (`forward.unroll_chunks`)."""
+    """Every (method, tiles) measured with more than one key-slice loop: each loop's median
+    (`{loop: ms}`, the loops by `row_unrolled`, the newest row of each), the kinds of body the kernel
+    now unrolls (`forward.unrolled_bodies`) and its `compiled_slices` with each loop."""
     rows = load_measurements() if rows is None else rows
-    out = []
-    pairs = {}
+    groups = {}
     for r in rows:
-        if r.get("part") == "forward" and r.get("loop") in ("rolled", "unrolled") and r.get("method") in BODIES:
-            pairs.setdefault((r["method"], r["block_q"], r["block_kv"], r["block_kv_compute"]), {})[r["loop"]] = r
-    for (method, bq, bkv, bkc), both in sorted(pairs.items()):
-        if len(both) == 2:
-            out.append({"method": method, "block_q": bq, "block_kv": bkv, "block_kv_compute": bkc,
-                        "bodies": BODIES[method], "rolled_ms": both["rolled"]["median_ms"],
-                        "unrolled_ms": both["unrolled"]["median_ms"], "chosen": shipped_loop(method, bkv, bkc)})
+        if r.get("part") == "forward" and r.get("method") in BODIES and "median_ms" in r and row_unrolled(r) is not None:
+            key = (r["method"], r["block_q"], r["block_kv"], r["block_kv_compute"])
+            groups.setdefault(key, {})[BODIES[r["method"]] & row_unrolled(r)] = r["median_ms"]
+    out = []
+    for (method, bq, bkv, bkc), loops in sorted(groups.items()):
+        if len(loops) > 1:
+            sizes, free = TileSizes(bq, bkv, bkc), METHODS[method].mask_free_body
+            out.append({"method": method, "block_q": bq, "block_kv": bkv, "block_kv_compute": bkc, "ms": loops,
+                        "slices": {u: compiled_slices(sizes, u, 1, free) for u in loops},
+                        "chosen": unrolled_bodies(sizes, 1, free), "budget": UNROLL_BUDGET})
     return out

@@ -46,7 +46,7 @@ def tile_body_piece(body):
     import jax.numpy as jnp
 
     def piece(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_start, k_start, block_kv_compute,
-              interpret=False, bounded=False, kv_tokens=None, bodies=1):
+              interpret=False, bounded=False, kv_tokens=None, unrolled=frozenset()):
         block_q, block_kv = q_ref.shape[0], k_ref.shape[0]
         tile_keep = None
         if keep is not None:
