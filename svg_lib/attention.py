@@ -127,7 +127,7 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
     elif not record.planned:
         forward = functools.partial(dense_flash_attention, vmem_limit_bytes=budget.forward_limit, **blocks)
         run = with_backward(lambda q, k, v, residuals: forward(q, k, v, residuals=residuals), None,
-                            backward_limits=budget.backward_limits, stage=record.stage, keep=_not_padding(tokens),
+                            backward_limits=budget.backward_limits, method=record, keep=_not_padding(tokens),
                             **blocks)
     else:
         keep = kernel_mask.kernel_predicate(block_q, block_kv)
@@ -135,10 +135,10 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
         schedule = jnp.asarray(tables.schedule)
 
         def forward(q, k, v, residuals):
-            return block_sparse_attention(q, k, v, head_kind, schedule, steps=tables.steps, stage=method, keep=keep,
+            return block_sparse_attention(q, k, v, head_kind, schedule, steps=tables.steps, method=record, keep=keep,
                                           vmem_limit_bytes=budget.forward_limit, residuals=residuals, **blocks)
         # jax.grad runs the backward kernels over the same tiles (svg_lib.kernels.backward)
-        run = with_backward(forward, tables, backward_limits=budget.backward_limits, stage=method, keep=keep,
+        run = with_backward(forward, tables, backward_limits=budget.backward_limits, method=record, keep=keep,
                             **blocks)
         # the planner lets a mask's padding rows be computed unmasked; they are thrown away as zeros
         run = _rows_zeroed(run, _padding_rows(mask, tokens))

@@ -139,6 +139,16 @@ def check_method(name, among=None, *, what: str = "method") -> Method:
     return METHODS[name]
 
 
+def check_record(record, among=None, *, what: str = "method") -> Method:
+    """`record`, a record of the table (one of `among`'s names, default every method), or an error
+    saying what was given and what would work: what the kernels take in place of a name."""
+    if not isinstance(record, Method):
+        raise TypeError(f"{what} must be a record of svg_lib.methods.METHODS (e.g. METHODS['b3']), "
+                        f"got {record!r}")
+    check_method(record.name, among, what=what)
+    return record
+
+
 def check_methods(names, among=None, *, what: str = "method") -> tuple:
     """`check_method` for each of `names` (a tuple of method names), returned as a tuple of names."""
     names = tuple(names)

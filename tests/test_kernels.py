@@ -22,6 +22,7 @@ from svg_lib import METHODS, Mask, SVGMask, TileAlignedMask, VideoGeometry, atte
 from svg_lib.core.planner import EMPTY, plan_tiles
 from svg_lib.extensions.references import attention_float64
 from svg_lib.extensions.tolerances import tolerance
+from svg_lib.methods import METHODS as RECORDS
 
 from helpers import DTYPES, EMPTY_TILE_ROW, HOLEY, method_tolerance, needs_race_state, races_found_in, random_qkv
 
@@ -233,7 +234,7 @@ def test_partial_last_tiles_do_not_leak(method, tpu_interpreter):
         plan = plan_tiles(mask, bq, bkv)
         pred = SMALL.keep if method == "b2" else (lambda qi, ki: ki < n)
         out, lse = block_sparse_attention(qs, k, v, jnp.zeros((2,), jnp.int32), jnp.asarray(plan.schedule),
-                                          steps=plan.steps, stage=method, keep=pred, **common)
+                                          steps=plan.steps, method=RECORDS[method], keep=pred, **common)
         keep = mask.to_dense()
     assert out.shape == q.shape and lse.shape == (2, 1, n)
     assert np.isfinite(np.asarray(lse)).all()

@@ -14,6 +14,7 @@ from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles, schedule_entr
 from svg_lib.core.svg_masks import SVGMask
 from svg_lib.kernels.forward import MASK_VALUE, block_sparse_attention
 from svg_lib.kernels.grid import Pieces, library_grid_spec
+from svg_lib.methods import METHODS
 from svg_lib.extensions.tolerances import tolerance
 from svg_lib.teaching.exercises.p03_b1 import b1_learner_attention
 from svg_lib.teaching.exercises.p04_b2_dispatch import b2_exercise_attention
@@ -39,7 +40,7 @@ QKV = _qkv()
 def forward(stage, pieces=None, block_kv_compute=BLOCK):
     """The library's forward over PLAN, with `pieces` in place of its own."""
     out = block_sparse_attention(*QKV, jnp.zeros((1,), jnp.int32), jnp.asarray(PLAN.schedule), steps=STEPS,
-                                 stage=stage, keep=KEEP, block_q=BLOCK, block_kv=BLOCK,
+                                 method=METHODS[stage], keep=KEEP, block_q=BLOCK, block_kv=BLOCK,
                                  block_kv_compute=block_kv_compute, interpret=True, pieces=pieces)
     return np.asarray(out)[0]
 
@@ -54,7 +55,7 @@ def differs(out, stage):
 def test_default_pieces_trace_as_no_pieces():
     def trace(pieces):
         return str(jax.make_jaxpr(lambda q, k, v: block_sparse_attention(
-            q, k, v, jnp.zeros((1,), jnp.int32), jnp.asarray(PLAN.schedule), steps=STEPS, stage="b2", keep=KEEP,
+            q, k, v, jnp.zeros((1,), jnp.int32), jnp.asarray(PLAN.schedule), steps=STEPS, method=METHODS["b2"], keep=KEEP,
             block_q=BLOCK, block_kv=BLOCK, block_kv_compute=BLOCK, interpret=True, pieces=pieces))(*QKV))
     assert trace(Pieces()) == trace(None) == trace(Pieces(grid_spec=library_grid_spec))
 

@@ -16,6 +16,7 @@ from svg_lib import (CompileCounter, SVGMask, TemporalMask, VideoGeometry, build
                      build_svg_attention_in_kernel, compare_temporal_tiles, reference_attention, svg_attention,
                      svg_attention_in_kernel)
 from svg_lib.core.planner import stack_schedules
+from svg_lib.methods import METHODS
 from svg_lib.layers.routing import gather_heads, head_gather_index, permute_heads, plan_kind
 from svg_lib.layers.synthetic import computed_mask
 from helpers import needs_race_state, races_found_in
@@ -184,7 +185,7 @@ def test_in_kernel_layer_runs_the_one_block_sparse_kernel(mask, qkv, monkeypatch
                                       dtype=jnp.float32, block_q=BLOCK, block_kv=BLOCK)
     f(*qkv, jnp.asarray(np.array(ROUTINGS["mixed"]))).block_until_ready()
     (args, kwargs), = calls
-    assert len(kwargs["keep"]) == 2 and kwargs["stage"] == "b2"
+    assert len(kwargs["keep"]) == 2 and kwargs["method"] is METHODS["b2"]
     plans = [plan_kind(mask, kind, BLOCK, BLOCK) for kind in (0, 1)]
     np.testing.assert_array_equal(np.asarray(args[4]), stack_schedules(plans))
     assert kwargs["steps"] == max(p.steps for p in plans)

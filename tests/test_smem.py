@@ -108,6 +108,7 @@ def _compiles(compiler, words, *, heads=1, kinds=1, stage="b2", nq=2, block=512)
     """Compile the block-sparse kernel with a `words`-long schedule for v6e: True, or False when
     the compiler refuses it for SMEM (any other error propagates)."""
     from svg_lib.kernels.forward import block_sparse_attention
+    from svg_lib.methods import METHODS
 
     n = nq * block
     steps = 2 * words // (nq * kinds)
@@ -116,7 +117,7 @@ def _compiles(compiler, words, *, heads=1, kinds=1, stage="b2", nq=2, block=512)
         head_kind = jnp.zeros((heads,), jnp.int32)
         schedule = jnp.zeros((words,), jnp.int32)
         keep = tuple((lambda qi, ki, c=c: ki < n - c) for c in range(kinds))
-        return block_sparse_attention(q, k, v, head_kind, schedule, steps=steps, stage=stage, keep=keep,
+        return block_sparse_attention(q, k, v, head_kind, schedule, steps=steps, method=METHODS[stage], keep=keep,
                                       block_q=block, block_kv=block, block_kv_compute=block, interpret=False)
     try:
         compiler.compile_fn(f, [((heads, n, 128), "bfloat16")] * 3, target="v6e")

@@ -9,6 +9,7 @@ import pytest
 from svg_lib.core.planner import EMPTY, schedule_entry
 from svg_lib.extensions.device_plan import device_tables
 from svg_lib.kernels.forward import block_sparse_attention
+from svg_lib.methods import METHODS
 from svg_lib.extensions.observed import observed_block_sparse_attention
 from svg_lib.layers.next_plan import next_plan, next_tiles, plan_tile_mass, tile_masses
 from svg_lib.layers.semantic import semantic_plan
@@ -39,7 +40,7 @@ def _run(q, k, v, schedule, steps, tile_mass, tokens, interpret=True):
     """Head by head (one schedule each): (out, lse[, masses]) stacked over the heads."""
     outs = []
     for h in range(HEADS):
-        common = dict(steps=steps, stage="b3", keep=lambda qi, ki: ki < tokens, block_q=BLOCK, block_kv=BLOCK,
+        common = dict(steps=steps, method=METHODS["b3"], keep=lambda qi, ki: ki < tokens, block_q=BLOCK, block_kv=BLOCK,
                       block_kv_compute=BLOCK, interpret=interpret, residuals=True)
         args = (q[h:h + 1], k[h:h + 1], v[h:h + 1], jnp.zeros((1,), jnp.int32), schedule[h])
         outs.append(observed_block_sparse_attention(*args, **common) if tile_mass
@@ -119,7 +120,7 @@ def test_one_compile_runs_plans_that_change():
     def forward(q, k, v, schedule):
         traces.append(1)
         outs = [observed_block_sparse_attention(q[h:h + 1], k[h:h + 1], v[h:h + 1], jnp.zeros((1,), jnp.int32),
-                                                schedule[h], steps=steps, stage="b3", keep=lambda qi, ki: ki < tokens,
+                                                schedule[h], steps=steps, method=METHODS["b3"], keep=lambda qi, ki: ki < tokens,
                                                 block_q=BLOCK, block_kv=BLOCK, block_kv_compute=BLOCK, interpret=True)
                 for h in range(HEADS)]
         return jnp.concatenate([m for _, m in outs])
@@ -227,7 +228,7 @@ def test_skip_softmax_drops_only_tiles_far_below_the_running_max():
 
     def run(skip_below):
         return [np.asarray(x) for x in observed_block_sparse_attention(
-            q, k, v, jnp.zeros((1,), jnp.int32), schedule, steps=steps, stage="b3", keep=lambda qi, ki: ki < tokens,
+            q, k, v, jnp.zeros((1,), jnp.int32), schedule, steps=steps, method=METHODS["b3"], keep=lambda qi, ki: ki < tokens,
             block_q=BLOCK, block_kv=BLOCK, block_kv_compute=BLOCK, interpret=True, skip_below=skip_below)]
 
     plain_out, plain_mass = run(None)

@@ -106,6 +106,7 @@ def measure(target: str, tokens: int, heads_list, profile_dir: str) -> list[dict
     from svg_lib.core.planner import KernelTables
     from svg_lib.instruments.tpu.compiler import compile_fn
     from svg_lib.memory.vmem import estimate_vmem
+    from svg_lib.methods import METHODS
 
     classes = band_classes(tokens)
     nq, nk = classes.shape
@@ -136,10 +137,10 @@ def measure(target: str, tokens: int, heads_list, profile_dir: str) -> list[dict
         schedule = jnp.asarray(tables.schedule)
         for form in FORMS:
             def forward(q, k, v, residuals):
-                return fw.block_sparse_attention(q, k, v, head_kind, schedule, steps=steps, stage="b3", keep=keep,
+                return fw.block_sparse_attention(q, k, v, head_kind, schedule, steps=steps, method=METHODS["b3"], keep=keep,
                                                  vmem_limit_bytes=forward_limit, residuals=residuals, **blocks)
             run = bw.with_backward(forward, tables, backward_limits=lambda form=form: (form, limits[form]),
-                                   stage="b3", keep=keep, **blocks)
+                                   method=METHODS["b3"], keep=keep, **blocks)
             grad = jax.grad(lambda q, k, v: jnp.sum(run(q, k, v).astype(jnp.float32)), argnums=(0, 1, 2))
             for path in glob.glob(os.path.join(profile_dir, "*")):
                 os.remove(path)

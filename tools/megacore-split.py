@@ -103,6 +103,7 @@ def measure(target: str, tokens: int, heads_list, profile_dir: str) -> list[dict
 
     import svg_lib.kernels.forward as fw
     from svg_lib.instruments.tpu.compiler import compile_fn
+    from svg_lib.methods import METHODS
 
     nq, nk = tokens // BLOCK_Q, tokens // BLOCK_KV
     fw.schedule_entry = band_entry(nq, nk)
@@ -121,7 +122,7 @@ def measure(target: str, tokens: int, heads_list, profile_dir: str) -> list[dict
             fw.compiler_params = params_for(form)
 
             def f(head_kind, schedule, q, k, v):
-                return fw.block_sparse_attention(q, k, v, head_kind, schedule, steps=STEPS, stage="b3",
+                return fw.block_sparse_attention(q, k, v, head_kind, schedule, steps=STEPS, method=METHODS["b3"],
                                                  keep=lambda qi, ki: ki < tokens, block_q=BLOCK_Q, block_kv=BLOCK_KV,
                                                  block_kv_compute=BLOCK_KV, interpret=False)
             for path in glob.glob(os.path.join(profile_dir, "*")):

@@ -176,7 +176,7 @@ def skip_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_sta
 
 # -- the observed forward -----------------------------------------------------------------------
 
-def observed_block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, block_q, block_kv,
+def observed_block_sparse_attention(q, k, v, head_kind, schedule, *, steps, method, keep, block_q, block_kv,
                                     block_kv_compute, interpret, vmem_limit_bytes=None, residuals=False,
                                     head_order=None, tile_mass=True, skip_below=None):
     """`forward.block_sparse_attention` (same arguments, same output and lse) with the tile masses
@@ -218,7 +218,7 @@ def observed_block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stag
         body=body,
         start=(lambda step: mass(step).start()) if tile_mass else None,
         finish=finish_mass if tile_mass else None)
-    outs = block_sparse_attention(q, k, v, head_kind, schedule, steps=steps, stage=stage, keep=keep, block_q=block_q,
+    outs = block_sparse_attention(q, k, v, head_kind, schedule, steps=steps, method=method, keep=keep, block_q=block_q,
                                   block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=interpret,
                                   vmem_limit_bytes=vmem_limit_bytes, residuals=residuals, head_order=head_order,
                                   hooks=hooks)

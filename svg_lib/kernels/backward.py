@@ -52,10 +52,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from svg_lib.core.planner import FULL, PARTIAL, KernelTables
+from svg_lib.core.planner import KernelTables
 from svg_lib.kernels.forward import MASK_VALUE, MAX_UNROLLED_CHUNKS, NN, NT, dot, partial_tail, real_part, token_ids
-from svg_lib.kernels.grid import ScheduleRows, dispatch
-from svg_lib.methods import METHODS
+from svg_lib.kernels.grid import ScheduleRows, dispatch, padding_class
+from svg_lib.methods import check_record
 
 TN = (((0,), (0,)), ((), ()))  # dot_general dimensions of a^T @ b: contract both operands' first dims
 
@@ -139,9 +139,9 @@ def _dkv_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, *, k
     jax.lax.fori_loop(0, chunks, chunk, None, unroll=chunks <= MAX_UNROLLED_CHUNKS)  # two small bodies
 
 
-def _step(stage, cls, tile, s, last, accs, outs):
+def _step(method, cls, tile, s, last, accs, outs):
     """One grid step of a backward kernel: the f32 accumulators `accs` zeroed at a row's first step
-    (`s == 0`), `tile(masked)` run for a step of class `cls` the forward's way for `stage`
+    (`s == 0`), `tile(masked)` run for a step of class `cls` the forward's way for `method` (a record)
     (`grid.dispatch`), and each accumulator written to its output block of `outs` at the row's last
     step (`s == last`)."""
     @pl.when(s == 0)
@@ -149,7 +149,7 @@ def _step(stage, cls, tile, s, last, accs, outs):
         for acc in accs:
             acc[...] = jnp.zeros(acc.shape, jnp.float32)
 
-    dispatch(cls, functools.partial(tile, False), functools.partial(tile, True), method=METHODS[stage])
+    dispatch(cls, functools.partial(tile, False), functools.partial(tile, True), method=method)
 
     @pl.when(s == last)
     def _():
@@ -157,26 +157,19 @@ def _step(stage, cls, tile, s, last, accs, outs):
             out[...] = acc[...].astype(out.dtype)
 
 
-def _tile_reader(name, schedule, rows, steps, padding_class):
+def _tile_reader(name, schedule, rows, steps, dense_class):
     """`(prefetch, step_at)`: what a backward kernel scalar-prefetches, and how its grid step (row, s)
     finds the tile it visits and that tile's class, `step_at(prefetch_refs, row, s) -> (tile, class)`.
 
     From a packed schedule (b1, b2, b3; `planner.pack_schedule`): entry `row * steps + s`, half of a
     word. Without one (dense), from the program ids alone, as the dense forward does: tile `s`, class
-    `padding_class(row, s)` (PARTIAL where the tile reaches into key padding). Then the compiler's
+    `dense_class(row, s)` (`grid.padding_class`: PARTIAL where the tile reaches into key padding). Then the compiler's
     static profile, which reads every SMEM value as 0, simulates each step as what it is.
     """
     if schedule is None:
-        return (), lambda prefetch, row, s: (s, padding_class(row, s))
+        return (), lambda prefetch, row, s: (s, dense_class(row, s))
     packed = ScheduleRows.checked(name, schedule, rows=rows, steps=steps)
     return (schedule,), lambda prefetch, row, s: packed.entry(prefetch[0], row, s)
-
-
-def _padding_class(block_kv, tokens):
-    """class of key tile `j` in the dense backward: PARTIAL if it reaches past `tokens`, else FULL."""
-    def padding_class(j):
-        return jnp.where((j + 1) * block_kv > tokens, PARTIAL, FULL)
-    return padding_class
 
 
 def _call(kernel, prefetch, operands, *, grid, in_specs, out_specs, out_shape, scratch, semantics, vmem_limit_bytes,
@@ -196,7 +189,7 @@ def _call(kernel, prefetch, operands, *, grid, in_specs, out_specs, out_shape, s
 _SPLIT_SEMANTICS = ("parallel", "parallel", "arbitrary")
 
 
-def attention_dq(q, k, v, do, lse_rows, di_rows, schedule, *, steps, stage, keep, block_q, block_kv, block_kv_compute,
+def attention_dq(q, k, v, do, lse_rows, di_rows, schedule, *, steps, method, keep, block_q, block_kv, block_kv_compute,
                  interpret, vmem_limit_bytes=None):
     """dq `[heads, tokens, head_dim]` (w.r.t. the pre-scaled q) over the forward's schedule.
 
@@ -207,8 +200,7 @@ def attention_dq(q, k, v, do, lse_rows, di_rows, schedule, *, steps, stage, keep
     heads, q_tokens, head_dim = q.shape
     tokens = k.shape[1]
     nq = -(-q_tokens // block_q)
-    padding = _padding_class(block_kv, tokens)
-    prefetch, step_at = _tile_reader("the forward schedule", schedule, nq, steps, lambda i, s: padding(s))
+    prefetch, step_at = _tile_reader("the forward schedule", schedule, nq, steps, lambda i, s: padding_class(s, block_kv, tokens))
     n = len(prefetch)
 
     def kernel(*refs):
@@ -220,7 +212,7 @@ def attention_dq(q, k, v, do, lse_rows, di_rows, schedule, *, steps, stage, keep
             _dq_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_acc, keep=keep if masked else None,
                      q_start=i * block_q, k_start=kv_tile * block_kv, block_kv_compute=block_kv_compute,
                      kv_tokens=partial_tail(tokens, block_kv))
-        _step(stage, cls, tile, s, steps - 1, [dq_acc], [dq_ref])
+        _step(method, cls, tile, s, steps - 1, [dq_acc], [dq_ref])
 
     row = pl.BlockSpec((None, block_q, head_dim), lambda h, i, s, *tables: (h, i, 0))
     kv = pl.BlockSpec((None, block_kv, head_dim), lambda h, i, s, *tables: (h, step_at(tables, i, s)[0], 0))
@@ -229,7 +221,7 @@ def attention_dq(q, k, v, do, lse_rows, di_rows, schedule, *, steps, stage, keep
                  in_specs=[row, kv, kv, row, per_query, per_query], out_specs=row,
                  out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
                  scratch=[pltpu.VMEM((block_q, head_dim), jnp.float32)], semantics=_SPLIT_SEMANTICS,
-                 vmem_limit_bytes=vmem_limit_bytes, interpret=interpret, name=f"{stage}_attention_dq")
+                 vmem_limit_bytes=vmem_limit_bytes, interpret=interpret, name=f"{method.stage}_attention_dq")
 
 
 def _kv_major(schedule_t, steps_t, block_q, block_kv, tokens, head_dim):
@@ -237,8 +229,7 @@ def _kv_major(schedule_t, steps_t, block_q, block_kv, tokens, head_dim):
     grid row, and read the query tile of each step. Returns (prefetch, step_at, specs): the specs of
     q, k, v, do, lse and D, and of a key tile's own `[block_kv, head_dim]` block."""
     nk = -(-tokens // block_kv)
-    padding = _padding_class(block_kv, tokens)
-    prefetch, step_at = _tile_reader("the transposed schedule", schedule_t, nk, steps_t, lambda j, s: padding(j))
+    prefetch, step_at = _tile_reader("the transposed schedule", schedule_t, nk, steps_t, lambda j, s: padding_class(j, block_kv, tokens))
     q_tile = lambda h, j, s, *tables: (h, step_at(tables, j, s)[0], 0)  # noqa: E731
     row = pl.BlockSpec((None, block_q, head_dim), q_tile)
     kv = pl.BlockSpec((None, block_kv, head_dim), lambda h, j, s, *tables: (h, j, 0))
@@ -246,7 +237,7 @@ def _kv_major(schedule_t, steps_t, block_q, block_kv, tokens, head_dim):
     return prefetch, step_at, [row, kv, kv, row, per_query, per_query], kv
 
 
-def attention_dkv(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, stage, keep, block_q, block_kv,
+def attention_dkv(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, method, keep, block_q, block_kv,
                   block_kv_compute, interpret, vmem_limit_bytes=None):
     """(dk, dv), each `[heads, tokens, head_dim]`, over the transposed schedule.
 
@@ -268,13 +259,13 @@ def attention_dkv(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, stage,
             _dkv_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, keep=keep if masked else None,
                       q_start=q_tile * block_q, k_start=j * block_kv, block_kv_compute=block_kv_compute,
                       q_tokens=partial_tail(q_tokens, block_q), kv_tokens=partial_tail(tokens, block_kv))
-        _step(stage, cls, tile, s, steps_t - 1, [dk_acc, dv_acc], [dk_ref, dv_ref])
+        _step(method, cls, tile, s, steps_t - 1, [dk_acc, dv_acc], [dk_ref, dv_ref])
 
     out = jax.ShapeDtypeStruct(k.shape, k.dtype)
     return _call(kernel, prefetch, (q, k, v, do, lse_rows, di_rows), grid=(heads, -(-tokens // block_kv), steps_t),
                  in_specs=in_specs, out_specs=[kv, kv], out_shape=[out, out],
                  scratch=[pltpu.VMEM((block_kv, head_dim), jnp.float32)] * 2, semantics=_SPLIT_SEMANTICS,
-                 vmem_limit_bytes=vmem_limit_bytes, interpret=interpret, name=f"{stage}_attention_dkv")
+                 vmem_limit_bytes=vmem_limit_bytes, interpret=interpret, name=f"{method.stage}_attention_dkv")
 
 
 def fused_scratch(q_rows, block_q, block_kv, head_dim, dtype):
@@ -317,7 +308,7 @@ def dq_rows(tokens: int) -> int:
     return -(-tokens // 8) * 8
 
 
-def attention_fused(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, stage, keep, block_q, block_kv,
+def attention_fused(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, method, keep, block_q, block_kv,
                     block_kv_compute, interpret, vmem_limit_bytes=None):
     """(dq, dk, dv) in one pass over the transposed schedule: p and ds once per visited tile.
 
@@ -326,7 +317,7 @@ def attention_fused(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, stag
     whole dq, f32 `[nq_pad, head_dim]`, stays in VMEM from the head's first step to its last and
     is written to HBM once, at the head's last step (`write_dq`; hence the key-tile axis is
     "arbitrary": one core walks all of a head's key tiles). Fits where one head's dq does
-    (`estimate_vmem(f"{stage}:fused", ..., q_len=)`, which the case study's size passes at head_dim
+    (`estimate_vmem(f"{method.stage}:fused", ..., q_len=)`, which the case study's size passes at head_dim
     128); `with_backward` runs the two-kernel form where it does not.
     """
     heads, q_tokens, head_dim = q.shape
@@ -350,7 +341,7 @@ def attention_fused(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, stag
                       q_start=q_tile * block_q, k_start=j * block_kv, block_kv_compute=block_kv_compute,
                       dq_acc=dq_acc.at[rows, :], q_tokens=partial_tail(q_tokens, block_q),
                       kv_tokens=partial_tail(tokens, block_kv))
-        _step(stage, cls, tile, s, steps_t - 1, [dk_acc, dv_acc], [dk_ref, dv_ref])
+        _step(method, cls, tile, s, steps_t - 1, [dk_acc, dv_acc], [dk_ref, dv_ref])
 
         @pl.when((j == nk - 1) & (s == steps_t - 1))
         def _():  # the head's dq is complete
@@ -364,11 +355,11 @@ def attention_fused(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, stag
                        out_shape=[pltpu.HBM((heads, dq_rows(q_tokens), head_dim), q.dtype), out, out],
                        scratch=fused_scratch(nq_pad, block_q, block_kv, head_dim, q.dtype),
                        semantics=("parallel", "arbitrary", "arbitrary"), vmem_limit_bytes=vmem_limit_bytes,
-                       interpret=interpret, name=f"{stage}_attention_fused_bwd")
+                       interpret=interpret, name=f"{method.stage}_attention_fused_bwd")
     return (dq if dq.shape[1] == q_tokens else dq[:, :q_tokens]), dk, dv
 
 
-def with_backward(forward, tables: KernelTables | None, *, backward_limits, stage, keep, block_q, block_kv,
+def with_backward(forward, tables: KernelTables | None, *, backward_limits, method, keep, block_q, block_kv,
                   block_kv_compute, interpret):
     """`run(q, k, v)` on pre-scaled `[heads, tokens, head_dim]` arrays, differentiable by `jax.grad`.
 
@@ -385,7 +376,7 @@ def with_backward(forward, tables: KernelTables | None, *, backward_limits, stag
     schedule = schedule_t = None
     if tables is not None:
         schedule, schedule_t = jnp.asarray(tables.schedule), jnp.asarray(tables.schedule_t)
-    common = dict(stage=stage, keep=keep, block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
+    common = dict(method=check_record(method, what="backward method"), keep=keep, block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
                   interpret=interpret)
 
     @jax.custom_vjp

@@ -58,9 +58,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from svg_lib.kernels.grid import Pieces, Schedule, TileSizes, row_block, tile_step_call
-from svg_lib.kernels.refs import KernelRefs
-from svg_lib.methods import PLANNED_METHODS, check_method
+from svg_lib.kernels.grid import DenseSchedule, Pieces, Schedule, TileSizes, row_block, tile_step_call
+from svg_lib.methods import METHODS, PLANNED_METHODS, check_record
 
 # A finite "minus infinity": exp(MASK_VALUE - m) is exactly 0 for any real score m, and
 # unlike -inf it never produces inf - inf = nan in a row that has seen no kept key yet.
@@ -363,17 +362,10 @@ def finish(m_ref, l_ref, acc_ref, o_ref, interpret=False, lse_ref=None):
         lse_ref[...] = jnp.transpose(lse)[:1, :]
 
 
-def _outputs(q, block_q, index_map, residuals):
-    """out_shape and out_specs: the output `[heads, tokens, head_dim]`, and with `residuals` the
-    per-row log-sum-exp `[heads, 1, tokens]` f32, one value per query row, the layout the
-    backward's kernels read (a row that broadcasts down sublanes)."""
-    shaped = _output_blocks(q, block_q, index_map, residuals)
-    shapes, specs = tuple(shape for shape, _ in shaped), tuple(spec for _, spec in shaped)
-    return (shapes, specs) if residuals else (shapes[0], specs[0])
-
-
 def _output_blocks(q, block_q, index_map, residuals):
-    """`[(ShapeDtypeStruct, BlockSpec)]` of the output and, with `residuals`, the log-sum-exp (`_outputs`)."""
+    """`[(ShapeDtypeStruct, BlockSpec)]` of the output `[heads, tokens, head_dim]` and, with `residuals`, the
+    per-row log-sum-exp `[heads, 1, tokens]` f32, one value per query row, the layout the backward's
+    kernels read (a row that broadcasts down sublanes)."""
     heads, tokens, head_dim = q.shape
     shaped = [(jax.ShapeDtypeStruct(q.shape, q.dtype), pl.BlockSpec((None, block_q, head_dim), index_map))]
     if residuals:
@@ -398,68 +390,27 @@ def compiler_params(vmem_limit_bytes):
 
 def dense_flash_attention(q, k, v, *, block_q, block_kv, block_kv_compute, interpret,
                           vmem_limit_bytes=None, residuals=False):
-    """Dense flash attention: every (query tile, key tile) pair, K/V tiles along the grid.
+    """Dense flash attention: every (query tile, key tile) pair, the block-sparse kernels' tile step
+    walking every key tile in order (`grid.DenseSchedule`: from the program ids, no tables).
 
     Only the last key tile can reach past the keys' end, so only it masks (`k < tokens`).
     The test is made at run time even when there is no padding: a branch known at trace
     time would be folded away, and the interpreter's copies with it (see the tile body).
     With `residuals`, returns `(out, lse)`, lse f32 `[heads, 1, q tokens]` for the backward.
     """
-    heads, q_tokens, head_dim = q.shape
     tokens = k.shape[1]
-    nq, nk = -(-q_tokens // block_q), -(-tokens // block_kv)
-    on_cpu = plain_interpreter(interpret)
-
-    def not_padding(q_ids, k_ids):
-        return k_ids < tokens
-
-    refs = KernelRefs(inputs=("q", "k", "v", "key_norm"), outputs=("o", ("lse", residuals)),
-                      scratch=("m", "l", "acc", "flag"))
-
-    def kernel(*, q_ref, k_ref, v_ref, key_norm_ref, o_ref, lse_ref, m_ref, l_ref, acc_ref, flag_ref):
-        h, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-        tile = functools.partial(online_softmax_tile, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
-                                 q_start=i * block_q, k_start=j * block_kv, block_kv_compute=block_kv_compute,
-                                 interpret=on_cpu, kv_tokens=partial_tail(tokens, block_kv),
-                                 unrolled=unrolled_bodies(TileSizes(block_q, block_kv, block_kv_compute)))
-        switch = functools.partial(try_bound, q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_ref[h], on_cpu,
-                                   q_start=i * block_q, q_tokens=partial_tail(q_tokens, block_q))
-
-        @pl.when(j == 0)
-        def _():
-            init_state(m_ref, l_ref, acc_ref, flag_ref)
-
-        masked = (j + 1) * block_kv > tokens  # the tile reaches into key padding
-        pl.when(jnp.logical_not(masked))(lambda: visit(tile, None, flag_ref, switch))
-        pl.when(masked)(lambda: visit(tile, not_padding, flag_ref, switch))
-
-        @pl.when(j == nk - 1)
-        def _():
-            finish(m_ref, l_ref, acc_ref, o_ref, on_cpu, lse_ref)
-
-    out_shape, out_specs = _outputs(q, block_q, lambda h, i, j: (h, i, 0), residuals)
-    return pl.pallas_call(
-        refs.kernel(kernel),
-        grid=(heads, nq, nk),
-        in_specs=[pl.BlockSpec((None, block_q, head_dim), lambda h, i, j: (h, i, 0)),
-                  pl.BlockSpec((None, block_kv, head_dim), lambda h, i, j: (h, j, 0)),
-                  pl.BlockSpec((None, block_kv, head_dim), lambda h, i, j: (h, j, 0)),
-                  pl.BlockSpec(memory_space=pltpu.SMEM)],  # [heads] f32, the whole array
-        out_specs=out_specs,
-        out_shape=out_shape,
-        scratch_shapes=softmax_scratch(block_q, head_dim, bounded=True),
-        compiler_params=compiler_params(vmem_limit_bytes),
-        interpret=interpret,
-        name="dense_flash_attention",
-    )(q, k, v, key_norm_max(k))
+    plan = DenseSchedule(-(-q.shape[1] // block_q), -(-tokens // block_kv), block_kv, tokens)
+    return _flash_call(q, k, v, plan, TileSizes(block_q, block_kv, block_kv_compute), METHODS["dense"],
+                       (lambda q_ids, k_ids: k_ids < tokens,), interpret=interpret,
+                       vmem_limit_bytes=vmem_limit_bytes, residuals=residuals, name="dense_flash_attention")
 
 
 # -- block-sparse: B1, B2, B3 ---------------------------------------------------------------
 
-def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, block_q, block_kv,
+def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, method, keep, block_q, block_kv,
                            block_kv_compute, interpret, vmem_limit_bytes=None, residuals=False, head_order=None,
                            hooks=None, pieces=None):
-    """B1 / B2 / B3 over a planner schedule.
+    """B1 / B2 / B3 over a planner schedule, as `method`'s record (`methods.METHODS`) runs its steps.
 
     schedule: int32 `[ceil(kinds * nq * steps / 2)]` from the planner (`TilePlan.schedule`,
     or `stack_schedules` for several masks): one 16-bit entry per grid step, the key tile to
@@ -484,12 +435,22 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
     `pieces` (`grid.Pieces`): an index map, a step or a tile body to run in place of the library's; a
     replaced tile body runs with the running max only (the bounded max would make its rescaling moot).
     """
-    pieces = Pieces() if pieces is None else pieces
-    record = check_method(stage, PLANNED_METHODS, what="block-sparse stage")
+    record = check_record(method, PLANNED_METHODS, what="block-sparse method")
     keeps = keep if isinstance(keep, tuple) else (keep,)
-    sizes = TileSizes(block_q, block_kv, block_kv_compute)
     plan = Schedule.checked(q.shape, head_kind, schedule, steps=steps, kinds=len(keeps), block_q=block_q,
                             head_order=head_order)
+    name = f"{record.stage}_{'' if hooks is None else hooks.name + '_'}block_sparse_attention"
+    return _flash_call(q, k, v, plan, TileSizes(block_q, block_kv, block_kv_compute), record, keeps,
+                       interpret=interpret, vmem_limit_bytes=vmem_limit_bytes, residuals=residuals, hooks=hooks,
+                       pieces=pieces, name=name)
+
+
+def _flash_call(q, k, v, plan, sizes, record, keeps, *, interpret, vmem_limit_bytes, residuals, name, hooks=None,
+                pieces=None):
+    """The online-softmax forward over `plan` (a `grid.Schedule` or `grid.DenseSchedule`): the tile step's
+    `pallas_call` (`grid.tile_step_call`) given the tile body with its bounded max, its start and its finish."""
+    pieces = Pieces() if pieces is None else pieces
+    block_q, block_kv, block_kv_compute = sizes.block_q, sizes.block_kv, sizes.block_kv_compute
     q_tokens, tokens = q.shape[1], k.shape[1]
     on_cpu = plain_interpreter(interpret)
     unrolled = unrolled_bodies(sizes, len(keeps), mask_free=record.mask_free_body)
@@ -524,5 +485,5 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, stage, keep, 
         outputs=("o", ("lse", residuals)), out_shapes=lambda q_map: _output_blocks(q, block_q, q_map, residuals),
         scratch=("m", "l", "acc", "flag"), scratch_shapes=softmax_scratch(block_q, q.shape[2], bounded=True),
         hooks=hooks, pieces=pieces, compiler_params=compiler_params(vmem_limit_bytes), interpret=interpret,
-        name=f"{stage}_{'' if hooks is None else hooks.name + '_'}block_sparse_attention")
+        name=name)
     return outs[0] if len(outs) == 1 else tuple(outs)

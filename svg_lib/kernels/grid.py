@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -145,6 +146,37 @@ class Schedule:
     def kv_map(self, h, i, s, **tables):
         """The key and value block of grid step (h, i, s): the key tile its entry names."""
         return self.head(h, tables["head_order_ref"]), self.entry(h, i, s, **tables)[0], 0
+
+
+def padding_class(kv_tile, block_kv: int, tokens: int):
+    """The class of key tile `kv_tile` where every tile is visited: PARTIAL if it reaches past `tokens`
+    (into key padding: it masks), else FULL."""
+    return jnp.where((kv_tile + 1) * block_kv > tokens, PARTIAL, FULL)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DenseSchedule:
+    """`Schedule`'s contract for dense attention, read from the program ids with no tables: grid step
+    (h, i, s) visits key tile s of `steps` (every one), of class `padding_class`. The compiler's static
+    profile, which reads SMEM as zeros, then simulates each step as what it is."""
+
+    query_tiles: int
+    steps: int
+    block_kv: int
+    tokens: int
+    head_order = None
+    tables = ()
+    prefetch = (("head_kind", False), ("schedule", False), ("head_order", False))  # absent: None
+    head = staticmethod(Schedule.head)
+
+    def entry(self, h, i, s, **tables):
+        return s, padding_class(s, self.block_kv, self.tokens)
+
+    def q_map(self, h, i, s, **tables):
+        return h, i, 0
+
+    def kv_map(self, h, i, s, **tables):
+        return h, s, 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,6 +306,8 @@ def tile_step_call(schedule: Schedule, sizes: TileSizes, *, q_shape, tile, start
         run = tile(_wrap(pieces.body, hooks.body, step), step)
 
         def masked_tile():  # the predicate of this head's kind (one kind unless routing)
+            if len(keeps) == 1:
+                return run(keeps[0])
             for kind, keep in enumerate(keeps):
                 pl.when(named["head_kind_ref"][head] == kind)(lambda keep=keep: run(keep))
 

@@ -44,6 +44,7 @@ from svg_lib.extensions.observed import observed_block_sparse_attention
 from svg_lib.layers.semantic import (SemanticCentroids, SemanticPlan, check_plan, into_cluster_order, plan_recall,
                                      semantic_plan, tile_budget, tile_means, tile_scores, top_tiles)
 from svg_lib.layers.semantic_clusters import capacities
+from svg_lib.methods import METHODS
 from svg_lib.problem import check_block_kv_compute
 from svg_lib.runtime import default_interpret
 
@@ -136,7 +137,7 @@ def _one_head(tokens, block_q, block_kv, steps, block_kv_compute, interpret, ski
 
     def run(q, k, v, schedule):
         out, masses = observed_block_sparse_attention(q[None], k[None], v[None], jnp.zeros((1,), jnp.int32), schedule,
-                                                      steps=steps, stage="b3", keep=not_padding, block_q=block_q,
+                                                      steps=steps, method=METHODS["b3"], keep=not_padding, block_q=block_q,
                                                       block_kv=block_kv, block_kv_compute=block_kv_compute,
                                                       interpret=interpret, tile_mass=True, skip_below=skip_below)
         return out[0], masses[0]

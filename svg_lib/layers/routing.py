@@ -34,7 +34,7 @@ from svg_lib.kernels.forward import block_sparse_attention
 from svg_lib.kernels.reference import check_qkv
 from svg_lib.memory.smem import check_schedule_fits, schedule_smem
 from svg_lib.memory.vmem import check_fits, estimate_vmem
-from svg_lib.methods import PLANNED_METHODS, check_method
+from svg_lib.methods import METHODS, PLANNED_METHODS, check_method
 from svg_lib.problem import check_block_kv_compute
 from svg_lib.runtime import (check_head_split, default_interpret, detect_runtime, head_split_devices, run_split,
                              shard_heads)
@@ -336,7 +336,7 @@ def build_svg_attention_in_kernel(mask: SVGMask, *, method: str = "b2", heads: i
                         head_order=balance_cores)
     keeps = tuple(p.mask.kernel_predicate(block_q, block_kv) for p in plans)  # b3: key padding only
     schedule = jnp.asarray(stack_schedules(plans))
-    kernel = functools.partial(block_sparse_attention, steps=steps, stage=method, keep=keeps, block_q=block_q,
+    kernel = functools.partial(block_sparse_attention, steps=steps, method=METHODS[method], keep=keeps, block_q=block_q,
                                block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=interpret,
                                vmem_limit_bytes=vmem.vmem_limit_bytes)
 

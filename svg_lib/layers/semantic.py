@@ -65,6 +65,7 @@ from svg_lib.layers.semantic_clusters import (DEFAULT_HALVINGS, DEFAULT_ROUNDS, 
                                               tile_kmeans_labels)
 from svg_lib.memory.budget import check_memory
 from svg_lib.memory.smem import SmemOverflowError, schedule_smem
+from svg_lib.methods import METHODS
 from svg_lib.problem import check_block_kv_compute
 from svg_lib.runtime import default_interpret
 
@@ -450,7 +451,7 @@ def _one_head_b3(*, tokens, head_dim, dtype, block_q, block_kv, block_kv_compute
 
     def forward(q, k, v, schedule, residuals):
         head_kind = jnp.zeros((1,), jnp.int32)  # one head, one kind; made per call, never kept from a trace
-        return block_sparse_attention(q, k, v, head_kind, schedule, steps=steps, stage="b3", keep=not_padding,
+        return block_sparse_attention(q, k, v, head_kind, schedule, steps=steps, method=METHODS["b3"], keep=not_padding,
                                       vmem_limit_bytes=budget.forward_limit, residuals=residuals, **blocks)
 
     @jax.custom_vjp
@@ -466,7 +467,7 @@ def _one_head_b3(*, tokens, head_dim, dtype, block_q, block_kv, block_kv_compute
         form, limits = budget.backward_limits()
         do = do.astype(q.dtype)
         di = jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)[:, None]  # [1, 1, tokens]
-        common = dict(stage="b3", keep=not_padding, **blocks)
+        common = dict(method=METHODS["b3"], keep=not_padding, **blocks)
         if form == "fused":
             dq, dk, dv = attention_fused(q, k, v, do, lse, di, schedule_t, steps_t=steps_t,
                                          vmem_limit_bytes=limits[0], **common)

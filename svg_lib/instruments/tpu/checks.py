@@ -123,7 +123,7 @@ def _check_kernel(estimate: VmemEstimate, limit: int | None):
         classes = record.step_classes([[FULL, PARTIAL], [PARTIAL, FULL]])
         schedule = jnp.asarray(pack_schedule(np.array([[0, 1], [0, 1]]), np.array(classes)))
         head_kind = jnp.zeros((1,), jnp.int32)
-        return (lambda q, k, v: block_sparse_attention(q, k, v, head_kind, schedule, steps=2, stage=e.method,
+        return (lambda q, k, v: block_sparse_attention(q, k, v, head_kind, schedule, steps=2, method=METHODS[e.method],
                                                        keep=band, block_q=bq, block_kv=bkv, block_kv_compute=c,
                                                        interpret=False, vmem_limit_bytes=limit)), shapes
     sa, sm = _splash()
@@ -154,7 +154,7 @@ def _backward_check_kernel(e: VmemEstimate, limit: int | None, tokens: int):
     def keep(q_ids, k_ids):
         return (abs(q_ids - k_ids) <= bkv) & (k_ids < tokens)
 
-    common = dict(stage=stage, keep=keep, block_q=bq, block_kv=bkv, block_kv_compute=c, interpret=False,
+    common = dict(method=METHODS[stage], keep=keep, block_q=bq, block_kv=bkv, block_kv_compute=c, interpret=False,
                   vmem_limit_bytes=limit)
 
     def fn(q, k, v):

@@ -163,7 +163,7 @@ def _svg_predicate(block_q: int, tokens: int):
 
 
 def _matmul_floor_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_start, k_start, block_kv_compute,
-                       interpret=False, bounded=False):
+                       interpret=False, bounded=False, unrolled=frozenset()):
     """The `FLOOR_KIND` body: the tile's two matmuls, chunked and unrolled as the real body
     (`kernels.online_softmax_tile`), with its refs and arguments, and nothing between them."""
     import jax
@@ -199,6 +199,10 @@ def _svg_lib_probe(p: Probe, name: str, target: str = "v6e"):
              RUNNING_KIND: None, FAILING_KIND: None}
     bodies = [b for b in (p.kind, *p.bodies) if b != "idle"]
     bodies = list(dict.fromkeys(bodies))
+    # one body as its own program: every kind unrolled up to MAX_UNROLLED_CHUNKS slices, what a kernel
+    # within the program budget does with its hottest body (`kernels.unrolled_bodies`)
+    one_body_unrolled = (frozenset(kernels.UNROLL_ORDER) if p.block_kv // p.block_kv_compute <= kernels.MAX_UNROLLED_CHUNKS
+                         else frozenset())
 
     def kernel(q_ref, k_ref, v_ref, o_ref, *scratch):
         i, s = pl.program_id(1), pl.program_id(2)
@@ -206,7 +210,7 @@ def _svg_lib_probe(p: Probe, name: str, target: str = "v6e"):
 
         def tile(keep, body=kernels.online_softmax_tile, **kwargs):
             body(q_ref, k_ref, v_ref, *state, keep=keep, q_start=i * p.block_q, k_start=s * p.block_kv,
-                 block_kv_compute=p.block_kv_compute, interpret=False, **kwargs)
+                 block_kv_compute=p.block_kv_compute, interpret=False, unrolled=one_body_unrolled, **kwargs)
 
         def first_step(keep):  # the running max, then the switch to the bound (any key norm will do)
             tile(keep, bounded=False)

@@ -19,6 +19,7 @@ import numpy as np
 
 from svg_lib.kernels.forward import block_sparse_attention, real_part, token_ids
 from svg_lib.kernels.grid import Hooks, Pieces
+from svg_lib.methods import METHODS
 
 MASK_FREE, MASKED = 1, 16  # what a recorded step adds per mask-free / masked tile body run (16: counts add up)
 RECORDED = ("paths", "q_starts", "k_starts")
@@ -176,7 +177,7 @@ def plugged_attention(q, k, v, plan, *, stage: str, keep, pieces: Pieces | None 
     nq, steps = plan.kv_index.shape
     qs = (q * (1.0 / math.sqrt(head_dim))).astype(q.dtype)
     outs = block_sparse_attention(
-        qs, k, v, jnp.zeros((heads,), jnp.int32), jnp.asarray(plan.schedule, jnp.int32), steps=steps, stage=stage,
+        qs, k, v, jnp.zeros((heads,), jnp.int32), jnp.asarray(plan.schedule, jnp.int32), steps=steps, method=METHODS[stage],
         keep=keep, block_q=plan.block_q, block_kv=plan.block_kv,
         block_kv_compute=plan.block_kv if block_kv_compute is None else block_kv_compute, interpret=interpret,
         hooks=recorder(heads, nq, steps) if record else None, pieces=pieces)
