@@ -157,7 +157,10 @@ def body_without_rescale(*refs):
 
 @pytest.mark.parametrize("stage", ["b1", "b2"])
 def test_tile_body(stage):
-    assert np.allclose(forward(stage, Pieces(body=tile_body_piece(body))), LIBRARY[stage], **tolerance("float32"))
+    # the body's float32 matmuls state no precision: on a TPU (interpreted there too) they take one bf16 pass
+    on_tpu = jax.default_backend() == "tpu"
+    assert np.allclose(forward(stage, Pieces(body=tile_body_piece(body))), LIBRARY[stage],
+                       **tolerance("float32", one_bf16_pass=on_tpu))
     assert differs(forward(stage, Pieces(body=tile_body_piece(body_without_rescale))), stage)
 
 

@@ -44,9 +44,9 @@ depends on the activations (`svg_lib.instruments.tpu.cost` models both, from the
 profile of each body: `svg_lib/data/cost_reference.json`, `python -m svg_lib cost`).
 
 Code size. Every `pl.when` branch is compiled, so a kernel carries one copy of the tile body
-per kind it can run, and two of each (running and bounded): B2 holds the most (mask-free and
-masked), B1 the least (masked only). The probes record each body's VLIW bundles beside its cycles
-(`TileCost.bundles`, the committed reference).
+per kind it can run, and two of each (running and bounded): dense, B2 and B3 hold four (mask-free
+and masked), B1 two (masked only). How far each unrolls its loop over key slices is bounded by the
+program size measured fast on a TPU (`unrolled_bodies`, `UNROLL_BUDGET`).
 """
 from __future__ import annotations
 

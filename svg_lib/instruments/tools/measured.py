@@ -122,12 +122,13 @@ def measured_table(block_q: int = 3328, block_kv: int = 1536, *, chip: str = "v5
     head = (f"{'':16}{chip + ' measured':>16}{'spread':>14}{'MXU':>6}{chip + ' model':>11}{'model/meas':>11}"
             f"{'v6e case study':>16}{'v6e model':>11}")
     lines.append(head)
-    first = None
+    first, dates = None, set()
     for method in methods:
         row = shipped_row(method, block_q, block_kv, chip=chip, rows=rows)
         if row is None:
             continue
         first = first or row
+        dates.add(row["date"])
         bkc = row["block_kv_compute"]
         model = predicted_ms(method, chip, block_q, block_kv, bkc)
         model_v6e = predicted_ms(method, "v6e", block_q, block_kv, bkc)
@@ -140,8 +141,10 @@ def measured_table(block_q: int = 3328, block_kv: int = 1536, *, chip: str = "v5
                      f"{cells[4]:>11}{cells[5]:>16}{cells[6]:>11}")
     if first is None:
         return f"nothing measured on a {chip} at {block_q} x {block_kv}"
+    span = sorted(dates)
+    when = span[0] if len(span) == 1 else f"{span[0]} to {span[-1]}"
     lines.append(f"{chip}: {first['device_kind']}, compiled, jax {first['jax']}, libtpu {first['libtpu']}, "
-                 f"{first['date']}; median of {first['repeats']} calls (spread: min-max); MXU: the visited tiles' "
+                 f"{when}; median of {first['repeats']} calls (spread: min-max); MXU: the visited tiles' "
                  f"matmuls at the chip's bf16 peak over the median. model: the compiler's static profile "
                  f"(simulated, clock assumed), summed over the plan.")
     return "\n".join(lines)
