@@ -83,8 +83,9 @@ class Recorder:
 
     def add(self, row: dict):
         row = {**self.run, **row}
+        # the loop compiled is part of the key: "chosen" under a new rule is another program, not a re-run
         key = {k: row.get(k) for k in ("chip", "part", "method", "block_q", "block_kv", "block_kv_compute",
-                                       "unroll", "backward", "what")}
+                                       "unroll", "loop", "unrolled_bodies", "backward", "what")}
         self.data["rows"] = [r for r in self.data["rows"]
                              if {k: r.get(k) for k in key} != key] + [row]
         self.data["rows"].sort(key=lambda r: (r["chip"], r["part"], r.get("block_q") or 0, r.get("block_kv") or 0,
