@@ -174,7 +174,8 @@ def test_a_correct_answer_is_what_the_later_cells_run():
 def _spec_ns(source):
     import jax.numpy as jnp
     from jax.experimental.pallas import tpu as pltpu
-    namespace = {"pl": pl, "pltpu": pltpu, "jnp": jnp}
+    import jax
+    namespace = {"pl": pl, "pltpu": pltpu, "jnp": jnp, "jax": jax}
     exec(source, namespace)
     return namespace["b1_grid_spec"]
 
@@ -206,6 +207,8 @@ def wrong_spec(old, new):
     ("pltpu.VMEM((block_q, 128), jnp.float32),        # m", "pltpu.VMEM((block_q, 1), jnp.float32),        # m",
      "scratch m is VMEM (128, 1) float32, expected VMEM (128, 128) float32"),
     ("                        *more_scratch]", "                        ]", "scratch_shapes has 3 entries, expected 4"),
+    ("pltpu.VMEM((block_q, head_dim), jnp.float32)", "jax.ShapeDtypeStruct((block_q, head_dim), jnp.float32)",
+     "scratch acc is a ShapeDtypeStruct, which says no memory space"),
     ("out_specs=out_specs", "out_specs=[]", "out_specs=out_specs, unchanged"),
     ("out_specs=out_specs", "out_specs=out_specs[0]", "your out_specs is a BlockSpec, not the list"),
 ])

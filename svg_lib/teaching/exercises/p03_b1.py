@@ -512,6 +512,10 @@ def _check_spec(yours, library, tables, *, bq, bkv):
                     "scratch_shapes=[m, l, acc, *more_scratch]: the softmax state yours, the rest the library's")
     for n, (got, lib) in enumerate(zip(scratch, lib_scratch)):
         name = OWN_SCRATCH[n] if n < own else f"more_scratch[{n - own}]"
+        if not hasattr(got, "memory_space"):  # e.g. jax.ShapeDtypeStruct: a shape with no place to live
+            raise _Fail(f"scratch {name} is a {type(got).__name__}, which says no memory space",
+                        "a scratch buffer is declared where it lives: pltpu.VMEM(shape, dtype) "
+                        "(jax.ShapeDtypeStruct describes a call's output, not scratch)")
         same = (tuple(got.shape) == tuple(lib.shape) and np.dtype(got.dtype) == np.dtype(lib.dtype)
                 and str(got.memory_space) == str(lib.memory_space)) if hasattr(got, "shape") else False
         if not same:
