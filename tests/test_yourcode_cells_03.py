@@ -40,7 +40,12 @@ def no_head(h, i, s, schedule_ref, *, steps):
     return 0, schedule_entry(schedule_ref, i * steps + s)[0], 0
 
 
+def two_indices(h, i, s, schedule_ref, *, steps):            # the head left out
+    return schedule_entry(schedule_ref, i * steps + s)[0], 0
+
+
 @pytest.mark.parametrize("wrong, message", [
+    (two_indices, "return three block indices, (head, key tile, 0)"),
     (packed_entry, "the packed entry itself"),
     (transposed, "entry n = i * steps + s"),
     (idle_on_tile_zero, "an idle step must repeat the resident tile"),
@@ -49,6 +54,7 @@ def no_head(h, i, s, schedule_ref, *, steps):
 def test_kv_map_checker_names_the_mistake(wrong, message, capsys):
     result = p03_b1.check_b1_kv_map(wrong)
     assert not result.passed and message in result.message and "expected" in result.message
+    assert "_Fail" not in result.message and "it comes from your code" not in result.message
 
 
 def every_step(i, s, kv_tile, cls, tile, keep, *, block_q, block_kv):        # idle steps too

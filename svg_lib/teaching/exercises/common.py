@@ -57,6 +57,8 @@ def _learner_exception(what: str, exc: BaseException, hints: dict | None = None)
 def _call(fn, what: str, *args, hints: dict | None = None, **kwargs):
     try:
         return fn(*args, **kwargs)
+    except _Fail:  # the checker's own verdict on what the learner's code returned: said as it is
+        raise
     except Exception as exc:  # anything the learner's code raises is a failed case, not a crash
         raise _learner_exception(what, exc, hints) from None
 

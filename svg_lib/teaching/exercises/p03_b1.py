@@ -242,7 +242,7 @@ def _map_table(kv_map, plan, heads):
     schedule = jnp.asarray(plan.schedule, jnp.int32)
     result = jax.jit(jax.vmap(lambda h, i, s: tuple(kv_map(h, i, s, schedule, steps=steps))))(h, i, s)
     if len(result) != 3:
-        raise _Fail(f"your kv_map returned {len(result)} block indices",
+        raise _Fail(f"your kv_map returned {len(result)} block indices, expected 3",
                     "the BlockSpec is (None, block_kv, head_dim): return three block indices, (head, key tile, 0)")
     return [np.broadcast_to(np.asarray(r), (heads * nq * steps,)).reshape(heads, nq, steps) for r in result]
 
