@@ -68,7 +68,7 @@ class Method:
 
     @property
     def mask_free_body(self) -> bool:
-        """Its kernel compiles a mask-free tile body (`forward.tile_bodies`): all but B1, which masks every tile."""
+        """Its kernel compiles a mask-free tile body (`forward.body_copies`): all but B1, which masks every tile."""
         return not self.masks_full_tiles
 
     @property

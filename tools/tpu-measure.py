@@ -180,7 +180,7 @@ def main(argv=None) -> int:
         return float(jnp.max(jnp.abs(got - refs[key])))
 
     chosen_rule = forward.unrolled_bodies
-    forced = {"rolled": set(), "unrolled": {(True, False), (True, True), (False, False), (False, True)},
+    forced = {"rolled": set(), "unrolled": set(forward.UNROLL_ORDER),
               "bounded": {(True, False), (True, True)}, "bounded-free": {(True, False)}}
 
     def set_unroll(setting):

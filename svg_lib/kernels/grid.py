@@ -1,7 +1,7 @@
-"""The tile step of the block-sparse kernels: which key tile a grid step visits, and which body runs it.
+"""The tile step of the forward kernels: which key tile a grid step visits, and which body runs it.
 
-A block-sparse kernel (B1, B2, B3; the routed layer's kinds of head; the observed forward) walks a
-grid `(heads, query tiles, steps)`. At every step it does the same four things, whatever its tile
+A forward kernel (dense, B1, B2, B3; the routed layer's kinds of head; the observed forward) walks a
+grid `(heads, query tiles, steps)`; dense's steps are every key tile in order (`DenseSchedule`, no tables). At every step it does the same four things, whatever its tile
 body computes:
 
     read      the step's entry of the scalar-prefetched schedule: (key tile, class)   `Schedule.entry`
@@ -273,7 +273,7 @@ class Pieces:
     grid_spec: Callable | None = None
 
 
-def tile_step_call(schedule: Schedule, sizes: TileSizes, *, q_shape, tile, start, finish, method: Method, keeps,
+def tile_step_call(schedule: Schedule | DenseSchedule, sizes: TileSizes, *, q_shape, tile, start, finish, method: Method, keeps,
                    inputs, operands, extra_in_specs, outputs, out_shapes, scratch, scratch_shapes, hooks=None,
                    pieces=None, compiler_params, interpret, name):
     """A `pallas_call` over grid `(heads, query tiles, schedule.steps)` running the tile step.

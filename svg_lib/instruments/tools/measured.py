@@ -77,7 +77,8 @@ def shipped_row(method: str, block_q: int, block_kv: int, *, chip: str = "v5e", 
              and "median_ms" in r and r.get("backward") in (None, "fused")]
     if method in BODIES and part == "forward":
         # the loop as the kernel compiles it at the row's key slices; the shipped slices where measured
-        found = [r for r in found if r["block_kv_compute"] == block_kv or BODIES[method] & (row_unrolled(r) or set())
+        # (a row of one slice, or of a loop recorded by name, reads as the kinds its loop unrolled)
+        found = [r for r in found if BODIES[method] & (row_unrolled(r) or frozenset())
                  == unrolled_bodies(TileSizes(block_q, block_kv, r["block_kv_compute"]), 1, METHODS[method].mask_free_body)]
         slices = default_block_kv_compute(block_q, block_kv)
         found = [r for r in found if r["block_kv_compute"] == slices] or found
