@@ -40,7 +40,8 @@ from svg_lib.problem import (BLOG_SWEEP_V6E_MS, BLOG_V6E_MS, PRESETS, BenchConfi
 from svg_lib.runtime import Runtime, chip_devices, default_interpret, detect_runtime  # noqa: E402
 # geometry, masks, the planner (3-D sliding tiles included)
 from svg_lib.core.geometry import (VideoGeometry, inverse_temporal_major_permutation,  # noqa: E402
-                                   temporal_major_permutation, to_frame_major, to_temporal_major)
+                                   temporal_major_permutation)
+from svg_lib.extensions.token_order import to_frame_major, to_temporal_major  # noqa: E402
 from svg_lib.extensions.tile_layout import (TileLayout, from_tile_major,  # noqa: E402
                                             inverse_tile_major_permutation, tile_major_permutation, to_tile_major)
 from svg_lib.core.masks import Mask, RoundingReport, TileAlignedMask, check_block_size

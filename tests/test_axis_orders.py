@@ -13,8 +13,9 @@ import pytest
 
 import svg_lib
 from svg_lib import SVGMask, VideoGeometry, structured_qkv
-from svg_lib.core.geometry import temporal_major_permutation, to_temporal_major
+from svg_lib.core.geometry import temporal_major_permutation
 from svg_lib.extensions.references import attention_float64
+from svg_lib.extensions.token_order import to_temporal_major
 from svg_lib.extensions.tolerances import tolerance
 from svg_lib.layers.axis_orders import (AXIS_ORDERS, axis_order_attention, check_order, from_axis_order,
                                         order_permutation, order_plan, order_tiles, to_axis_order, transpose_bytes)

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from svg_lib.core.geometry import (VideoGeometry, inverse_temporal_major_permutation, temporal_major_permutation,
-                                   to_frame_major, to_temporal_major)
+from svg_lib.core.geometry import VideoGeometry, inverse_temporal_major_permutation, temporal_major_permutation
 from svg_lib.extensions.tile_layout import (TileLayout, from_tile_major, inverse_tile_major_permutation,
                                             tile_major_permutation, to_tile_major)
+from svg_lib.extensions.token_order import to_frame_major, to_temporal_major
 
 # database=None: keep hypothesis from writing a .hypothesis folder into the repository
 FAST = settings(max_examples=40, deadline=None, database=None)

@@ -4,7 +4,8 @@ Token layout used throughout the series (frame-major): the F*S video tokens come
 first, token (frame f, spatial slot s) at index f*S + s, followed by the P text
 tokens (if any) at indices F*S .. F*S+P-1. Putting text last keeps the video
 indices, the band and the first-frame sink in the same coordinates as the
-brief's formulas.
+brief's formulas. Moving `[heads, tokens, head_dim]` arrays into temporal-major order and back (the
+routed layer's) is `svg_lib.extensions.token_order`.
 """
 from __future__ import annotations
 
@@ -79,48 +80,3 @@ def inverse_temporal_major_permutation(geometry: VideoGeometry) -> np.ndarray:
     i = np.arange(V, dtype=np.int64)
     video = (i % S) * F + i // S
     return np.concatenate([video, np.arange(V, geometry.tokens, dtype=np.int64)])
-
-
-def _check_tokens(x, geometry: VideoGeometry, axis: int):
-    if x.ndim < 2:
-        raise ValueError(f"expected an array shaped [heads, tokens, head_dim], got shape {tuple(x.shape)}")
-    if x.shape[axis] != geometry.tokens:
-        raise ValueError(
-            f"array has {x.shape[axis]} tokens on axis {axis} (shape {tuple(x.shape)}) but the "
-            f"geometry {geometry} has {geometry.tokens}")
-
-
-def to_temporal_major(x, geometry: VideoGeometry, axis: int = -2):
-    """Permute `[heads, tokens, head_dim]` (numpy or jax) from frame-major to temporal-major order.
-
-    The same order as `x.take(temporal_major_permutation(geometry), axis)`, computed as a
-    reshape and a transpose: the video tokens `[F * S]` seen as `[F, S]` become `[S, F]`. A
-    gather reads its indices and moves rows one by one; the transpose is a plain strided copy
-    that XLA can fuse with what is around it.
-    """
-    _check_tokens(x, geometry, axis)
-    return _swap_frames(x, geometry, axis, (geometry.frames, geometry.frame_tokens))
-
-
-def to_frame_major(x, geometry: VideoGeometry, axis: int = -2):
-    """Undo `to_temporal_major`: `[heads, tokens, head_dim]` back to frame-major order (`[S, F]` -> `[F, S]`)."""
-    _check_tokens(x, geometry, axis)
-    return _swap_frames(x, geometry, axis, (geometry.frame_tokens, geometry.frames))
-
-
-def _swap_frames(x, geometry: VideoGeometry, axis: int, split: tuple[int, int]):
-    """The video tokens on `axis` seen as `split` = (a, b), transposed to (b, a); text tokens stay last."""
-    axis = axis % x.ndim
-    V = geometry.video_tokens
-    before, after = tuple(x.shape[:axis]), tuple(x.shape[axis + 1:])
-    video = x[(slice(None),) * axis + (slice(0, V),)]
-    video = video.reshape(before + split + after).swapaxes(axis, axis + 1).reshape(before + (V,) + after)
-    if not geometry.text_tokens:
-        return video
-    text = x[(slice(None),) * axis + (slice(V, None),)]
-    if isinstance(x, np.ndarray):
-        return np.concatenate([video, text], axis=axis)
-    import jax.numpy as jnp  # a jax array or tracer: jax's own concatenate
-
-    return jnp.concatenate([video, text], axis=axis)
-

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from svg_lib.core.geometry import VideoGeometry, _check_tokens
+from svg_lib.core.geometry import VideoGeometry
+from svg_lib.extensions.token_order import _check_tokens
 
 @dataclass(frozen=True)
 class TileLayout:
