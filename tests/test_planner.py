@@ -15,7 +15,8 @@ from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.masks import TileAlignedMask
 from svg_lib.core.svg_masks import PermutedMask, SVGMask
 from svg_lib.core.planner import (CLASS_BITS, CLASS_NAMES, EMPTY, FULL, MAX_KV_TILES, PARTIAL, STEP_BITS, TilePlan,
-                             pack_schedule, plan_tiles, stack_schedules, unpack_schedule)
+                             pack_schedule, plan_tiles, unpack_schedule)
+from svg_lib.extensions.stacked_schedules import stack_schedules
 
 FAST = settings(max_examples=30, deadline=None, database=None)
 

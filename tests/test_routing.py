@@ -15,7 +15,7 @@ import pytest
 from svg_lib import (CompileCounter, SVGMask, TemporalMask, VideoGeometry, build_svg_attention,
                      build_svg_attention_in_kernel, compare_temporal_tiles, reference_attention, svg_attention,
                      svg_attention_in_kernel)
-from svg_lib.core.planner import stack_schedules
+from svg_lib.extensions.stacked_schedules import stack_schedules
 from svg_lib.methods import METHODS
 from svg_lib.layers.routing import gather_heads, head_gather_index, permute_heads, plan_kind
 from svg_lib.layers.synthetic import computed_mask

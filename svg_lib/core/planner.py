@@ -232,7 +232,7 @@ def pack_schedule(kv_index: np.ndarray, step_class: np.ndarray) -> np.ndarray:
 
     Step s of row r is entry n = r * steps + s, the 16-bit value `kv_index << CLASS_BITS |
     step_class`, stored in the low half of word n // 2 when n is even and the high half when
-    odd. Rows are query tiles (or, stacked by `stack_schedules`, query tiles of several masks).
+    odd. Rows are query tiles (or, stacked by `extensions.stacked_schedules`, query tiles of several masks).
     """
     kv_index, step_class = np.asarray(kv_index, np.int64), np.asarray(step_class, np.int64)
     if kv_index.shape != step_class.shape or kv_index.ndim != 2:
@@ -265,26 +265,6 @@ def unpack_schedule(schedule: np.ndarray, rows: int, steps: int) -> tuple[np.nda
     """The inverse of `pack_schedule`: the table -> (kv_index, step_class), each `[rows, steps]`."""
     tile, cls = schedule_entry(np.asarray(schedule, np.int32), np.arange(rows * steps))
     return tile.astype(np.int64).reshape(rows, steps), cls.astype(np.int64).reshape(rows, steps)
-
-
-def stack_schedules(plans) -> np.ndarray:
-    """Several plans' schedules as one packed table of `len(plans) * nq` rows of `steps` entries.
-
-    Row `kind * nq + i` is query tile i of `plans[kind]`; `steps` is the largest of the plans'.
-    A shorter plan's extra steps repeat its row's last key tile with class EMPTY: idle steps that
-    fetch and compute nothing, like the planner's own. Used by kernels that pick each head's
-    row by a per-head kind (the in-kernel routing).
-    """
-    plans = list(plans)
-    if not plans or len({p.grid for p in plans}) != 1:
-        raise ValueError(f"stack_schedules needs plans of one tile grid, got {[p.grid for p in plans]}")
-    steps = max(p.steps for p in plans)
-    kv, cls = [], []
-    for p in plans:
-        extra = steps - p.steps
-        kv.append(np.concatenate([p.kv_index, np.repeat(p.kv_index[:, -1:], extra, axis=1)], axis=1))
-        cls.append(np.concatenate([p.step_class, np.full((p.grid[0], extra), EMPTY, np.int8)], axis=1))
-    return pack_schedule(np.concatenate(kv), np.concatenate(cls))
 
 
 def _plan_stats(plan: TilePlan) -> dict:

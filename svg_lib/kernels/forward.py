@@ -413,7 +413,7 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, method, keep,
     """B1 / B2 / B3 over a planner schedule, as `method`'s record (`methods.METHODS`) runs its steps.
 
     schedule: int32 `[ceil(kinds * nq * steps / 2)]` from the planner (`TilePlan.schedule`,
-    or `stack_schedules` for several masks): one 16-bit entry per grid step, the key tile to
+    or `extensions.stacked_schedules` for several masks): one 16-bit entry per grid step, the key tile to
     fetch and its class, two entries to a word; `steps` grid steps per query tile. head_kind:
     int32 `[heads]`, which of the `kinds` schedules (and predicates) head h follows; all zeros
     for one mask. Both are scalar-prefetched into SMEM so the index maps can read them. Grid

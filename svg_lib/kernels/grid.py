@@ -88,7 +88,7 @@ class Schedule:
     """A block-sparse forward's scalar-prefetched tables and their decoder.
 
     `packed`: the `kinds * query_tiles` rows of the kinds' schedules, kind by kind
-    (`planner.stack_schedules`; one kind for one mask). `head_kind` int32 `[heads]`: which kind head h
+    (`extensions.stacked_schedules`; one kind for one mask). `head_kind` int32 `[heads]`: which kind head h
     follows. `head_order`: None, or int32 `[heads]`, a permutation: grid row h runs head
     `head_order[h]`. All of them sit in SMEM, where the kernel and its index maps read them at every step.
     """

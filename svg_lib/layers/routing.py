@@ -28,7 +28,8 @@ from svg_lib.chips import TARGETS, parallel_split
 from svg_lib.core.geometry import inverse_temporal_major_permutation, temporal_major_permutation
 from svg_lib.core.masks import Mask, check_block_size
 from svg_lib.core.svg_masks import SVGMask, TemporalMask
-from svg_lib.core.planner import PARTIAL, plan_tiles, stack_schedules
+from svg_lib.core.planner import PARTIAL, plan_tiles
+from svg_lib.extensions.stacked_schedules import stack_schedules
 from svg_lib.extensions.token_order import to_frame_major, to_temporal_major
 from svg_lib.kernels.forward import block_sparse_attention
 from svg_lib.kernels.reference import check_qkv
