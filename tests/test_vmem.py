@@ -14,6 +14,7 @@ import pytest
 from svg_lib import SVGMask, VideoGeometry, attention
 import svg_lib.memory.vmem as vmem_module
 from svg_lib.environment import libtpu_version
+from svg_lib.extensions.top_level_vmem import compiler_options
 from svg_lib.instruments.tpu import checks
 from svg_lib.chips import TARGETS
 from svg_lib.runtime import Runtime
@@ -93,9 +94,9 @@ def test_splash_limit_and_its_top_level_compiler_options():
     # the same limit for a caller who compiles a bare Splash kernel at the top level
     e = estimate_vmem("splash_dense", **BLOG, generation="v6e")
     assert e.vmem_limit_bytes > TARGETS["v6e"].default_scoped_vmem
-    assert e.compiler_options == {"xla_tpu_scoped_vmem_limit_kib": str(e.vmem_limit_bytes // 2**10)}
+    assert compiler_options(e) == {"xla_tpu_scoped_vmem_limit_kib": str(e.vmem_limit_bytes // 2**10)}
     small = estimate_vmem("splash_dense", 512, 256, 128, jnp.bfloat16, generation="v6e")
-    assert small.vmem_limit_bytes is None and small.compiler_options == {}
+    assert small.vmem_limit_bytes is None and compiler_options(small) == {}
 
 
 def test_capacities_come_from_the_compile_targets():

@@ -7,4 +7,4 @@ semantic and next-plan layers; `bounded_max` replays the forward's bound test fo
 stacks several masks' schedules into one table (both for the routed layer).
 What only the tests, notebooks and checkers read: `tolerances` (the series' tolerances, per dtype), `smem_forms`
 (what each form of the schedule would take in SMEM), `references` (attention and its gradients in
-float64 on the host)."""
+float64 on the host), `top_level_vmem` (the XLA option a bare Splash kernel could take instead)."""

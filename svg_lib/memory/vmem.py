@@ -21,8 +21,8 @@ the total + 2 MiB (capped there) when that exceeds the chip's default scoped lim
 kernel's `CompilerParams(vmem_limit_bytes=...)`: our kernels pass it themselves; Splash, whose
 `make_splash_mha` takes none, gets it in its pallas_calls' CompilerParams by
 `splash.with_vmem_limit`. Either way the limit is part of the traced program, so it holds
-inside a caller's `jax.jit` (a jit's `compiler_options`, `VmemEstimate.compiler_options`, would
-only be accepted on the outermost jit).
+inside a caller's `jax.jit` (a jit's `compiler_options`,
+`svg_lib.extensions.top_level_vmem.compiler_options`, would only be accepted on the outermost jit).
 
 The estimate is conservative, by its intermediates term mostly: where it says "fits" the kernel
 compiles, where the compiler refuses it refuses too, and in between it refuses tiles the compiler
@@ -166,19 +166,6 @@ class VmemEstimate:
             return limit
         # asking for no more than the default would only ever lower it (v4's budget is below it)
         return limit if limit > self.default_scoped else None
-
-    @property
-    def compiler_options(self) -> dict:
-        """XLA options for a top-level `jax.jit(..., compiler_options=...)` raising the default limit.
-
-        The TPU compiler's `xla_tpu_scoped_vmem_limit_kib` raises the chip's default scoped limit
-        (32 MiB on a v6e, 16 MiB on a v5e) for one compiled function; kernels that set
-        vmem_limit_bytes are not affected. svg_lib no longer uses it (jax refuses compiler options
-        on a jit nested inside a caller's, so a model could not call such a kernel): Splash gets
-        `vmem_limit_bytes` in its own CompilerParams (`splash.with_vmem_limit`). Kept for a caller
-        who compiles a bare Splash kernel at the top level."""
-        limit = self.vmem_limit_bytes
-        return {} if limit is None else {"xla_tpu_scoped_vmem_limit_kib": str(limit // KiB)}
 
     def __str__(self) -> str:
         form = f", mask {self.splash_mask}" if self.splash_mask else ""
