@@ -81,7 +81,7 @@ def test_the_notebooks_folder_check_can_fail(tmp_path):
 # the layers above `attention` or the instruments need lives in extensions/. The goal is 3,500 lines;
 # the ceiling is where the core stands now (with grid.Pieces, the learner's way in), lowered as it shrinks.
 LESSON_CORE = ("core", "kernels", "memory", "attention.py")
-LESSON_CORE_GOAL, LESSON_CORE_CEILING = 3_500, 3_719
+LESSON_CORE_GOAL, LESSON_CORE_CEILING = 3_500, 3_642
 
 
 def lesson_core_lines(package: pathlib.Path = PACKAGE) -> dict[str, int]:
