@@ -240,6 +240,14 @@ def test_sweep_problem_in_interpret_mode_is_the_walkthrough_size():
     valid, rejected = check_candidates(p.candidates, tokens=p.geometry.tokens, head_dim=p.head_dim,
                                        dtype=p.dtype, generation="v6e")
     assert {(r["block_q"], r["block_kv"]) for r in rejected} == set(p.bad)   # the grid runs, the bad two do not
+    # on a larger geometry the block_kv past the sequence moves with it: still refused, not run
+    from svg_lib.problem import get_preset
+    small = get_preset("small")
+    q = p.at("small", small.geometry, small.density)
+    assert q.label == "small" and q.mask().tokens == small.tokens and q.sizes == p.sizes
+    valid, rejected = check_candidates(q.candidates, tokens=q.geometry.tokens, head_dim=q.head_dim,
+                                       dtype=q.dtype, generation="v6e")
+    assert {(r["block_q"], r["block_kv"]) for r in rejected} == set(q.bad) and q.bad != p.bad
 
 
 def test_sweep_problem_on_a_tpu_is_blog_shaped_and_fits_a_v5e():
