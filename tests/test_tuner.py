@@ -127,6 +127,10 @@ def test_plots_and_json_round_trip():
     result = fake_result()
     assert result.best["block_kv"] == 256 and result.least_masking["median_ms"] == 3.0
     assert "least masking (0.10 of visited tiles): 128 x 128" in result.table()
+    assert "not the fastest" not in result.table() and "only compiled ones do" in result.table()  # interpret mode
+    result.runtime["mode"] = "compiled"
+    assert "128 x 128 at 3.00 ms - not the fastest" in result.table()
+    result.runtime["mode"] = "interpret"
     fig = result.heatmap()
     ax = fig.axes[0]
     assert ax.get_xlabel() == "block_kv" and ax.get_ylabel() == "block_q"
