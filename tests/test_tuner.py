@@ -127,6 +127,10 @@ def test_plots_and_json_round_trip():
     result = fake_result()
     assert result.best["block_kv"] == 256 and result.least_masking["median_ms"] == 3.0
     assert "least masking (0.10 of visited tiles): 128 x 128" in result.table()
+    assert "not the fastest" not in result.table() and "only compiled ones do" in result.table()  # interpret mode
+    result.runtime["mode"] = "compiled"
+    assert "128 x 128 at 3.00 ms - not the fastest" in result.table()
+    result.runtime["mode"] = "interpret"
     fig = result.heatmap()
     ax = fig.axes[0]
     assert ax.get_xlabel() == "block_kv" and ax.get_ylabel() == "block_q"
@@ -240,6 +244,14 @@ def test_sweep_problem_in_interpret_mode_is_the_walkthrough_size():
     valid, rejected = check_candidates(p.candidates, tokens=p.geometry.tokens, head_dim=p.head_dim,
                                        dtype=p.dtype, generation="v6e")
     assert {(r["block_q"], r["block_kv"]) for r in rejected} == set(p.bad)   # the grid runs, the bad two do not
+    # on a larger geometry the block_kv past the sequence moves with it: still refused, not run
+    from svg_lib.problem import get_preset
+    small = get_preset("small")
+    q = p.at("small", small.geometry, small.density)
+    assert q.label == "small" and q.mask().tokens == small.tokens and q.sizes == p.sizes
+    valid, rejected = check_candidates(q.candidates, tokens=q.geometry.tokens, head_dim=q.head_dim,
+                                       dtype=q.dtype, generation="v6e")
+    assert {(r["block_q"], r["block_kv"]) for r in rejected} == set(q.bad) and q.bad != p.bad
 
 
 def test_sweep_problem_on_a_tpu_is_blog_shaped_and_fits_a_v5e():

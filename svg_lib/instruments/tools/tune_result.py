@@ -61,10 +61,13 @@ class TuneResult:
             lines.append(f"best: block_q={best['block_q']}, block_kv={best['block_kv']}"
                          + (f", block_kv_compute={best['block_kv_compute']}" if best["block_kv_compute"] else "")
                          + f": {best['median_ms']:.2f} ms (median of {self.repeats})")
-            if least is not best:
+            interpret = self.runtime.get("mode") == "interpret"
+            if least is not best or interpret:
+                # in interpret mode the order of the times says nothing about a TPU: no finding from it
                 lines.append(f"least masking ({least['masked_fraction']:.2f} of visited tiles): "
-                             f"{least['block_q']} x {least['block_kv']} at {least['median_ms']:.2f} ms - "
-                             "not the fastest")
+                             f"{least['block_q']} x {least['block_kv']} at {least['median_ms']:.2f} ms"
+                             + ("; interpret-mode times do not rank tile sizes for a TPU, only compiled ones do"
+                                if interpret else " - not the fastest"))
         else:
             lines.append("no candidate could run here")
         lines.append("masked = masked tiles / visited tiles; visited = visited tiles / all tiles; steps = grid "

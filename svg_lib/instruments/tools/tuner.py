@@ -27,7 +27,7 @@ import hashlib
 import json
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +109,11 @@ class SweepProblem:
     def mask(self):
         return SVGMask.spatial(self.geometry, self.density)
 
+    def at(self, label: str, geometry, density: float) -> "SweepProblem":
+        """The same sweep on another geometry and density, its bad candidates rebuilt for that geometry
+        (the block_kv past the padded sequence moves with the token count)."""
+        return replace(self, label=label, geometry=geometry, density=density, bad=_bad_candidates(geometry))
+
     def __str__(self) -> str:
         return (f"{self.geometry}, {self.heads} head{'s' if self.heads != 1 else ''} x {self.head_dim}, {self.dtype}, "
                 f"{len(self.sizes)} x {len(self.sizes)} tile sizes + {len(self.bad)} that cannot run")
@@ -135,9 +140,14 @@ def sweep_problem(runtime) -> SweepProblem:
         sizes, geometry, heads, head_dim, dtype, repeats = ((128, 256, 512), walk.geometry, walk.heads,
                                                            walk.head_dim, "float32", 1)
         label, density = "walkthrough", walk.density
-    too_long = padded_tokens(geometry.tokens) + LANES   # past the padded sequence on any device
     return SweepProblem(label=label, geometry=geometry, density=density, heads=heads, head_dim=head_dim,
-                        dtype=dtype, sizes=sizes, bad=((96, 128), (128, too_long)), repeats=repeats)
+                        dtype=dtype, sizes=sizes, bad=_bad_candidates(geometry), repeats=repeats)
+
+
+def _bad_candidates(geometry) -> tuple:
+    """Two candidates no device runs on `geometry`: a block_q off the lane width, and a block_kv one lane
+    past the padded sequence."""
+    return (96, 128), (128, padded_tokens(geometry.tokens) + LANES)
 
 
 def _normalise(candidate) -> tuple:
