@@ -6,8 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from svg_lib.instruments.tools.measured import (BODIES, best_splash, load_measurements, measured_table,
-                                                shipped_loop, shipped_row, unroll_evidence)
+from svg_lib.instruments.tools.measured import (BODIES, best_splash, fit_code_bytes, load_code_sizes,
+                                                load_measurements, measured_table, program_unrolled, shipped_loop,
+                                                shipped_row, unroll_evidence)
+from svg_lib.kernels.grid import TileSizes
+from svg_lib.methods import METHODS
 from svg_lib.kernels import forward
 from svg_lib.extensions.tolerances import tolerance
 
@@ -27,19 +30,59 @@ def test_every_row_names_its_chip_versions_and_spread():
             assert len(r["times_ms"]) == r["repeats"] >= 3
 
 
+# groups where the rule now compiles a loop no row has timed yet: the next TPU session measures them
+AWAITING_MEASUREMENT = {("b3", 3328, 1024, 512)}
+
+
+def _fast_and_slow(evidence):
+    """{(method, tiles, loop): ms} of the loops in `evidence` that ran fast (within 10 % of their group's fastest)
+    and of those that ran slower (by 15 % or more; none falls between)."""
+    fast, slow = {}, {}
+    for e in evidence:
+        fastest = min(e["ms"].values())
+        for loop, ms in e["ms"].items():
+            key = (e["method"], e["block_q"], e["block_kv"], e["block_kv_compute"], loop)
+            assert ms <= 1.1 * fastest or ms >= 1.15 * fastest, (key, ms, fastest)
+            (fast if ms <= 1.1 * fastest else slow)[key] = ms
+    return fast, slow
+
+
 def test_the_unroll_rule_picks_the_fastest_loop_wherever_several_were_measured():
     evidence = unroll_evidence()
     assert {e["method"] for e in evidence} >= {"dense", "b1", "b2", "b3"}
-    fast_slices = []
+    unmeasured = set()
     for e in evidence:
-        fastest = min(e["ms"].values())
-        assert e["chosen"] in e["ms"], e                      # what the kernel compiles was measured
-        assert e["ms"][e["chosen"]] <= 1.01 * fastest, e       # and is the fastest, within 1 %
-        for loop, ms in e["ms"].items():
-            over = e["slices"][loop] > forward.UNROLL_BUDGET
-            assert (ms >= 2 * fastest) if over else (ms <= 1.1 * fastest), (loop, e)
-            fast_slices += [] if over else [e["slices"][loop]]
-    assert max(fast_slices) == forward.UNROLL_BUDGET  # the budget is the largest program measured fast
+        if e["chosen"] not in e["ms"]:
+            unmeasured.add((e["method"], e["block_q"], e["block_kv"], e["block_kv_compute"]))
+            continue
+        assert e["ms"][e["chosen"]] <= 1.01 * min(e["ms"].values()), e  # the fastest measured, within 1 %
+    assert unmeasured == AWAITING_MEASUREMENT
+    # the budget sorts them: every loop estimated within it ran fast, every one over it slower
+    fast, slow = _fast_and_slow(evidence)
+    estimate = {(e["method"], e["block_q"], e["block_kv"], e["block_kv_compute"], loop): e["code_bytes"][loop]
+                for e in evidence for loop in e["ms"]}
+    assert max(estimate[k] for k in fast) == forward.CODE_BUDGET < min(estimate[k] for k in slow)
+    # and so does the compiler's own count: the largest code that ran fast is smaller than the smallest that did not
+    compiled = {(p["method"], p["block_q"], p["block_kv"], p["block_kv_compute"], program_unrolled(p)): p["code_bytes"]
+                for p in load_code_sizes()}
+    assert max(compiled[k] for k in fast) < min(compiled[k] for k in slow)
+
+
+def test_the_code_size_estimate_is_the_fit_of_the_compilers_sizes():
+    programs = load_code_sizes()
+    fixed, per_row, per_element = fit_code_bytes(programs)
+    assert forward.CODE_FIXED_BYTES == pytest.approx(fixed, rel=1e-3)
+    assert forward.CODE_BYTES_PER_ROW == pytest.approx(per_row, rel=1e-3)
+    assert forward.CODE_BYTES_PER_ELEMENT == pytest.approx(per_element, rel=1e-3)
+    errors = {}
+    for p in programs:
+        sizes = TileSizes(p["block_q"], p["block_kv"], p["block_kv_compute"])
+        estimate = forward.code_bytes(sizes, program_unrolled(p), 1, METHODS[p["method"]].mask_free_body)
+        errors[(p["method"], sizes.block_q, sizes.block_kv, sizes.block_kv_compute)] = estimate / p["code_bytes"] - 1
+    # at the slices the kernels ship (512 and up) never more than 3.5 % under the compiler's count, the side
+    # that would unroll past the budget; most over: B1 rolled (13 %); most under: slices of 384 (11 %)
+    assert min(e for k, e in errors.items() if k[3] >= 512) > -0.035
+    assert max(abs(e) for e in errors.values()) < 0.14
 
 
 def test_shipped_loop_follows_the_kernels_rule():

@@ -213,7 +213,8 @@ def main(argv=None) -> int:
         floor = floor_ms(method, bq, bkv)
         tiles = method_tiles(get_preset("blog", block_q=bq, block_kv=bkv), method)
         row.update({"part": part, "method": method, "block_q": bq, "block_kv": bkv, "block_kv_compute": bkc,
-                    "unroll": unroll, "loop": loop_name(method, sizes, unrolled), "unroll_budget": forward.UNROLL_BUDGET,
+                    "unroll": unroll, "loop": loop_name(method, sizes, unrolled), "code_budget": forward.CODE_BUDGET,
+                    "code_bytes_estimate": forward.code_bytes(sizes, unrolled, 1, METHODS[method].mask_free_body),
                     **({"unrolled_bodies": sorted([["bounded" if b else "running", "masked" if m else "free"]
                                                    for b, m in unrolled])} if loop_name(method, sizes, unrolled)
                        not in (None, "one slice") else {}),

@@ -46,7 +46,7 @@ profile of each body: `svg_lib/data/cost_reference.json`, `python -m svg_lib cos
 Code size. Every `pl.when` branch is compiled, so a kernel carries one copy of the tile body
 per kind it can run, and two of each (running and bounded): dense, B2 and B3 hold four (mask-free
 and masked), B1 two (masked only). How far each unrolls its loop over key slices is bounded by the
-program size measured fast on a TPU (`unrolled_bodies`, `UNROLL_BUDGET`).
+code size measured fast on a TPU (`unrolled_bodies`, `CODE_BUDGET`).
 """
 from __future__ import annotations
 
@@ -66,12 +66,14 @@ from svg_lib.methods import METHODS, PLANNED_METHODS, check_record
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 LANES = 128
 # Code size. Mosaic compiles every `pl.when` branch and lays each vector op out over every vreg of its
-# block, so a tile body's program grows with its score slice, block_q x block_kv_compute, and an
-# unrolled loop holds one copy of it per slice. On a v5e, kernels whose compiled slices summed to more
-# than UNROLL_BUDGET score elements ran 2.5-3x slower, rolled loops and single slices alike (likely the
-# instruction memory overflowing: not verified); within it, unrolling gained 1-7 %
-# (svg_lib/data/tpu_measurements.json, `measured.unroll_evidence`). The static profile, one body, cannot see it.
-UNROLL_BUDGET = 8 * 3328 * 512  # the largest total measured fast
+# block, so a tile body's code grows with its slice, block_q x block_kv_compute, and an unrolled loop
+# holds a copy per slice. On a v5e every forward program compiled past the budget ran slower, most
+# 2.5-3x (rolled and single slices too: likely instruction memory overflowing, not verified); within it
+# unrolling gained 1-7 % (data/tpu_measurements.json, tpu_code_sizes.json; `measured.unroll_evidence`).
+# `code_bytes` prices a program before compiling it: a least-squares fit of the compiler's sizes.
+CODE_FIXED_BYTES, CODE_BYTES_PER_ROW = 395_878, 272.51
+CODE_BYTES_PER_ELEMENT = {(True, False): 0.23009, (True, True): 0.22319, (False, False): 0.31938, (False, True): 0.20647}
+CODE_BUDGET = 4_530_531  # the largest `code_bytes` of a program measured fast
 MAX_UNROLLED_CHUNKS = 3
 # The kinds of tile body, (bounded, masked), in the order they unroll: the hottest first (after a
 # query tile's first step nearly every step runs a bounded body, most of them mask-free).
@@ -84,21 +86,24 @@ def body_copies(masked_kinds: int = 1, mask_free: bool = True) -> dict:
     return {(bounded, masked): masked_kinds if masked else int(mask_free) for bounded, masked in UNROLL_ORDER}
 
 
-def compiled_slices(sizes: TileSizes, unrolled=frozenset(), masked_kinds: int = 1, mask_free: bool = True) -> int:
-    """The score elements a forward kernel's program lays out: a `[block_q, block_kv_compute]` slice per
-    compiled copy of a tile body, `sizes.slices` of them for each body whose loop is `unrolled`."""
-    return sizes.block_q * sizes.block_kv_compute * sum(
-        n * (sizes.slices if kind in unrolled else 1) for kind, n in body_copies(masked_kinds, mask_free).items())
+def code_bytes(sizes: TileSizes, unrolled=frozenset(), masked_kinds: int = 1, mask_free: bool = True) -> int:
+    """The bytes of code a forward kernel compiles to, estimated: a fixed part, a part per query row, and
+    per compiled copy of a tile body its kind's bytes per element of a `[block_q, block_kv_compute]`
+    slice, `sizes.slices` copies for each body whose loop is `unrolled`."""
+    slice_ = sizes.block_q * sizes.block_kv_compute
+    return round(CODE_FIXED_BYTES + CODE_BYTES_PER_ROW * sizes.block_q + slice_ * sum(
+        n * CODE_BYTES_PER_ELEMENT[kind] * (sizes.slices if kind in unrolled else 1)
+        for kind, n in body_copies(masked_kinds, mask_free).items()))
 
 
 def unrolled_bodies(sizes: TileSizes, masked_kinds: int = 1, mask_free: bool = True) -> frozenset:
     """The kinds of tile body, (bounded, masked), whose key-slice loop a forward kernel unrolls: in
-    `UNROLL_ORDER`, each kind the kernel compiles whose unrolling keeps `compiled_slices` within
-    `UNROLL_BUDGET`. Loops of one slice, or of more than `MAX_UNROLLED_CHUNKS`, stay as they are."""
+    `UNROLL_ORDER`, each kind the kernel compiles whose unrolling keeps its `code_bytes` within
+    `CODE_BUDGET`. Loops of one slice, or of more than `MAX_UNROLLED_CHUNKS`, stay as they are."""
     chosen = frozenset()
     if 1 < sizes.slices <= MAX_UNROLLED_CHUNKS:
         for kind, n in body_copies(masked_kinds, mask_free).items():
-            if n and compiled_slices(sizes, chosen | {kind}, masked_kinds, mask_free) <= UNROLL_BUDGET:
+            if n and code_bytes(sizes, chosen | {kind}, masked_kinds, mask_free) <= CODE_BUDGET:
                 chosen |= {kind}
     return chosen
 
@@ -180,7 +185,7 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
     Two choices serve the CPU interpreter, at no cost on a TPU: kernels call this only under
     `pl.when`, and blocks are read inside the loop. Without them the interpreter copies the
     whole q, k and v arrays at every grid step (XLA turns its write-back of a block into a
-    copy). Each unrolled slice is another copy of the body in the program (`UNROLL_BUDGET`).
+    copy). Each unrolled slice is another copy of the body in the program (`CODE_BUDGET`).
     """
     block_q = q_ref.shape[0]
     head_dim = acc_ref.shape[1]

@@ -13,10 +13,12 @@ import functools
 import json
 from pathlib import Path
 
+import numpy as np
+
 from svg_lib.chips import MXUS_FOR_CLOCK, clock_hz
 from svg_lib.core.planner import plan_tiles
 from svg_lib.instruments.tpu.cost import committed_tile_cost, model_cycles
-from svg_lib.kernels.forward import UNROLL_BUDGET, body_copies, compiled_slices, unrolled_bodies
+from svg_lib.kernels.forward import CODE_BUDGET, UNROLL_ORDER, body_copies, code_bytes, unrolled_bodies
 from svg_lib.kernels.grid import TileSizes
 from svg_lib.methods import BASELINE, METHODS, MODEL_METHODS, SERIES_METHODS, check_method
 from svg_lib.problem import BLOG_V6E_MS, default_block_kv_compute, get_preset
@@ -25,6 +27,7 @@ MEASUREMENTS_FILE = Path(__file__).resolve().parents[2] / "data" / "tpu_measurem
 # the kinds of tile body, (bounded, masked), each of the series' kernels compiles for one kind of head
 BODIES = {name: frozenset(kind for kind, n in body_copies(1, METHODS[name].mask_free_body).items() if n)
           for name in SERIES_METHODS}
+CODE_SIZES_FILE = MEASUREMENTS_FILE.parent / "tpu_code_sizes.json"
 LABELS = {"splash_dense": "B0 dense Splash", "dense": "svg_lib dense", "b1": "B1 naive", "b2": "B2 full/edge",
           "b3": "B3 tile-aligned"}
 
@@ -32,6 +35,31 @@ LABELS = {"splash_dense": "B0 dense Splash", "dense": "svg_lib dense", "b1": "B1
 @functools.lru_cache(maxsize=None)
 def _load(path: str) -> tuple:
     return tuple(json.loads(Path(path).read_text())["rows"])
+
+
+def load_code_sizes(path: Path = CODE_SIZES_FILE) -> list[dict]:
+    """Every forward program the record timed, with the bytes of code the compiler made of it
+    (`code_bytes`, compile-only: tools/code-sizes.py)."""
+    return [dict(p) for p in json.loads(Path(path).read_text())["programs"]]
+
+
+def program_unrolled(program: dict) -> frozenset:
+    """The kinds of body, (bounded, masked), a row or program of the records unrolled (`unrolled_bodies`)."""
+    return frozenset((b == "bounded", m == "masked") for b, m in program.get("unrolled_bodies", ()))
+
+
+def fit_code_bytes(programs) -> tuple[float, float, dict]:
+    """The least-squares fit of the compiler's `code_bytes` over `programs` by the terms of
+    `forward.code_bytes`: (fixed bytes, bytes per query row, {kind of body: bytes per score element})."""
+    terms, sizes_out = [], []
+    for p in programs:
+        sizes, unrolled = TileSizes(p["block_q"], p["block_kv"], p["block_kv_compute"]), program_unrolled(p)
+        copies = body_copies(1, METHODS[p["method"]].mask_free_body)
+        terms.append([1.0, sizes.block_q] + [copies[k] * (sizes.slices if k in unrolled else 1) * sizes.block_q
+                                             * sizes.block_kv_compute for k in UNROLL_ORDER])
+        sizes_out.append(p["code_bytes"])
+    fit = np.linalg.lstsq(np.array(terms), np.array(sizes_out, float), rcond=None)[0]
+    return float(fit[0]), float(fit[1]), dict(zip(UNROLL_ORDER, map(float, fit[2:])))
 
 
 def load_measurements(path: Path = MEASUREMENTS_FILE) -> list[dict]:
@@ -61,7 +89,7 @@ def row_unrolled(row: dict) -> frozenset | None:
     `unrolled_bodies` (["bounded" | "running", "masked" | "free"] pairs), or read from its loop where
     it ran all or none; None for Splash and single slices."""
     if "unrolled_bodies" in row:
-        return frozenset((b == "bounded", m == "masked") for b, m in row["unrolled_bodies"])
+        return program_unrolled(row)
     return {"rolled": frozenset(), "unrolled": BODIES.get(row.get("method"))}.get(row.get("loop"))
 
 
@@ -154,7 +182,7 @@ def measured_table(block_q: int = 3328, block_kv: int = 1536, *, chip: str = "v5
 def unroll_evidence(rows=None) -> list[dict]:
     """Every (method, tiles) measured with more than one key-slice loop: each loop's median
     (`{loop: ms}`, the loops by `row_unrolled`, the newest row of each), the kinds of body the kernel
-    now unrolls (`forward.unrolled_bodies`) and its `compiled_slices` with each loop."""
+    now unrolls (`forward.unrolled_bodies`) and its estimated `code_bytes` with each loop."""
     rows = load_measurements() if rows is None else rows
     groups = {}
     for r in rows:
@@ -166,6 +194,6 @@ def unroll_evidence(rows=None) -> list[dict]:
         if len(loops) > 1:
             sizes, free = TileSizes(bq, bkv, bkc), METHODS[method].mask_free_body
             out.append({"method": method, "block_q": bq, "block_kv": bkv, "block_kv_compute": bkc, "ms": loops,
-                        "slices": {u: compiled_slices(sizes, u, 1, free) for u in loops},
-                        "chosen": unrolled_bodies(sizes, 1, free), "budget": UNROLL_BUDGET})
+                        "code_bytes": {u: code_bytes(sizes, u, 1, free) for u in loops},
+                        "chosen": unrolled_bodies(sizes, 1, free), "budget": CODE_BUDGET})
     return out
