@@ -15,7 +15,6 @@ import argparse
 import datetime
 import importlib.metadata as md
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -30,7 +29,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
 
-    from svg_lib.instruments.tools.measured import BODIES, load_measurements, row_unrolled
+    from svg_lib.instruments.tools.measured import BODIES, body_names, load_measurements, row_unrolled
+    from svg_lib.instruments.tools.report import git_commit
     from svg_lib.instruments.tpu.compiler import compile_for_tpu
     from svg_lib.kernels import forward
     from svg_lib.problem import get_preset
@@ -52,8 +52,7 @@ def main(argv=None) -> int:
             print(f"code-sizes: {method} {bq}x{bkv}/{bkc} did not compile: {report.summary}", file=sys.stderr)
             return 1
         rows.append({"method": method, "block_q": bq, "block_kv": bkv, "block_kv_compute": bkc,
-                     "unrolled_bodies": [["bounded" if b else "running", "masked" if m else "free"]
-                                         for b, m in unrolled], "code_bytes": report.code_bytes})
+                     "unrolled_bodies": body_names(unrolled), "code_bytes": report.code_bytes})
         shown.update(1)
     shown.close()
     forward.unrolled_bodies = rule
@@ -67,17 +66,6 @@ def main(argv=None) -> int:
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"code-sizes: {len(rows)} programs written to {args.out}")
     return 0
-
-
-def git_commit() -> str | None:
-    """The checkout's commit (short), with "+ local changes" where its kernels differ from it."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "svg_lib/kernels"], cwd=REPO).returncode
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return head + (" + local changes" if dirty else "")
 
 
 if __name__ == "__main__":

@@ -122,7 +122,7 @@ def main(argv=None) -> int:
     from svg_lib.attention import build_attention
     from svg_lib.chips import TARGETS, parse_tpu_generation
     from svg_lib.instruments.tools.bench import method_tiles, sample_query_rows, sampled_reference
-    from svg_lib.instruments.tools.measured import BODIES, loop_name
+    from svg_lib.instruments.tools.measured import BODIES, body_names, loop_name
     from svg_lib.kernels.grid import TileSizes
     from svg_lib.kernels import forward
     from svg_lib.methods import METHODS
@@ -215,8 +215,7 @@ def main(argv=None) -> int:
         row.update({"part": part, "method": method, "block_q": bq, "block_kv": bkv, "block_kv_compute": bkc,
                     "unroll": unroll, "loop": loop_name(method, sizes, unrolled), "code_budget": forward.CODE_BUDGET,
                     "code_bytes_estimate": forward.code_bytes(sizes, unrolled, 1, METHODS[method].mask_free_body),
-                    **({"unrolled_bodies": sorted([["bounded" if b else "running", "masked" if m else "free"]
-                                                   for b, m in unrolled])} if loop_name(method, sizes, unrolled)
+                    **({"unrolled_bodies": body_names(unrolled)} if loop_name(method, sizes, unrolled)
                        not in (None, "one slice") else {}),
                     "tiles_visited_per_head": tiles["tiles_visited"], "heads": heads, "tokens": n,
                     "mxu_floor_ms": round(floor, 3), "mxu_fraction": round(floor / row["median_ms"], 4),

@@ -43,8 +43,14 @@ def load_code_sizes(path: Path = CODE_SIZES_FILE) -> list[dict]:
     return [dict(p) for p in json.loads(Path(path).read_text())["programs"]]
 
 
+def body_names(kinds) -> list[list[str]]:
+    """Kinds of body, (bounded, masked), as the records write them: sorted ["bounded" | "running", "masked" | "free"]."""
+    return sorted([["bounded" if b else "running", "masked" if m else "free"] for b, m in kinds])
+
+
 def program_unrolled(program: dict) -> frozenset:
-    """The kinds of body, (bounded, masked), a row or program of the records unrolled (`unrolled_bodies`)."""
+    """The kinds of body, (bounded, masked), a row or program of the records unrolled (`unrolled_bodies`,
+    written by `body_names`)."""
     return frozenset((b == "bounded", m == "masked") for b, m in program.get("unrolled_bodies", ()))
 
 
