@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from svg_lib.core.planner import EMPTY, FULL, PARTIAL, pack_schedule, unpack_schedule
-from svg_lib.kernels.grid import Schedule, ScheduleRows, TileSizes
+from svg_lib.kernels.grid import DenseKeyMajor, DenseSchedule, KeyMajor, Schedule, ScheduleRows, TileSizes
 
 
 def test_tile_sizes_are_checked_and_count_their_slices():
@@ -37,3 +37,21 @@ def test_a_forward_schedule_reads_each_head_kind_rows():
     assert plan.q_map(1, 1, 0, **tables) == (1, 1, 0)
     with pytest.raises(ValueError, match="head_kind int32 \\[3\\]"):
         Schedule.checked((3, 200, 64), np.array([0, 1]), pack_schedule(kv, classes), steps=2, kinds=2, block_q=128)
+
+
+def test_the_backward_walks_read_one_kind_and_key_major_trades_the_maps():
+    """The backward's schedules: one kind, no head_kind table (row i of the table); key-major, the entry
+    names the query block and the row is the key block's; dense key-major, key tile j's padding class."""
+    kv = np.array([[0, 1], [1, 1]])
+    classes = np.array([[FULL, PARTIAL], [PARTIAL, EMPTY]])
+    rows = ScheduleRows.checked("the schedule", pack_schedule(kv, classes), rows=2, steps=2)
+    tables = dict(head_kind_ref=None, schedule_ref=rows.table, head_order_ref=None)
+    query_major, key_major = Schedule(None, rows, 2), KeyMajor(None, rows, 2)
+    assert query_major.tables == key_major.tables == (rows.table,)
+    assert query_major.prefetch == (("head_kind", False), "schedule", ("head_order", False))
+    assert [int(query_major.entry(0, 1, s, **tables)[0]) for s in (0, 1)] == [1, 1]
+    assert query_major.q_map(3, 1, 0, **tables) == key_major.kv_map(3, 1, 0, **tables) == (3, 1, 0)
+    assert query_major.kv_map(3, 0, 1, **tables) == key_major.q_map(3, 0, 1, **tables) == (3, 1, 0)
+    dense, dense_t = DenseSchedule(3, 2, 128, 200), DenseKeyMajor(2, 3, 128, 200)  # key tile 1 is padded
+    assert (dense.q_map(0, 2, 1), dense.kv_map(0, 2, 1)) == (dense_t.kv_map(0, 2, 1), dense_t.q_map(0, 2, 1))
+    assert [int(dense_t.entry(0, j, 2)[1]) for j in (0, 1)] == [FULL, PARTIAL] and dense_t.tables == ()

@@ -10,12 +10,12 @@ the VMEM limits `memory.vmem.estimate_vmem` gives for the target. Only the backw
 read (the forward is the same program in both forms).
 
 The static profile reads scalar-prefetched tables as zeros (svg_lib.instruments.tpu.probes), which would
-make every step idle; as tools/megacore-split.py does for the forward, the schedule decoders are
-replaced, for this measurement only, by arithmetic on the step index giving the band's B3 schedules, the
-forward's (per query tile, its key tiles: the forward and the dq kernel) and the transposed one (per key
-tile, its query tiles: the dk/dv and fused kernels), each checked against the planner's. Every step then
-runs the body the real schedule gives it. The cycles are a simulation of the compiled program, nothing
-run; compare them, do not turn them into seconds.
+make every step idle; as tools/megacore-split.py does for the forward, the schedules' one decoder
+(`grid.ScheduleRows.entry`) is replaced, for this measurement only, by arithmetic on the step index
+giving the band's B3 schedules, the forward's (per query tile, its key tiles: the forward and the dq
+kernel) and the transposed one (per key tile, its query tiles: the dk/dv and fused kernels), each
+checked against the planner's. Every step then runs the body the real schedule gives it. The cycles
+are a simulation of the compiled program, nothing run; compare them, do not turn them into seconds.
 
     PYTHONPATH=$PWD python tools/megacore-backward.py [--target v5p] [--tokens 8192 16384] [--out PATH]
 """
@@ -103,6 +103,7 @@ def measure(target: str, tokens: int, heads_list, profile_dir: str) -> list[dict
 
     import svg_lib.kernels.backward as bw
     import svg_lib.kernels.forward as fw
+    from svg_lib.kernels import grid
     from svg_lib.core.planner import KernelTables
     from svg_lib.instruments.tpu.compiler import compile_fn
     from svg_lib.memory.vmem import estimate_vmem
@@ -113,14 +114,12 @@ def measure(target: str, tokens: int, heads_list, profile_dir: str) -> list[dict
     steps, steps_t = check_rows(classes, BLOCK_Q, BLOCK_KV), check_rows(classes.T, BLOCK_KV, BLOCK_Q)
     forward_at = band_rows(nq, nk, BLOCK_Q, BLOCK_KV, steps)
     transposed_at = band_rows(nk, nq, BLOCK_KV, BLOCK_Q, steps_t)
-    # the forward's decoder gets entry (kind * nq + i) * steps + s; the kind (zeros, one mask) is dropped
-    assert steps & (steps - 1) == 0 and nq & (nq - 1) == 0, "steps and nq must be powers of two here"
-    fw.schedule_entry = lambda _ref, n: forward_at((n >> (steps.bit_length() - 1)) & (nq - 1), n & (steps - 1))
-
-    def tile_reader(name, schedule, rows, row_steps, padding_class):
-        step_at = forward_at if rows == nq and row_steps == steps and "transposed" not in name else transposed_at
-        return (schedule,), lambda prefetch, row, s: step_at(row, s)
-    bw._tile_reader = tile_reader
+    # the one decoder (grid.ScheduleRows.entry) reads row r, step s of a table: the forward's and the dq
+    # kernel's rows are query tiles (the forward's r = kind * nq + i, the kind zeros: one mask), the
+    # transposed walk's key tiles; the tables' shapes tell them apart
+    step_at = {(nq, steps): forward_at, (nk, steps_t): transposed_at}
+    assert len(step_at) == 2, "the forward and transposed schedules must differ in shape here"
+    grid.ScheduleRows.entry = lambda rows, _ref, row, s: step_at[rows.rows, rows.steps](row, s)
     # the tables themselves are only shapes here (their values are not read)
     tables = KernelTables((nq, nk), np.zeros(-(-nq * steps // 2), np.int32), steps,
                           np.zeros(-(-nk * steps_t // 2), np.int32), steps_t)

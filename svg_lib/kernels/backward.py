@@ -54,7 +54,9 @@ from jax.experimental.pallas import tpu as pltpu
 
 from svg_lib.core.planner import KernelTables
 from svg_lib.kernels.forward import MASK_VALUE, MAX_UNROLLED_CHUNKS, NN, NT, dot, partial_tail, real_part, token_ids
-from svg_lib.kernels.grid import ScheduleRows, dispatch, padding_class
+from svg_lib.kernels.grid import (DenseKeyMajor, DenseSchedule, KeyMajor, Schedule, ScheduleRows, TileSizes, dispatch,
+                                  library_grid_spec, row_block)
+from svg_lib.kernels.refs import KernelRefs
 from svg_lib.methods import check_record
 
 TN = (((0,), (0,)), ((), ()))  # dot_general dimensions of a^T @ b: contract both operands' first dims
@@ -140,10 +142,9 @@ def _dkv_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, *, k
 
 
 def _step(method, cls, tile, s, last, accs, outs):
-    """One grid step of a backward kernel: the f32 accumulators `accs` zeroed at a row's first step
-    (`s == 0`), `tile(masked)` run for a step of class `cls` the forward's way for `method` (a record)
-    (`grid.dispatch`), and each accumulator written to its output block of `outs` at the row's last
-    step (`s == last`)."""
+    """One grid step of a backward kernel: the f32 accumulators `accs` zeroed at a row's first step (`s == 0`),
+    `tile(masked)` run for a step of class `cls` the forward's way for `method` (a record) (`grid.dispatch`),
+    and each accumulator written to its output block of `outs` at the row's last step (`s == last`)."""
     @pl.when(s == 0)
     def _():
         for acc in accs:
@@ -157,34 +158,34 @@ def _step(method, cls, tile, s, last, accs, outs):
             out[...] = acc[...].astype(out.dtype)
 
 
-def _tile_reader(name, schedule, rows, steps, dense_class):
-    """`(prefetch, step_at)`: what a backward kernel scalar-prefetches, and how its grid step (row, s)
-    finds the tile it visits and that tile's class, `step_at(prefetch_refs, row, s) -> (tile, class)`.
+def _call(schedule, kernel, operands, sizes, *, outputs, out_shape, out_specs, scratch, scratch_shapes, semantics,
+          vmem_limit_bytes, interpret, name):
+    """A backward `pallas_call` walking `schedule` (`grid`'s), laid out as the forward's (`library_grid_spec`):
+    of `operands`, q and do in `[block_q, head_dim]` blocks by its `q_map`, k and v `[block_kv, head_dim]`
+    by its `kv_map`, lse and D in `[1, block_q]` rows of that query tile. `kernel(h, i, s, tile, cls, ins,
+    **refs)` runs grid step (h, i, s): `(tile, cls)` its entry, `ins` the six input refs, then the output and
+    scratch refs by the names `outputs` and `scratch` give; `out_specs(q_block, kv_block)` -> the outputs' blocks."""
+    refs = KernelRefs(prefetch=schedule.prefetch, inputs=_INPUTS, outputs=outputs, scratch=scratch)
+    q_map, kv_map = refs.index_map(schedule.q_map), refs.index_map(schedule.kv_map)
+    q_block, kv_block = (pl.BlockSpec((None, rows, operands[0].shape[2]), index_map)
+                         for rows, index_map in ((sizes.block_q, q_map), (sizes.block_kv, kv_map)))
 
-    From a packed schedule (b1, b2, b3; `planner.pack_schedule`): entry `row * steps + s`, half of a
-    word. Without one (dense), from the program ids alone, as the dense forward does: tile `s`, class
-    `dense_class(row, s)` (`grid.padding_class`: PARTIAL where the tile reaches into key padding). Then the compiler's
-    static profile, which reads every SMEM value as 0, simulates each step as what it is.
-    """
-    if schedule is None:
-        return (), lambda prefetch, row, s: (s, dense_class(row, s))
-    packed = ScheduleRows.checked(name, schedule, rows=rows, steps=steps)
-    return (schedule,), lambda prefetch, row, s: packed.entry(prefetch[0], row, s)
+    def step(**named):
+        h, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+        entry = schedule.entry(h, i, s, **{n: named.pop(n) for n in _TABLES})
+        kernel(h, i, s, *entry, [named.pop(f"{n}_ref") for n in _INPUTS], **named)
 
-
-def _call(kernel, prefetch, operands, *, grid, in_specs, out_specs, out_shape, scratch, semantics, vmem_limit_bytes,
-          interpret, name):
     return pl.pallas_call(
-        kernel,
-        grid_spec=pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=len(prefetch), grid=grid, in_specs=in_specs,
-                                               out_specs=out_specs, scratch_shapes=scratch),
+        refs.kernel(step),
+        grid_spec=library_grid_spec(schedule, sizes, q_shape=operands[0].shape, q_map=q_map, kv_map=kv_map,
+                                    extra_in_specs=[q_block] + [row_block(q_map, sizes.block_q)] * 2,
+                                    out_specs=out_specs(q_block, kv_block), scratch_shapes=scratch_shapes),
         out_shape=out_shape,
         compiler_params=pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=vmem_limit_bytes),
-        interpret=interpret,
-        name=name,
-    )(*prefetch, *operands)
+        interpret=interpret, name=name)(*schedule.tables, *operands)
 
 
+_TABLES, _INPUTS = ("head_kind_ref", "schedule_ref", "head_order_ref"), ("q", "k", "v", "do", "lse", "di")
 # heads and the grid's rows are independent; the last axis carries an accumulator
 _SPLIT_SEMANTICS = ("parallel", "parallel", "arbitrary")
 
@@ -197,44 +198,30 @@ def attention_dq(q, k, v, do, lse_rows, di_rows, schedule, *, steps, method, kee
     schedule: the forward's packed table, `[ceil(nq * steps / 2)]`; None for dense (every key
     tile, `steps` = nk, the one reaching past the end masked).
     """
-    heads, q_tokens, head_dim = q.shape
-    tokens = k.shape[1]
-    nq = -(-q_tokens // block_q)
-    prefetch, step_at = _tile_reader("the forward schedule", schedule, nq, steps, lambda i, s: padding_class(s, block_kv, tokens))
-    n = len(prefetch)
+    tokens, nq = k.shape[1], -(-q.shape[1] // block_q)
+    walk = (DenseSchedule(nq, steps, block_kv, tokens) if schedule is None
+            else Schedule(None, ScheduleRows.checked("the forward schedule", schedule, rows=nq, steps=steps), nq))
 
-    def kernel(*refs):
-        q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_ref, dq_acc = refs[n:]
-        i, s = pl.program_id(1), pl.program_id(2)
-        kv_tile, cls = step_at(refs[:n], i, s)
-
+    def kernel(h, i, s, kv_tile, cls, ins, dq_ref, dq_acc_ref):
         def tile(masked):
-            _dq_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_acc, keep=keep if masked else None,
-                     q_start=i * block_q, k_start=kv_tile * block_kv, block_kv_compute=block_kv_compute,
+            _dq_tile(*ins, dq_acc_ref, keep=keep if masked else None, q_start=i * block_q,
+                     k_start=kv_tile * block_kv, block_kv_compute=block_kv_compute,
                      kv_tokens=partial_tail(tokens, block_kv))
-        _step(method, cls, tile, s, steps - 1, [dq_acc], [dq_ref])
+        _step(method, cls, tile, s, steps - 1, [dq_acc_ref], [dq_ref])
 
-    row = pl.BlockSpec((None, block_q, head_dim), lambda h, i, s, *tables: (h, i, 0))
-    kv = pl.BlockSpec((None, block_kv, head_dim), lambda h, i, s, *tables: (h, step_at(tables, i, s)[0], 0))
-    per_query = pl.BlockSpec((None, 1, block_q), lambda h, i, s, *tables: (h, 0, i))
-    return _call(kernel, prefetch, (q, k, v, do, lse_rows, di_rows), grid=(heads, nq, steps),
-                 in_specs=[row, kv, kv, row, per_query, per_query], out_specs=row,
-                 out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-                 scratch=[pltpu.VMEM((block_q, head_dim), jnp.float32)], semantics=_SPLIT_SEMANTICS,
+    return _call(walk, kernel, (q, k, v, do, lse_rows, di_rows), TileSizes(block_q, block_kv, block_kv_compute),
+                 outputs=("dq",), out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+                 out_specs=lambda q_block, _: q_block, scratch=("dq_acc",),
+                 scratch_shapes=[pltpu.VMEM((block_q, q.shape[2]), jnp.float32)], semantics=_SPLIT_SEMANTICS,
                  vmem_limit_bytes=vmem_limit_bytes, interpret=interpret, name=f"{method.stage}_attention_dq")
 
 
-def _kv_major(schedule_t, steps_t, block_q, block_kv, tokens, head_dim):
-    """What the dk/dv and fused kernels share: they walk the transposed schedule, one key tile per
-    grid row, and read the query tile of each step. Returns (prefetch, step_at, specs): the specs of
-    q, k, v, do, lse and D, and of a key tile's own `[block_kv, head_dim]` block."""
+def _key_major(schedule_t, steps_t, block_kv, tokens):
+    """The dk/dv and fused kernels' walk: the transposed schedule, key-major (dense: every query tile)."""
     nk = -(-tokens // block_kv)
-    prefetch, step_at = _tile_reader("the transposed schedule", schedule_t, nk, steps_t, lambda j, s: padding_class(j, block_kv, tokens))
-    q_tile = lambda h, j, s, *tables: (h, step_at(tables, j, s)[0], 0)  # noqa: E731
-    row = pl.BlockSpec((None, block_q, head_dim), q_tile)
-    kv = pl.BlockSpec((None, block_kv, head_dim), lambda h, j, s, *tables: (h, j, 0))
-    per_query = pl.BlockSpec((None, 1, block_q), lambda h, j, s, *tables: (h, 0, q_tile(h, j, s, *tables)[1]))
-    return prefetch, step_at, [row, kv, kv, row, per_query, per_query], kv
+    if schedule_t is None:
+        return DenseKeyMajor(nk, steps_t, block_kv, tokens)
+    return KeyMajor(None, ScheduleRows.checked("the transposed schedule", schedule_t, rows=nk, steps=steps_t), nk)
 
 
 def attention_dkv(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, method, keep, block_q, block_kv,
@@ -245,26 +232,20 @@ def attention_dkv(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, method
     `[ceil(nk * steps_t / 2)]`: per key tile, the query tiles to visit; None for dense (every
     query tile, `steps_t` = nq).
     """
-    heads, tokens, head_dim = k.shape
-    q_tokens = q.shape[1]
-    prefetch, step_at, in_specs, kv = _kv_major(schedule_t, steps_t, block_q, block_kv, tokens, head_dim)
-    n = len(prefetch)
+    tokens, q_tokens, head_dim = k.shape[1], q.shape[1], k.shape[2]
 
-    def kernel(*refs):
-        q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_ref, dv_ref, dk_acc, dv_acc = refs[n:]
-        j, s = pl.program_id(1), pl.program_id(2)
-        q_tile, cls = step_at(refs[:n], j, s)
-
+    def kernel(h, j, s, q_tile, cls, ins, dk_ref, dv_ref, dk_acc_ref, dv_acc_ref):
         def tile(masked):
-            _dkv_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, keep=keep if masked else None,
-                      q_start=q_tile * block_q, k_start=j * block_kv, block_kv_compute=block_kv_compute,
+            _dkv_tile(*ins, dk_acc_ref, dv_acc_ref, keep=keep if masked else None, q_start=q_tile * block_q,
+                      k_start=j * block_kv, block_kv_compute=block_kv_compute,
                       q_tokens=partial_tail(q_tokens, block_q), kv_tokens=partial_tail(tokens, block_kv))
-        _step(method, cls, tile, s, steps_t - 1, [dk_acc, dv_acc], [dk_ref, dv_ref])
+        _step(method, cls, tile, s, steps_t - 1, [dk_acc_ref, dv_acc_ref], [dk_ref, dv_ref])
 
     out = jax.ShapeDtypeStruct(k.shape, k.dtype)
-    return _call(kernel, prefetch, (q, k, v, do, lse_rows, di_rows), grid=(heads, -(-tokens // block_kv), steps_t),
-                 in_specs=in_specs, out_specs=[kv, kv], out_shape=[out, out],
-                 scratch=[pltpu.VMEM((block_kv, head_dim), jnp.float32)] * 2, semantics=_SPLIT_SEMANTICS,
+    return _call(_key_major(schedule_t, steps_t, block_kv, tokens), kernel, (q, k, v, do, lse_rows, di_rows),
+                 TileSizes(block_q, block_kv, block_kv_compute), outputs=("dk", "dv"), out_shape=[out, out],
+                 out_specs=lambda _, kv_block: [kv_block, kv_block], scratch=("dk_acc", "dv_acc"),
+                 scratch_shapes=[pltpu.VMEM((block_kv, head_dim), jnp.float32)] * 2, semantics=_SPLIT_SEMANTICS,
                  vmem_limit_bytes=vmem_limit_bytes, interpret=interpret, name=f"{method.stage}_attention_dkv")
 
 
@@ -320,40 +301,35 @@ def attention_fused(q, k, v, do, lse_rows, di_rows, schedule_t, *, steps_t, meth
     (`estimate_vmem(f"{method.stage}:fused", ..., q_len=)`, which the case study's size passes at head_dim
     128); `with_backward` runs the two-kernel form where it does not.
     """
-    heads, q_tokens, head_dim = q.shape
-    tokens = k.shape[1]
+    (heads, q_tokens, head_dim), tokens = q.shape, k.shape[1]
     nq_pad, nk = -(-q_tokens // block_q) * block_q, -(-tokens // block_kv)
-    prefetch, step_at, in_specs, kv = _kv_major(schedule_t, steps_t, block_q, block_kv, tokens, head_dim)
-    n = len(prefetch)
 
-    def kernel(*refs):
-        q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_hbm, dk_ref, dv_ref, dq_acc, dk_acc, dv_acc, dq_out, sem = refs[n:]
-        h, j, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-        q_tile, cls = step_at(refs[:n], j, s)
-
+    def kernel(h, j, s, q_tile, cls, ins, dq_ref, dk_ref, dv_ref, dq_acc_ref, dk_acc_ref, dv_acc_ref, dq_out_ref,
+               sem_ref):
         @pl.when((j == 0) & (s == 0))
         def _():
-            dq_acc[...] = jnp.zeros(dq_acc.shape, jnp.float32)
+            dq_acc_ref[...] = jnp.zeros(dq_acc_ref.shape, jnp.float32)
 
         def tile(masked):
             rows = pl.ds(pl.multiple_of(q_tile * block_q, block_q), block_q)
-            _dkv_tile(q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_acc, dv_acc, keep=keep if masked else None,
-                      q_start=q_tile * block_q, k_start=j * block_kv, block_kv_compute=block_kv_compute,
-                      dq_acc=dq_acc.at[rows, :], q_tokens=partial_tail(q_tokens, block_q),
-                      kv_tokens=partial_tail(tokens, block_kv))
-        _step(method, cls, tile, s, steps_t - 1, [dk_acc, dv_acc], [dk_ref, dv_ref])
+            _dkv_tile(*ins, dk_acc_ref, dv_acc_ref, keep=keep if masked else None, q_start=q_tile * block_q,
+                      k_start=j * block_kv, block_kv_compute=block_kv_compute, dq_acc=dq_acc_ref.at[rows, :],
+                      q_tokens=partial_tail(q_tokens, block_q), kv_tokens=partial_tail(tokens, block_kv))
+        _step(method, cls, tile, s, steps_t - 1, [dk_acc_ref, dv_acc_ref], [dk_ref, dv_ref])
 
         @pl.when((j == nk - 1) & (s == steps_t - 1))
-        def _():  # the head's dq is complete
-            write_dq(dq_acc, dq_out, dq_hbm.at[h], sem)
+        def _():  # the head's dq is complete; dq_ref is this call's whole dq in HBM
+            write_dq(dq_acc_ref, dq_out_ref, dq_ref.at[h], sem_ref)
 
     out = jax.ShapeDtypeStruct(k.shape, k.dtype)
     # dq's output is pinned to HBM: left to XLA (`pl.ANY`), a small one may be placed in VMEM, and
     # the compiler's static profile cannot simulate `write_dq`'s copy then (a VMEM-to-VMEM DMA)
-    dq, dk, dv = _call(kernel, prefetch, (q, k, v, do, lse_rows, di_rows), grid=(heads, nk, steps_t),
-                       in_specs=in_specs, out_specs=[pl.BlockSpec(memory_space=pl.ANY), kv, kv],
+    dq, dk, dv = _call(_key_major(schedule_t, steps_t, block_kv, tokens), kernel, (q, k, v, do, lse_rows, di_rows),
+                       TileSizes(block_q, block_kv, block_kv_compute), outputs=("dq", "dk", "dv"),
                        out_shape=[pltpu.HBM((heads, dq_rows(q_tokens), head_dim), q.dtype), out, out],
-                       scratch=fused_scratch(nq_pad, block_q, block_kv, head_dim, q.dtype),
+                       out_specs=lambda _, kv_block: [pl.BlockSpec(memory_space=pl.ANY), kv_block, kv_block],
+                       scratch=("dq_acc", "dk_acc", "dv_acc", "dq_out", "sem"),
+                       scratch_shapes=fused_scratch(nq_pad, block_q, block_kv, head_dim, q.dtype),
                        semantics=("parallel", "arbitrary", "arbitrary"), vmem_limit_bytes=vmem_limit_bytes,
                        interpret=interpret, name=f"{method.stage}_attention_fused_bwd")
     return (dq if dq.shape[1] == q_tokens else dq[:, :q_tokens]), dk, dv

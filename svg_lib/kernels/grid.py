@@ -14,8 +14,9 @@ tile starts and finishes with, its outputs and scratch, and optional `Hooks` tha
 step (the observed forward's tile masses). `Pieces` replaces any of fetch, pick, the tile body and
 the grid spec that lays the call out (`library_grid_spec`) with other code of the same contract
 (the notebooks plug the learner's in); left at None, each is the library's own and the kernel
-traces exactly as without it. The backward reads its schedules through the same
-decoder (`ScheduleRows`) and picks its bodies by the same `dispatch`.
+traces exactly as without it. The backward's kernels walk the same objects (dq the forward's schedule,
+dk/dv and fused the transposed one, `KeyMajor`), laid out by the same `library_grid_spec`, and pick
+their bodies by the same `dispatch`.
 
 The sizes of a tile travel as one value, `TileSizes`: `[block_q, head_dim]` query blocks,
 `[block_kv, head_dim]` key and value blocks, and the `[block_q, block_kv_compute]` score slices a
@@ -85,12 +86,12 @@ class ScheduleRows:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Schedule:
-    """A block-sparse forward's scalar-prefetched tables and their decoder.
+    """A block-sparse forward's (or backward's) scalar-prefetched tables and their decoder.
 
     `packed`: the `kinds * query_tiles` rows of the kinds' schedules, kind by kind
     (`extensions.stacked_schedules`; one kind for one mask). `head_kind` int32 `[heads]`: which kind head h
-    follows. `head_order`: None, or int32 `[heads]`, a permutation: grid row h runs head
-    `head_order[h]`. All of them sit in SMEM, where the kernel and its index maps read them at every step.
+    follows (None, no table: one kind). `head_order`: None, or int32 `[heads]`, a permutation: grid row h
+    runs head `head_order[h]`. All of them sit in SMEM, where the kernel and its index maps read them at every step.
     """
 
     head_kind: object
@@ -122,12 +123,12 @@ class Schedule:
     @property
     def tables(self) -> tuple:
         """What `pallas_call` scalar-prefetches, in the order of `prefetch`."""
-        return (self.head_kind, self.packed.table) + (() if self.head_order is None else (self.head_order,))
+        return tuple(t for t in (self.head_kind, self.packed.table, self.head_order) if t is not None)
 
     @property
     def prefetch(self) -> tuple:
-        """The tables' names for `KernelRefs` (head_order_ref arrives as None without one)."""
-        return ("head_kind", "schedule", ("head_order", self.head_order is not None))
+        """The tables' names for `KernelRefs` (head_kind_ref, head_order_ref arrive as None without one)."""
+        return (("head_kind", self.head_kind is not None), "schedule", ("head_order", self.head_order is not None))
 
     @staticmethod
     def head(h, head_order_ref):
@@ -135,9 +136,9 @@ class Schedule:
         return h if head_order_ref is None else head_order_ref[h]
 
     def entry(self, h, i, s, *, head_kind_ref, schedule_ref, head_order_ref):
-        """(key tile, class) of grid step (h, i, s): entry (kind, i, s) of the table."""
-        kind = head_kind_ref[self.head(h, head_order_ref)]
-        return self.packed.entry(schedule_ref, kind * self.query_tiles + i, s)
+        """(key tile, class) of grid step (h, i, s): entry (kind, i, s) of the table (one kind: row i)."""
+        row = i if head_kind_ref is None else head_kind_ref[self.head(h, head_order_ref)] * self.query_tiles + i
+        return self.packed.entry(schedule_ref, row, s)
 
     def q_map(self, h, i, s, **tables):
         """The query (and output) block of grid step (h, i, s): its head's query tile i."""
@@ -177,6 +178,25 @@ class DenseSchedule:
 
     def kv_map(self, h, i, s, **tables):
         return h, s, 0
+
+
+class KeyMajor(Schedule):
+    """A `Schedule` walked key-major, as the backward's dk/dv and fused kernels walk the transposed schedule
+    (`TilePlan.transposed_tables`): grid `(heads, key tiles, steps)` (`query_tiles` counts its rows), row j's
+    entries the query tiles that visit key tile j. The same reads, the index maps' roles traded: the query
+    block (`q_map`) is the one the entry names, the key and value blocks (`kv_map`) the row's own."""
+
+    q_map, kv_map = Schedule.kv_map, Schedule.q_map
+
+
+class DenseKeyMajor(DenseSchedule):
+    """`DenseSchedule` walked key-major (`KeyMajor`): step (h, j, s) visits query tile s of `steps` (every
+    one), of key tile j's `padding_class` (`query_tiles` counts key tiles, `tokens` the keys)."""
+
+    q_map, kv_map = DenseSchedule.kv_map, DenseSchedule.q_map
+
+    def entry(self, h, j, s, **tables):
+        return s, padding_class(j, self.block_kv, self.tokens)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,10 +255,10 @@ def library_step(step: Step, free: Callable, masked: Callable, *, method: Method
 
 def library_grid_spec(schedule: Schedule, sizes: TileSizes, *, q_shape, q_map, kv_map, extra_in_specs, out_specs,
                       scratch_shapes):
-    """The tile step's `PrefetchScalarGridSpec`, by the library: the schedule's tables scalar-prefetched,
-    grid `(heads, query tiles, steps)`, then the `[block_q, head_dim]` query block by `q_map` and the
-    `[block_kv, head_dim]` key and value blocks by `kv_map` (the head squeezed away), the kernel's
-    other inputs (`extra_in_specs`), its outputs' blocks and its scratch, as the builder hands them over."""
+    """The tile step's `PrefetchScalarGridSpec`, by the library: the schedule's tables scalar-prefetched, grid
+    `(heads, query tiles, steps)` (key tiles, `KeyMajor`), then the `[block_q, head_dim]` query block by `q_map`
+    and the `[block_kv, head_dim]` key and value blocks by `kv_map` (the head squeezed away), the kernel's other
+    inputs (`extra_in_specs`), its outputs' blocks and its scratch, as the builder hands them over."""
     heads, _, head_dim = q_shape
     return pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=len(schedule.tables),
