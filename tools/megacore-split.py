@@ -8,7 +8,7 @@ Forms (all the same kernel, `svg_lib.kernels.forward.block_sparse_attention`, it
   one_core        no "parallel" axis: one core runs every step (the reference)
 
 The static profile reads scalar-prefetched tables as zeros (svg_lib.instruments.tpu.probes), which would
-make every step idle; here the schedule's decoder (`forward.schedule_entry`) is replaced, for this
+make every step idle; here the schedule's decoder (`grid.ScheduleRows.entry`) is replaced, for this
 measurement only, by arithmetic on the step index that gives the B3 schedule of a band mask (checked
 against the planner's schedule below), so every step runs the body the real schedule gives it. The
 profile's cycles are a simulation of the compiled program, nothing run; compare them, do not turn them
@@ -39,7 +39,7 @@ NOTE = (
     "One number per kernel: the simulated cycles of one call, which halve where the grid's parallel steps"
     ' split between the two TensorCores. The profile cannot be trusted for scalar-prefetched table values'
     ' (the probes found zeros; here, with one head, the kind read was not 0), so the schedule decoder '
-    "(forward.schedule_entry) was replaced, for this measurement only, by arithmetic giving the band's B3"
+    "(grid.ScheduleRows.entry) was replaced, for this measurement only, by arithmetic giving the band's B3"
     " schedule (checked against the planner's); every step runs the body the real schedule gives it. "
     'Profiling aborts (an instruction the profiler does not simulate) where heads x nq is odd and all of '
     'it is parallel, so nq is a power of two here; such grids compile. Result (v5p, 8k-32k tokens): a '
@@ -102,11 +102,13 @@ def measure(target: str, tokens: int, heads_list, profile_dir: str) -> list[dict
     from jax.experimental.pallas import tpu as pltpu
 
     import svg_lib.kernels.forward as fw
+    from svg_lib.kernels import grid
     from svg_lib.instruments.tpu.compiler import compile_fn
     from svg_lib.methods import METHODS
 
     nq, nk = tokens // BLOCK_Q, tokens // BLOCK_KV
-    fw.schedule_entry = band_entry(nq, nk)
+    entry = band_entry(nq, nk)  # the one decoder, grid.ScheduleRows.entry, reads entry row * steps + s
+    grid.ScheduleRows.entry = lambda rows, ref, row, s: entry(ref, row * rows.steps + s)
     original_params = fw.compiler_params
 
     def params_for(form):
