@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from svg_lib.chips import TARGETS
 from svg_lib.core.planner import KernelTables, TilePlan
 from svg_lib.memory.smem import SmemEstimate, SmemOverflowError, check_schedule_fits, estimate_smem
-from svg_lib.memory.vmem import VmemEstimate, check_fits, estimate_vmem, tpu_memory
+from svg_lib.memory.vmem import VmemEstimate, check_fits, estimate_vmem
 from svg_lib.methods import METHODS
+from svg_lib.runtime import tpu_memory
 
 BACKWARD_FORMS = ("fused", "split")
 # On a megacore chip (v4, v5p: two TensorCores, one jax device) the split backward's cycles per head, as a

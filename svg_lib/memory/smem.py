@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from svg_lib.core.masks import TileAlignedMask
 from svg_lib.core.planner import plan_tiles
 from svg_lib.environment import installed_version
-from svg_lib.memory.vmem import tpu_memory
 from svg_lib.problem import PALLAS_METHODS, check_method
+from svg_lib.runtime import tpu_memory
 
 KiB, MiB = 2**10, 2**20
 WORD = 4                 # SMEM holds 32-bit words; scalar prefetch wants int32
@@ -97,7 +97,7 @@ class SmemEstimate:
 def smem_capacity(generation: str | None = None) -> tuple[str, int]:
     """(generation, SMEM bytes per core); the attached TPU's (or the offline v6e's) when None.
 
-    From the same table as VMEM (`svg_lib.memory.vmem.tpu_memory`: the compile targets, or
+    From the same table as VMEM (`svg_lib.runtime.tpu_memory`: the compile targets, or
     `pltpu.get_tpu_info()` on an attached TPU)."""
     memory = tpu_memory(generation)
     if not memory.smem_bytes:
