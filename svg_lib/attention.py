@@ -5,7 +5,7 @@ It validates inputs, scales q and turns the mask into the tables the chosen kern
 partial, their tails neutralised where they are read: `kernels.forward.real_part`); only Splash gets copies padded to
 whole tiles, and its output sliced. Built kernels are cached, so calling it twice with an
 equal mask (the same one, or one built again from the same parameters: `Mask.cache_key`) and
-shapes traces and plans once.
+shapes traces and plans once (`svg_lib.cache.cached_build`).
 
 Every method works inside a caller's `jax.jit` and `jax.grad`: the kernels carry their VMEM
 limits in their own pallas_calls' compiler parameters (Splash's through `splash.with_vmem_limit`),
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import functools
 import math
-from collections import OrderedDict
 
 import numpy as np
 
+from svg_lib.cache import cached_build
 from svg_lib.core.masks import Mask, TileAlignedMask, check_block_size
 from svg_lib.core.planner import plan_tiles
 from svg_lib.kernels.backward import with_backward
@@ -32,8 +32,6 @@ from svg_lib.problem import check_block_kv_compute
 from svg_lib.runtime import check_head_split, default_interpret, head_split_devices, run_split, shard_heads
 
 METHODS = tuple(TABLE)
-_CACHE: OrderedDict = OrderedDict()
-_CACHE_SIZE = 32
 
 
 def b3_mask(mask: Mask, block_q: int, block_kv: int) -> TileAlignedMask:
@@ -242,38 +240,3 @@ def attention(q, k, v, mask: Mask | None = None, *, method: str, block_q: int = 
     fn = cached_build(build_attention, mask, q, method=method, block_q=block_q, block_kv=block_kv,
                       block_kv_compute=block_kv_compute, interpret=interpret, devices=devices, backward=backward)
     return fn(q, k, v) if devices is None else run_split(fn, devices, q, k, v)
-
-
-def cached_build(builder, mask, q, **config):
-    """`builder(mask, heads=, tokens=, head_dim=, dtype=, **config)` for q's shape, built once and kept.
-
-    A small LRU keyed by the builder, the mask's value (`mask_cache_key`), q's shape and dtype
-    and `config`, so calling `attention(...)` again with an equal mask and the same shapes
-    plans and traces once, even when the mask was built again (`preset.mask()` per call).
-    """
-    heads, tokens, head_dim = (int(s) for s in q.shape)
-    key = (builder.__qualname__, mask_cache_key(mask), heads, tokens, head_dim, str(q.dtype),
-           tuple(sorted((name, repr(value)) for name, value in config.items())))
-    entry = _CACHE.get(key)
-    if entry is None or (key[1][0] == "identity" and entry[0] is not mask):
-        import jax
-
-        # Called under jit or grad, the builder's constant arrays (schedule tables, masks) would
-        # be tracers of that trace, and the cached function would leak them into later calls:
-        # build them as concrete arrays instead.
-        with jax.ensure_compile_time_eval():
-            fn = builder(mask, heads=heads, tokens=tokens, head_dim=head_dim, dtype=q.dtype, **config)
-        entry = (mask, fn)  # holding the mask keeps an identity key's id(mask) from being reused
-        _CACHE[key] = entry
-        while len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
-    _CACHE.move_to_end(key)
-    return entry[1]
-
-
-def mask_cache_key(mask) -> tuple:
-    """How `cached_build` tells masks apart: ("value", mask.cache_key()) for a mask that names its
-    contents (every svg_lib mask), else ("identity", id(mask)) (a Mask subclass defined elsewhere,
-    whose parameters svg_lib cannot know: it is reused only when passed again itself)."""
-    key = None if mask is None else getattr(mask, "cache_key", lambda: None)()
-    return ("value", key) if mask is None or key is not None else ("identity", id(mask))
