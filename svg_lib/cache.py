@@ -4,7 +4,8 @@
 when XDG_CACHE_HOME is unset). Entries are JSON files named by a digest of their key, written
 atomically, since two processes (test workers, two notebooks) may store the same entry at once.
 In memory, for this process only: the attention functions `attention(...)` and the routed layers
-built (`cached_build`). Standard library only at import (jax is imported when a function is built).
+built (`cached_build`), keyed by a mask's value (`content_key` digests the tables a mask holds).
+Standard library only at import (jax is imported when a function is built).
 """
 from __future__ import annotations
 
@@ -30,6 +31,16 @@ def cache_dir(kind: str) -> Path:
 def key_digest(key: dict) -> str:
     """A file name for `key`: the first 24 hex digits of the SHA-256 of its sorted JSON."""
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def content_key(array) -> tuple:
+    """A value key for a NumPy table (a mask's table: `Mask.cache_key`): dtype, shape and a 128-bit
+    digest of its bytes, in C order whatever the array's layout.
+
+    A digest rather than the bytes themselves keeps keys small (a permutation of 75,600 tokens
+    is 600 KB); hashing it costs about a millisecond, and is done each time a key is asked for.
+    """
+    return array.dtype.str, array.shape, hashlib.blake2b(array.tobytes(), digest_size=16).hexdigest()
 
 
 def write_json_atomic(path: Path, data: dict) -> bool:

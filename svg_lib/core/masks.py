@@ -19,10 +19,11 @@ read from its attributes when asked for.
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import numpy as np
+
+from svg_lib.cache import content_key
 
 LANES = 128  # TPU vector lane width: block sizes and band widths are multiples of it
 DENSE_LIMIT_TOKENS = 16_384  # to_dense() refuses beyond this: 16k x 16k bools is already 256 MiB
@@ -80,16 +81,6 @@ def warn_density_floor(mask, stacklevel: int = 3) -> None:
         import warnings
 
         warnings.warn(note, DensityFloorWarning, stacklevel=stacklevel)
-
-
-def _content_key(array) -> tuple:
-    """A value key for a numpy table: dtype, shape and a 128-bit digest of its bytes.
-
-    A digest rather than the bytes themselves keeps keys small (a permutation of 75,600 tokens
-    is 600 KB); hashing it costs about a millisecond, and is done each time a key is asked for.
-    """
-    a = np.ascontiguousarray(array)
-    return a.dtype.str, a.shape, hashlib.blake2b(a.tobytes(), digest_size=16).hexdigest()
 
 
 def _is_numpy(*xs) -> bool:
@@ -315,7 +306,7 @@ class TileAlignedMask(Mask):
 
     def cache_key(self):
         # the kept tiles define it; `source` and `report` only say where they came from
-        return type(self), self.tokens, self.block_q, self.block_kv, _content_key(self.kept)
+        return type(self), self.tokens, self.block_q, self.block_kv, content_key(self.kept)
 
     def keep(self, q, k):
         n = self.tokens
