@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from svg_lib.cache import cached_build
-from svg_lib.core.masks import Mask, TileAlignedMask, check_block_size
+from svg_lib.core.masks import Mask, TileAlignedMask, check_block_size, padding_only
 from svg_lib.core.planner import plan_tiles
 from svg_lib.kernels.backward import with_backward
 from svg_lib.kernels.forward import block_sparse_attention, dense_flash_attention
@@ -125,7 +125,7 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
     elif not record.planned:
         forward = functools.partial(dense_flash_attention, vmem_limit_bytes=budget.forward_limit, **blocks)
         run = with_backward(lambda q, k, v, residuals: forward(q, k, v, residuals=residuals), None,
-                            backward_limits=budget.backward_limits, method=record, keep=_not_padding(tokens),
+                            backward_limits=budget.backward_limits, method=record, keep=padding_only(tokens),
                             **blocks)
     else:
         keep = kernel_mask.kernel_predicate(block_q, block_kv)
@@ -169,13 +169,6 @@ def padded(run, *, tokens: int, q_len: int, kv_len: int):
         return run(jnp.pad(q, pad_q), jnp.pad(k, pad_kv), jnp.pad(v, pad_kv))[:, :tokens]
 
     return f
-
-
-def _not_padding(tokens: int):
-    """The predicate of a tile that only needs key padding masked."""
-    def not_padding(q_ids, k_ids):
-        return k_ids < tokens
-    return not_padding
 
 
 def _rows_zeroed(kernel, rows):

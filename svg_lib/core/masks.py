@@ -46,6 +46,14 @@ def check_block_size(name: str, value) -> int:
     return int(value)
 
 
+def padding_only(tokens: int):
+    """The `keep` of a tile whose pairs are all kept but for key padding (a whole kept tile, dense
+    attention's tiles): keys at or past `tokens` are masked, nothing else."""
+    def not_padding(q_ids, k_ids):
+        return k_ids < tokens
+    return not_padding
+
+
 FAR_ABOVE = 4.0  # a mask keeping more than this many times the density asked for says why (DensityFloorWarning)
 
 
@@ -322,11 +330,7 @@ class TileAlignedMask(Mask):
             raise ValueError(f"this TileAlignedMask is made of {self.block_q}x{self.block_kv} tiles; a kernel with "
                              f"{block_q}x{block_kv} blocks would need a table lookup per element. Use the same "
                              "block sizes (or method='b3', which rounds to its own blocks)")
-        tokens = self.tokens
-
-        def not_padding(q, k):  # the schedule visits only kept tiles: inside them only padding is masked
-            return k < tokens
-        return not_padding
+        return padding_only(self.tokens)  # the schedule visits only kept tiles: inside them only padding is masked
 
     def tile_aligned(self, block_q: int, block_kv: int, policy: str = "balanced") -> "TileAlignedMask":
         block_q = check_block_size("block_q", block_q)
