@@ -1,8 +1,9 @@
 """Where the code runs: `detect_runtime()` tells a notebook whether Pallas TPU kernels will
 compile (on a TPU) or run in interpret mode (everywhere else), so a notebook never hard-codes a
 device; `tpu_memory()` says how much VMEM and SMEM the TPU planned for has (the attached one, or a
-v6e off TPU), what `svg_lib.memory`'s estimates are held against. The problem sizes the series uses
-(presets) live in `svg_lib.problem`.
+v6e off TPU), what `svg_lib.memory`'s estimates are held against; `split_backward_is_faster` which
+backward keeps a megacore's two TensorCores busy. The problem sizes the series uses (presets) live in
+`svg_lib.problem`.
 
 jax is imported inside functions only: importing this module stays cheap.
 """
@@ -149,6 +150,45 @@ def tpu_generation() -> str:
 
     Raises a RuntimeError on a TPU we do not recognise (see `attached_tpu_memory`)."""
     return tpu_memory(None).generation
+
+
+def smem_capacity(generation: str | None = None) -> tuple[str, int]:
+    """(generation, SMEM bytes per core); the attached TPU's (or the offline v6e's) when None.
+
+    From the same table as VMEM (`tpu_memory`: the compile targets, or
+    `pltpu.get_tpu_info()` on an attached TPU)."""
+    memory = tpu_memory(generation)
+    if not memory.smem_bytes:
+        raise ValueError(f"no SMEM capacity known for TPU generation {memory.generation!r} ({memory.source})")
+    return memory.generation, memory.smem_bytes
+
+
+# -- a megacore's two TensorCores (v4, v5p: one jax device): which backward keeps both busy ------
+
+# On a megacore chip (v4, v5p: two TensorCores, one jax device) the split backward's cycles per head, as a
+# fraction of the fused backward's for one head: 0.699 to 0.707 by the static profile of a v5p, rounded up
+# (CONTRIBUTING.md, "Fused or split backward on a megacore").
+MEGACORE_SPLIT_PER_HEAD = 0.71
+
+
+def split_backward_is_faster(heads: int, generation: str | None) -> bool:
+    """Whether the split backward beats the fused one for `heads` heads on `generation` (None: the
+    attached TPU, or the offline v6e), by the static profile's figures.
+
+    Only a megacore chip (`TpuTarget.megacore`: v4, v5p) can differ: its two TensorCores share the
+    steps of a kernel's "parallel" grid axes. The fused kernel has only its head axis parallel, so its
+    heads split between the cores, ceil(heads / 2) of them on the busier one; the split kernels have
+    heads and tiles parallel, so both cores share every head, at 0.71 of one head's fused cycles per
+    head (`MEGACORE_SPLIT_PER_HEAD`: the dq and dk/dv kernels do 7 matmuls per tile against the fused
+    kernel's 5, halved). Split wins where heads x 0.71 < ceil(heads / 2): one head only. A v4, the other
+    megacore, takes the v5p's figures: its static profile aborts in libtpu 0.0.42.1 (the profiler's DMA
+    latency model). On every other chip each TensorCore is its own device and the fused backward stays
+    the faster one.
+    """
+    target = TARGETS.get(tpu_memory(generation).generation)
+    if target is None or not target.megacore:
+        return False
+    return heads * MEGACORE_SPLIT_PER_HEAD < -(-heads // 2)
 
 
 # -- a v7x chip's two TensorCores: two jax devices, heads split between them ----------------------

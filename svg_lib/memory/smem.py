@@ -31,7 +31,7 @@ from svg_lib.core.masks import TileAlignedMask
 from svg_lib.core.planner import plan_tiles
 from svg_lib.environment import installed_version
 from svg_lib.problem import PALLAS_METHODS, check_method
-from svg_lib.runtime import tpu_memory
+from svg_lib.runtime import smem_capacity
 
 KiB, MiB = 2**10, 2**20
 WORD = 4                 # SMEM holds 32-bit words; scalar prefetch wants int32
@@ -92,17 +92,6 @@ class SmemEstimate:
                           for name, shape, b in self.tables)
         return (f"{self.total / KiB:,.1f} KiB of SMEM ({parts}, fixed {self.fixed / KiB:.1f} KiB); "
                 f"{self.generation} has {self.capacity / KiB:,.0f} KiB per core")
-
-
-def smem_capacity(generation: str | None = None) -> tuple[str, int]:
-    """(generation, SMEM bytes per core); the attached TPU's (or the offline v6e's) when None.
-
-    From the same table as VMEM (`svg_lib.runtime.tpu_memory`: the compile targets, or
-    `pltpu.get_tpu_info()` on an attached TPU)."""
-    memory = tpu_memory(generation)
-    if not memory.smem_bytes:
-        raise ValueError(f"no SMEM capacity known for TPU generation {memory.generation!r} ({memory.source})")
-    return memory.generation, memory.smem_bytes
 
 
 def estimate_smem(tables: dict, generation: str | None = None) -> SmemEstimate:
