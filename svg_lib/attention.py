@@ -23,7 +23,7 @@ from svg_lib.core.masks import Mask, TileAlignedMask, check_block_size, padding_
 from svg_lib.core.planner import plan_tiles
 from svg_lib.kernels.backward import with_backward
 from svg_lib.kernels.forward import block_sparse_attention, dense_flash_attention
-from svg_lib.kernels.reference import check_qkv, check_shape, reference_attention
+from svg_lib.kernels.reference import check_mask, check_qkv, check_shape, reference_attention
 from svg_lib.kernels.splash import make_splash, splash_mask_form
 from svg_lib.memory.budget import check_memory
 from svg_lib.methods import METHODS as TABLE
@@ -76,8 +76,7 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
                          "for dense attention use method='dense' or 'splash_dense'")
     if mask is not None and not isinstance(mask, Mask):
         raise TypeError(f"mask must be an svg_lib Mask or None, got {type(mask).__name__}")
-    if mask is not None and mask.tokens != tokens:
-        raise ValueError(f"the mask covers {mask.tokens} tokens but q, k, v have {tokens}")
+    check_mask(mask, tokens)  # None or a Mask by now: its token count must be q's
     dtype = jnp.dtype(dtype)
     if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
         raise ValueError(f"q, k, v must be float32 or bfloat16, got {dtype}")
@@ -172,12 +171,13 @@ def padded(run, *, tokens: int, q_len: int, kv_len: int):
 
 
 def _rows_zeroed(kernel, rows):
-    """`kernel(q, k, v)` with the output rows where bool `rows` (one per output row) is True set to zero
-    (None: as is)."""
+    """`kernel(q, k, v)` with the output rows where bool `rows` (NumPy, one per output row) is True set
+    to zero; `kernel` itself where none is."""
     import jax.numpy as jnp
 
-    if rows is None:
+    if not rows.any():
         return kernel
+    rows = jnp.asarray(rows)
 
     def run(q, k, v):
         return jnp.where(rows[None, :, None], 0, kernel(q, k, v)).astype(q.dtype)
@@ -185,23 +185,17 @@ def _rows_zeroed(kernel, rows):
 
 
 def _padding_rows(mask, tokens):
-    """bool [tokens]: query rows that are padding inside the sequence (`Mask.real_tokens_in`), or None if none."""
-    import jax.numpy as jnp
-
-    real = mask.real_tokens_in(np.arange(tokens + 1)) > 0
-    return None if real.all() else jnp.asarray(~real)
+    """bool [tokens]: query rows that are padding inside the sequence (`Mask.real_tokens_in`)."""
+    return mask.real_tokens_in(np.arange(tokens + 1)) == 0
 
 
 def _rows_without_keys(mask, tokens, q_len):
-    """bool [q_len]: query rows that keep no key (padding rows included), or None if there are none."""
-    import jax.numpy as jnp
-
+    """bool [q_len]: query rows that keep no key (none without a mask); where there are any, the padded
+    rows past `tokens` too (`padded` slices them off)."""
     if mask is None:
-        return None
+        return np.zeros(q_len, bool)
     has_key = mask.pair_counts(np.arange(tokens + 1), [0, tokens])[:, 0] > 0
-    if has_key.all():
-        return None
-    return jnp.asarray(np.concatenate([~has_key, np.ones(q_len - tokens, bool)]))
+    return np.concatenate([~has_key, np.full(q_len - tokens, not has_key.all())])
 
 
 def attention(q, k, v, mask: Mask | None = None, *, method: str, block_q: int = 512, block_kv: int = 512,
