@@ -54,7 +54,6 @@ def fixed_bytes(libtpu: str | None = None) -> int:
     return FIXED_BYTES_BY_LIBTPU.get(release, FIXED_BYTES)
 
 
-
 def table_bytes(shape) -> int:
     """SMEM bytes of one int32 array of `shape` (0-D, 1-D or 2-D) after Mosaic's padding."""
     shape = tuple(int(s) for s in shape)

@@ -193,16 +193,11 @@ def check_fits(estimate: VmemEstimate) -> VmemEstimate:
     if estimate.fits:
         return estimate
     e = estimate
-    suggestion = None
-    for bq in range(e.block_q, LANES - 1, -LANES):
-        for c in sorted((c for c in range(LANES, e.block_kv + 1, LANES) if e.block_kv % c == 0), reverse=True):
-            trial = estimate_vmem(e.method, bq, e.block_kv, e.head_dim, e.dtype, c, e.generation,
-                                  splash_mask=e.splash_mask)
-            if trial.fits:
-                suggestion = trial
-                break
-        if suggestion:
-            break
+    # block_q and smaller, at each the compute slices that divide block_kv, largest first: the first that fits
+    trials = (estimate_vmem(e.method, bq, e.block_kv, e.head_dim, e.dtype, c, e.generation, splash_mask=e.splash_mask)
+              for bq in range(e.block_q, LANES - 1, -LANES)
+              for c in sorted((c for c in range(LANES, e.block_kv + 1, LANES) if e.block_kv % c == 0), reverse=True))
+    suggestion = next((trial for trial in trials if trial.fits), None)
     hint = (f"; block_q={suggestion.block_q}, block_kv={suggestion.block_kv}, "
             f"block_kv_compute={suggestion.block_kv_compute} fits ({suggestion.total / MiB:.1f} MiB)"
             if suggestion else "; reduce block_kv")
