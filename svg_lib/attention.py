@@ -5,7 +5,7 @@ It validates inputs, scales q and turns the mask into the tables the chosen kern
 partial, their tails neutralised where they are read: `kernels.forward.real_part`); only Splash gets copies padded to
 whole tiles, and its output sliced. Built kernels are cached, so calling it twice with an
 equal mask (the same one, or one built again from the same parameters: `Mask.cache_key`) and
-shapes traces and plans once.
+shapes traces and plans once (`svg_lib.cache.cached_build`).
 
 Every method works inside a caller's `jax.jit` and `jax.grad`: the kernels carry their VMEM
 limits in their own pallas_calls' compiler parameters (Splash's through `splash.with_vmem_limit`),
@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import functools
 import math
-from collections import OrderedDict
 
 import numpy as np
 
-from svg_lib.core.masks import Mask, TileAlignedMask, check_block_size
+from svg_lib.cache import cached_build
+from svg_lib.core.masks import Mask, TileAlignedMask, check_block_size, padding_only
 from svg_lib.core.planner import plan_tiles
 from svg_lib.kernels.backward import with_backward
 from svg_lib.kernels.forward import block_sparse_attention, dense_flash_attention
-from svg_lib.kernels.reference import check_qkv, check_shape, reference_attention
+from svg_lib.kernels.reference import check_mask, check_qkv, check_shape, reference_attention
 from svg_lib.kernels.splash import make_splash, splash_mask_form
 from svg_lib.memory.budget import check_memory
 from svg_lib.methods import METHODS as TABLE
@@ -32,8 +32,6 @@ from svg_lib.problem import check_block_kv_compute
 from svg_lib.runtime import check_head_split, default_interpret, head_split_devices, run_split, shard_heads
 
 METHODS = tuple(TABLE)
-_CACHE: OrderedDict = OrderedDict()
-_CACHE_SIZE = 32
 
 
 def b3_mask(mask: Mask, block_q: int, block_kv: int) -> TileAlignedMask:
@@ -78,8 +76,7 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
                          "for dense attention use method='dense' or 'splash_dense'")
     if mask is not None and not isinstance(mask, Mask):
         raise TypeError(f"mask must be an svg_lib Mask or None, got {type(mask).__name__}")
-    if mask is not None and mask.tokens != tokens:
-        raise ValueError(f"the mask covers {mask.tokens} tokens but q, k, v have {tokens}")
+    check_mask(mask, tokens)  # None or a Mask by now: its token count must be q's
     dtype = jnp.dtype(dtype)
     if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
         raise ValueError(f"q, k, v must be float32 or bfloat16, got {dtype}")
@@ -127,7 +124,7 @@ def build_attention(mask: Mask | None, *, method: str, heads: int, tokens: int, 
     elif not record.planned:
         forward = functools.partial(dense_flash_attention, vmem_limit_bytes=budget.forward_limit, **blocks)
         run = with_backward(lambda q, k, v, residuals: forward(q, k, v, residuals=residuals), None,
-                            backward_limits=budget.backward_limits, method=record, keep=_not_padding(tokens),
+                            backward_limits=budget.backward_limits, method=record, keep=padding_only(tokens),
                             **blocks)
     else:
         keep = kernel_mask.kernel_predicate(block_q, block_kv)
@@ -173,20 +170,14 @@ def padded(run, *, tokens: int, q_len: int, kv_len: int):
     return f
 
 
-def _not_padding(tokens: int):
-    """The predicate of a tile that only needs key padding masked."""
-    def not_padding(q_ids, k_ids):
-        return k_ids < tokens
-    return not_padding
-
-
 def _rows_zeroed(kernel, rows):
-    """`kernel(q, k, v)` with the output rows where bool `rows` (one per output row) is True set to zero
-    (None: as is)."""
+    """`kernel(q, k, v)` with the output rows where bool `rows` (NumPy, one per output row) is True set
+    to zero; `kernel` itself where none is."""
     import jax.numpy as jnp
 
-    if rows is None:
+    if not rows.any():
         return kernel
+    rows = jnp.asarray(rows)
 
     def run(q, k, v):
         return jnp.where(rows[None, :, None], 0, kernel(q, k, v)).astype(q.dtype)
@@ -194,23 +185,17 @@ def _rows_zeroed(kernel, rows):
 
 
 def _padding_rows(mask, tokens):
-    """bool [tokens]: query rows that are padding inside the sequence (`Mask.real_tokens_in`), or None if none."""
-    import jax.numpy as jnp
-
-    real = mask.real_tokens_in(np.arange(tokens + 1)) > 0
-    return None if real.all() else jnp.asarray(~real)
+    """bool [tokens]: query rows that are padding inside the sequence (`Mask.real_tokens_in`)."""
+    return mask.real_tokens_in(np.arange(tokens + 1)) == 0
 
 
 def _rows_without_keys(mask, tokens, q_len):
-    """bool [q_len]: query rows that keep no key (padding rows included), or None if there are none."""
-    import jax.numpy as jnp
-
+    """bool [q_len]: query rows that keep no key (none without a mask); where there are any, the padded
+    rows past `tokens` too (`padded` slices them off)."""
     if mask is None:
-        return None
+        return np.zeros(q_len, bool)
     has_key = mask.pair_counts(np.arange(tokens + 1), [0, tokens])[:, 0] > 0
-    if has_key.all():
-        return None
-    return jnp.asarray(np.concatenate([~has_key, np.ones(q_len - tokens, bool)]))
+    return np.concatenate([~has_key, np.full(q_len - tokens, not has_key.all())])
 
 
 def attention(q, k, v, mask: Mask | None = None, *, method: str, block_q: int = 512, block_kv: int = 512,
@@ -242,38 +227,3 @@ def attention(q, k, v, mask: Mask | None = None, *, method: str, block_q: int = 
     fn = cached_build(build_attention, mask, q, method=method, block_q=block_q, block_kv=block_kv,
                       block_kv_compute=block_kv_compute, interpret=interpret, devices=devices, backward=backward)
     return fn(q, k, v) if devices is None else run_split(fn, devices, q, k, v)
-
-
-def cached_build(builder, mask, q, **config):
-    """`builder(mask, heads=, tokens=, head_dim=, dtype=, **config)` for q's shape, built once and kept.
-
-    A small LRU keyed by the builder, the mask's value (`mask_cache_key`), q's shape and dtype
-    and `config`, so calling `attention(...)` again with an equal mask and the same shapes
-    plans and traces once, even when the mask was built again (`preset.mask()` per call).
-    """
-    heads, tokens, head_dim = (int(s) for s in q.shape)
-    key = (builder.__qualname__, mask_cache_key(mask), heads, tokens, head_dim, str(q.dtype),
-           tuple(sorted((name, repr(value)) for name, value in config.items())))
-    entry = _CACHE.get(key)
-    if entry is None or (key[1][0] == "identity" and entry[0] is not mask):
-        import jax
-
-        # Called under jit or grad, the builder's constant arrays (schedule tables, masks) would
-        # be tracers of that trace, and the cached function would leak them into later calls:
-        # build them as concrete arrays instead.
-        with jax.ensure_compile_time_eval():
-            fn = builder(mask, heads=heads, tokens=tokens, head_dim=head_dim, dtype=q.dtype, **config)
-        entry = (mask, fn)  # holding the mask keeps an identity key's id(mask) from being reused
-        _CACHE[key] = entry
-        while len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
-    _CACHE.move_to_end(key)
-    return entry[1]
-
-
-def mask_cache_key(mask) -> tuple:
-    """How `cached_build` tells masks apart: ("value", mask.cache_key()) for a mask that names its
-    contents (every svg_lib mask), else ("identity", id(mask)) (a Mask subclass defined elsewhere,
-    whose parameters svg_lib cannot know: it is reused only when passed again itself)."""
-    key = None if mask is None else getattr(mask, "cache_key", lambda: None)()
-    return ("value", key) if mask is None or key is not None else ("identity", id(mask))

@@ -1,6 +1,9 @@
 """Where the code runs: `detect_runtime()` tells a notebook whether Pallas TPU kernels will
 compile (on a TPU) or run in interpret mode (everywhere else), so a notebook never hard-codes a
-device. The problem sizes the series uses (presets) live in `svg_lib.problem`.
+device; `tpu_memory()` says how much VMEM and SMEM the TPU planned for has (the attached one, or a
+v6e off TPU), what `svg_lib.memory`'s estimates are held against; `split_backward_is_faster` which
+backward keeps a megacore's two TensorCores busy. The problem sizes the series uses (presets) live in
+`svg_lib.problem`.
 
 jax is imported inside functions only: importing this module stays cheap.
 """
@@ -29,7 +32,7 @@ class Runtime:
     @property
     def tpu_generation(self) -> str | None:
         """e.g. "v6e" on a TPU v6e ("TPU v6 lite"); None off TPU or for a TPU name we do not know
-        (see `svg_lib.memory.vmem.tpu_generation`, which refuses to plan for such a chip)."""
+        (see `tpu_generation` below, which refuses to plan for such a chip)."""
         return parse_tpu_generation(self.device_kind) if self.platform == "tpu" else None
 
     def banner(self) -> str:
@@ -59,6 +62,133 @@ def detect_runtime() -> Runtime:
 def default_interpret() -> bool:
     """The `interpret=` a Pallas TPU kernel needs here: True unless running on a TPU."""
     return not detect_runtime().compiled
+
+
+# -- the TPU's memory: what the VMEM and SMEM estimates (svg_lib.memory) plan for ------------------
+
+OFFLINE_GENERATION = "v6e"  # what we plan for when no TPU is attached (the blog's chip)
+
+
+@dataclass(frozen=True)
+class TpuMemory:
+    """Per-TensorCore memory of one TPU generation, and where the numbers came from."""
+
+    generation: str
+    vmem_bytes: int
+    default_scoped: int | None  # a kernel's VMEM limit unless it asks; None: not known for this chip
+    smem_bytes: int | None
+    source: str  # "compile targets (svg_lib.chips.TARGETS)" or "pltpu.get_tpu_info() on this TPU"
+
+
+def _from_target(generation: str) -> TpuMemory:
+    t = TARGETS[generation]
+    return TpuMemory(generation, t.vmem_bytes, t.default_scoped_vmem, t.smem_bytes,
+                     "compile targets (svg_lib.chips.TARGETS)")
+
+
+def attached_tpu_memory(runtime=None) -> TpuMemory:
+    """The attached TPU's generation and memory; a RuntimeError for a TPU we cannot plan for.
+
+    Capacities come from `pltpu.get_tpu_info()` where the installed jax has it, else from the
+    compile-target table. A TPU whose device kind we do not recognise is an error: planning it
+    as a v6e (128 MiB) would overflow chips with 64 MiB or less."""
+    runtime = runtime or detect_runtime()
+    if runtime.platform != "tpu":
+        raise RuntimeError(f"no TPU attached (jax reports {runtime.platform} {runtime.device_kind!r})")
+    generation = runtime.tpu_generation
+    if generation is None:
+        raise RuntimeError(f"this TPU reports device_kind {runtime.device_kind!r}, which svg_lib does not "
+                           f"recognise (jax {runtime.jax_version}); it will not guess its VMEM. Known "
+                           f"generations: {', '.join(_known_generations())}. Pass generation=... to "
+                           "estimate_vmem explicitly, or upgrade jax and svg_lib.")
+    info = _tpu_info()
+    default = TARGETS[generation].default_scoped_vmem if generation in TARGETS else None
+    if info is not None:
+        return TpuMemory(generation, int(info.vmem_capacity_bytes), default,
+                         int(getattr(info, "smem_capacity_bytes", 0)) or None, "pltpu.get_tpu_info() on this TPU")
+    if generation in TARGETS:
+        return _from_target(generation)
+    raise RuntimeError(f"this TPU is a {generation}, but the installed jax {runtime.jax_version} has no "
+                       "pltpu.get_tpu_info() to report its VMEM and svg_lib has no table entry for it; "
+                       "upgrade jax (0.10 has it) or pass generation=... explicitly")
+
+
+def _tpu_info():
+    """pltpu.get_tpu_info() for the attached TPU, or None where this jax lacks it."""
+    try:
+        from jax.experimental.pallas import tpu as pltpu
+        get = pltpu.get_tpu_info
+    except (ImportError, AttributeError):
+        return None
+    return get()
+
+
+def _known_generations():
+    return tuple(TARGETS)
+
+
+def tpu_memory(generation: str | None = None) -> TpuMemory:
+    """Memory facts for `generation` ("v6e", ...); None means the attached TPU, or the offline v6e.
+
+    Named generations come from `svg_lib.chips.TARGETS` (the chips the compiler on this
+    machine builds for: one table for both); another name is accepted only when it is the
+    attached TPU's, with its capacity from `pltpu.get_tpu_info()`."""
+    if generation is None:
+        runtime = detect_runtime()
+        return attached_tpu_memory(runtime) if runtime.platform == "tpu" else _from_target(OFFLINE_GENERATION)
+    if generation in TARGETS:
+        return _from_target(generation)
+    runtime = detect_runtime()
+    if runtime.platform == "tpu" and runtime.tpu_generation == generation:
+        return attached_tpu_memory(runtime)
+    raise ValueError(f"unknown TPU generation {generation!r}; known: {', '.join(TARGETS)}"
+                     + (f" and the attached {runtime.tpu_generation}" if runtime.tpu_generation else ""))
+
+
+def tpu_generation() -> str:
+    """The attached TPU's generation ("v6e", ...), or the offline default when there is none.
+
+    Raises a RuntimeError on a TPU we do not recognise (see `attached_tpu_memory`)."""
+    return tpu_memory(None).generation
+
+
+def smem_capacity(generation: str | None = None) -> tuple[str, int]:
+    """(generation, SMEM bytes per core); the attached TPU's (or the offline v6e's) when None.
+
+    From the same table as VMEM (`tpu_memory`: the compile targets, or
+    `pltpu.get_tpu_info()` on an attached TPU)."""
+    memory = tpu_memory(generation)
+    if not memory.smem_bytes:
+        raise ValueError(f"no SMEM capacity known for TPU generation {memory.generation!r} ({memory.source})")
+    return memory.generation, memory.smem_bytes
+
+
+# -- a megacore's two TensorCores (v4, v5p: one jax device): which backward keeps both busy ------
+
+# On a megacore chip (v4, v5p: two TensorCores, one jax device) the split backward's cycles per head, as a
+# fraction of the fused backward's for one head: 0.699 to 0.707 by the static profile of a v5p, rounded up
+# (CONTRIBUTING.md, "Fused or split backward on a megacore").
+MEGACORE_SPLIT_PER_HEAD = 0.71
+
+
+def split_backward_is_faster(heads: int, generation: str | None) -> bool:
+    """Whether the split backward beats the fused one for `heads` heads on `generation` (None: the
+    attached TPU, or the offline v6e), by the static profile's figures.
+
+    Only a megacore chip (`TpuTarget.megacore`: v4, v5p) can differ: its two TensorCores share the
+    steps of a kernel's "parallel" grid axes. The fused kernel has only its head axis parallel, so its
+    heads split between the cores, ceil(heads / 2) of them on the busier one; the split kernels have
+    heads and tiles parallel, so both cores share every head, at 0.71 of one head's fused cycles per
+    head (`MEGACORE_SPLIT_PER_HEAD`: the dq and dk/dv kernels do 7 matmuls per tile against the fused
+    kernel's 5, halved). Split wins where heads x 0.71 < ceil(heads / 2): one head only. A v4, the other
+    megacore, takes the v5p's figures: its static profile aborts in libtpu 0.0.42.1 (the profiler's DMA
+    latency model). On every other chip each TensorCore is its own device and the fused backward stays
+    the faster one.
+    """
+    target = TARGETS.get(tpu_memory(generation).generation)
+    if target is None or not target.megacore:
+        return False
+    return heads * MEGACORE_SPLIT_PER_HEAD < -(-heads // 2)
 
 
 # -- a v7x chip's two TensorCores: two jax devices, heads split between them ----------------------

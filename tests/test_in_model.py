@@ -224,7 +224,8 @@ def counted_builds(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(attention_module, "build_attention", counting)
-    monkeypatch.setattr(attention_module, "_CACHE", type(attention_module._CACHE)())
+    built = importlib.import_module("svg_lib.cache")  # where attention() keeps what it built
+    monkeypatch.setattr(built, "_BUILT", type(built._BUILT)())
     return builds
 
 

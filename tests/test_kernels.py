@@ -180,7 +180,8 @@ def test_attention_entry_point_builds_once_and_matches(monkeypatch):
         return real_build(*args, **kwargs)
 
     monkeypatch.setattr(attention_module, "build_attention", counting_build)
-    monkeypatch.setattr(attention_module, "_CACHE", type(attention_module._CACHE)())  # start empty
+    built = importlib.import_module("svg_lib.cache")  # where attention() keeps what it built
+    monkeypatch.setattr(built, "_BUILT", type(built._BUILT)())  # start empty
     name = "f32-h3-128x128"
     c = CASES[name]
     for _ in range(2):

@@ -80,9 +80,10 @@ def test_the_notebooks_folder_check_can_fail(tmp_path):
 # The lesson core, each folder or module once: what a reader walks through floor by floor. What only
 # the layers above `attention` or the instruments need lives in extensions/. The goal is 3,500 lines;
 # the ceiling is where the core stands now (with grid.Pieces, the learner's way in, and forward.code_bytes, the
-# unroll rule's price of a program), lowered as it shrinks.
+# unroll rule's price of a program: 3,467 lines) plus 30 for an addition to kernels/forward.py under way, lowered
+# as it shrinks.
 LESSON_CORE = ("core", "kernels", "memory", "attention.py")
-LESSON_CORE_GOAL, LESSON_CORE_CEILING = 3_500, 3_647
+LESSON_CORE_GOAL, LESSON_CORE_CEILING = 3_500, 3_497
 
 
 def lesson_core_lines(package: pathlib.Path = PACKAGE) -> dict[str, int]:

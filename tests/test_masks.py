@@ -618,7 +618,7 @@ def test_a_mask_svg_lib_cannot_describe_is_equal_only_to_itself():
 
 
 def test_attention_cache_keys_on_the_mask_value():
-    from svg_lib.attention import mask_cache_key
+    from svg_lib.cache import mask_cache_key
 
     g = VideoGeometry(3, 8, 16)
     assert mask_cache_key(SVGMask.spatial(g, 0.35)) == mask_cache_key(SVGMask.spatial(g, 0.35))

@@ -5,7 +5,7 @@ The forward needs nothing of its own: a megacore shares the steps of all "parall
 forward's heads and query tiles are both parallel (svg_lib/data/megacore_split.json). The fused backward
 has only its head axis parallel, so with one head one core idles; the split backward keeps both busy
 and is faster there, but not at 2, 3 or 5 heads (svg_lib/data/megacore_backward.json), so None picks it
-for one head only (`memory.budget.split_backward_is_faster`). Both forms give the same gradients.
+for one head only (`runtime.split_backward_is_faster`). Both forms give the same gradients.
 """
 import json
 import math
@@ -19,7 +19,8 @@ import pytest
 from svg_lib.attention import build_attention
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.svg_masks import SVGMask
-from svg_lib.memory.budget import MEGACORE_SPLIT_PER_HEAD, check_memory, split_backward_is_faster
+from svg_lib.memory.budget import check_memory
+from svg_lib.runtime import MEGACORE_SPLIT_PER_HEAD, split_backward_is_faster
 
 from helpers import random_qkv
 from test_backward import _kernel_name, _pallas_calls

@@ -71,7 +71,7 @@ def test_mixed_layer_matches_per_head_reference(routing, layer, qkv, per_kind_re
 def test_public_entry_point_matches_and_caches(mask, qkv, per_kind_reference):
     import importlib
 
-    cache = importlib.import_module("svg_lib.attention")._CACHE  # builds are cached there
+    cache = importlib.import_module("svg_lib.cache")._BUILT  # builds are cached there
     flags = np.array(ROUTINGS["mixed"])
     out = svg_attention(*qkv, flags, mask, method="b2", block_q=BLOCK, block_kv=BLOCK)
     np.testing.assert_allclose(out, expected(flags, per_kind_reference), **F32)

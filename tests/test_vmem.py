@@ -12,13 +12,13 @@ import jax.numpy as jnp
 import pytest
 
 from svg_lib import SVGMask, VideoGeometry, attention
-import svg_lib.memory.vmem as vmem_module
+import svg_lib.runtime as runtime_module
 from svg_lib.environment import libtpu_version
 from svg_lib.extensions.top_level_vmem import compiler_options
 from svg_lib.instruments.tpu import checks
 from svg_lib.chips import TARGETS
-from svg_lib.runtime import Runtime
-from svg_lib.memory.vmem import HEADROOM, check_fits, estimate_vmem, tpu_memory
+from svg_lib.runtime import Runtime, tpu_memory
+from svg_lib.memory.vmem import HEADROOM, check_fits, estimate_vmem
 from svg_lib.problem import check_block_kv_compute
 
 MiB = 2**20
@@ -140,8 +140,8 @@ class FakeInfo:
 def on_tpu(monkeypatch, device_kind, info):
     """Pretend jax reports a TPU of `device_kind` whose get_tpu_info() is `info` (None: no such function)."""
     runtime = Runtime(platform="tpu", device_kind=device_kind, device_count=1, jax_version="0.10.2", compiled=True)
-    monkeypatch.setattr(vmem_module, "detect_runtime", lambda: runtime)
-    monkeypatch.setattr(vmem_module, "_tpu_info", lambda: info)
+    monkeypatch.setattr(runtime_module, "detect_runtime", lambda: runtime)
+    monkeypatch.setattr(runtime_module, "_tpu_info", lambda: info)
 
 
 def test_attached_tpu_capacity_comes_from_get_tpu_info(monkeypatch):
@@ -173,7 +173,7 @@ def test_unknown_tpu_is_an_error_not_a_v6e(monkeypatch, kind, info, match):
     with pytest.raises(RuntimeError, match=match):
         estimate_vmem("b2", **BLOG)
     with pytest.raises(RuntimeError, match=match):
-        vmem_module.tpu_generation()
+        runtime_module.tpu_generation()
 
 
 def test_unknown_generation():
@@ -209,7 +209,7 @@ def test_integral_float_block_is_refused_as_a_float():
 def test_offline_generation_is_v6e():
     # no TPU here: plans are made for the blog's chip
     assert estimate_vmem("b2", **BLOG).generation == "v6e"
-    assert vmem_module.tpu_generation() == "v6e"
+    assert runtime_module.tpu_generation() == "v6e"
 
 
 # -- vmem_limit_bytes ----------------------------------------------------------------------

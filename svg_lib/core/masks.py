@@ -19,10 +19,11 @@ read from its attributes when asked for.
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import numpy as np
+
+from svg_lib.cache import content_key
 
 LANES = 128  # TPU vector lane width: block sizes and band widths are multiples of it
 DENSE_LIMIT_TOKENS = 16_384  # to_dense() refuses beyond this: 16k x 16k bools is already 256 MiB
@@ -43,6 +44,14 @@ def check_block_size(name: str, value) -> int:
         raise ValueError(f"{name} must be a positive multiple of {LANES} (the TPU lane width), "
                          f"got {value!r}{hint}")
     return int(value)
+
+
+def padding_only(tokens: int):
+    """The `keep` of a tile whose pairs are all kept but for key padding (a whole kept tile, dense
+    attention's tiles): keys at or past `tokens` are masked, nothing else."""
+    def not_padding(q_ids, k_ids):
+        return k_ids < tokens
+    return not_padding
 
 
 FAR_ABOVE = 4.0  # a mask keeping more than this many times the density asked for says why (DensityFloorWarning)
@@ -80,16 +89,6 @@ def warn_density_floor(mask, stacklevel: int = 3) -> None:
         import warnings
 
         warnings.warn(note, DensityFloorWarning, stacklevel=stacklevel)
-
-
-def _content_key(array) -> tuple:
-    """A value key for a numpy table: dtype, shape and a 128-bit digest of its bytes.
-
-    A digest rather than the bytes themselves keeps keys small (a permutation of 75,600 tokens
-    is 600 KB); hashing it costs about a millisecond, and is done each time a key is asked for.
-    """
-    a = np.ascontiguousarray(array)
-    return a.dtype.str, a.shape, hashlib.blake2b(a.tobytes(), digest_size=16).hexdigest()
 
 
 def _is_numpy(*xs) -> bool:
@@ -315,7 +314,7 @@ class TileAlignedMask(Mask):
 
     def cache_key(self):
         # the kept tiles define it; `source` and `report` only say where they came from
-        return type(self), self.tokens, self.block_q, self.block_kv, _content_key(self.kept)
+        return type(self), self.tokens, self.block_q, self.block_kv, content_key(self.kept)
 
     def keep(self, q, k):
         n = self.tokens
@@ -331,11 +330,7 @@ class TileAlignedMask(Mask):
             raise ValueError(f"this TileAlignedMask is made of {self.block_q}x{self.block_kv} tiles; a kernel with "
                              f"{block_q}x{block_kv} blocks would need a table lookup per element. Use the same "
                              "block sizes (or method='b3', which rounds to its own blocks)")
-        tokens = self.tokens
-
-        def not_padding(q, k):  # the schedule visits only kept tiles: inside them only padding is masked
-            return k < tokens
-        return not_padding
+        return padding_only(self.tokens)  # the schedule visits only kept tiles: inside them only padding is masked
 
     def tile_aligned(self, block_q: int, block_kv: int, policy: str = "balanced") -> "TileAlignedMask":
         block_q = check_block_size("block_q", block_q)

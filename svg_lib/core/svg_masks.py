@@ -11,8 +11,9 @@ import math
 
 import numpy as np
 
+from svg_lib.cache import content_key
 from svg_lib.core.geometry import VideoGeometry, inverse_temporal_major_permutation, temporal_major_permutation
-from svg_lib.core.masks import LANES, Mask, _content_key, _grid_cells, _is_numpy
+from svg_lib.core.masks import LANES, Mask, _grid_cells, _is_numpy
 
 
 def _diagonal_pairs(a0, a1, b0, b1, lo, hi):
@@ -172,7 +173,7 @@ class PermutedMask(Mask):
         base = self.permuted.cache_key()
         if base is None:
             return None  # the base mask is known by identity only, and so is this view of it
-        return type(self), self.tokens, base, _content_key(self.pos), _content_key(self.order)
+        return type(self), self.tokens, base, content_key(self.pos), content_key(self.order)
 
     @property
     def band_width(self):

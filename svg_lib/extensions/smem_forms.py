@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from svg_lib.core.planner import plan_tiles
 from svg_lib.core.svg_masks import SVGMask
-from svg_lib.memory.smem import (KiB, VECTOR_WORDS, WORD, _bound_rows, estimate_smem, fixed_bytes, schedule_smem,
-                                 smem_capacity, table_bytes)
+from svg_lib.memory.smem import KiB, VECTOR_WORDS, WORD, _bound_rows, estimate_smem, fixed_bytes, schedule_smem, table_bytes
 from svg_lib.methods import METHODS, PLANNED_METHODS
 from svg_lib.problem import check_method
+from svg_lib.runtime import smem_capacity
 
 FORMS = ("packed", "flat", "two_tables")
 

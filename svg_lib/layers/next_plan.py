@@ -38,6 +38,7 @@ import math
 
 import numpy as np
 
+from svg_lib.core.masks import padding_only
 from svg_lib.core.planner import EMPTY, schedule_entry
 from svg_lib.extensions.device_plan import device_tables
 from svg_lib.extensions.observed import observed_block_sparse_attention
@@ -132,8 +133,7 @@ def plan_tile_mass(q, k, v, plan: SemanticPlan, *, block_kv_compute: int | None 
 def _one_head(tokens, block_q, block_kv, steps, block_kv_compute, interpret, skip_below=None):
     import jax.numpy as jnp
 
-    def not_padding(q_ids, k_ids):
-        return k_ids < tokens
+    not_padding = padding_only(tokens)
 
     def run(q, k, v, schedule):
         out, masses = observed_block_sparse_attention(q[None], k[None], v[None], jnp.zeros((1,), jnp.int32), schedule,

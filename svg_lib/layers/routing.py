@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from svg_lib.attention import build_attention, cached_build, prescaled
+from svg_lib.attention import build_attention, prescaled
+from svg_lib.cache import cached_build
 from svg_lib.chips import TARGETS, parallel_split
 from svg_lib.core.geometry import inverse_temporal_major_permutation, temporal_major_permutation
 from svg_lib.core.masks import Mask, check_block_size

@@ -54,7 +54,7 @@ import numpy as np
 
 from svg_lib.attention import prescaled
 from svg_lib.core.geometry import VideoGeometry
-from svg_lib.core.masks import check_block_size
+from svg_lib.core.masks import check_block_size, padding_only
 from svg_lib.core.planner import KernelTables
 from svg_lib.kernels.backward import attention_dq, attention_dkv, attention_fused
 from svg_lib.extensions.device_plan import device_tables
@@ -446,8 +446,7 @@ def _one_head_b3(*, tokens, head_dim, dtype, block_q, block_kv, block_kv_compute
                           q_len=nq * block_q, backward=backward)
     blocks = dict(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=interpret)
 
-    def not_padding(q_ids, k_ids):  # a selected tile is whole: inside it only key padding is masked
-        return k_ids < tokens
+    not_padding = padding_only(tokens)  # a selected tile is whole: inside it only key padding is masked
 
     def forward(q, k, v, schedule, residuals):
         head_kind = jnp.zeros((1,), jnp.int32)  # one head, one kind; made per call, never kept from a trace

@@ -12,37 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from svg_lib.chips import TARGETS
 from svg_lib.core.planner import KernelTables, TilePlan
 from svg_lib.memory.smem import SmemEstimate, SmemOverflowError, check_schedule_fits, estimate_smem
-from svg_lib.memory.vmem import VmemEstimate, check_fits, estimate_vmem, tpu_memory
+from svg_lib.memory.vmem import VmemEstimate, check_fits, estimate_vmem
 from svg_lib.methods import METHODS
+from svg_lib.runtime import split_backward_is_faster
 
 BACKWARD_FORMS = ("fused", "split")
-# On a megacore chip (v4, v5p: two TensorCores, one jax device) the split backward's cycles per head, as a
-# fraction of the fused backward's for one head: 0.699 to 0.707 by the static profile of a v5p, rounded up
-# (CONTRIBUTING.md, "Fused or split backward on a megacore").
-MEGACORE_SPLIT_PER_HEAD = 0.71
-
-
-def split_backward_is_faster(heads: int, generation: str | None) -> bool:
-    """Whether the split backward beats the fused one for `heads` heads on `generation` (None: the
-    attached TPU, or the offline v6e), by the static profile's figures.
-
-    Only a megacore chip (`TpuTarget.megacore`: v4, v5p) can differ: its two TensorCores share the
-    steps of a kernel's "parallel" grid axes. The fused kernel has only its head axis parallel, so its
-    heads split between the cores, ceil(heads / 2) of them on the busier one; the split kernels have
-    heads and tiles parallel, so both cores share every head, at 0.71 of one head's fused cycles per
-    head (`MEGACORE_SPLIT_PER_HEAD`: the dq and dk/dv kernels do 7 matmuls per tile against the fused
-    kernel's 5, halved). Split wins where heads x 0.71 < ceil(heads / 2): one head only. A v4, the other
-    megacore, takes the v5p's figures: its static profile aborts in libtpu 0.0.42.1 (the profiler's DMA
-    latency model). On every other chip each TensorCore is its own device and the fused backward stays
-    the faster one.
-    """
-    target = TARGETS.get(tpu_memory(generation).generation)
-    if target is None or not target.megacore:
-        return False
-    return heads * MEGACORE_SPLIT_PER_HEAD < -(-heads // 2)
 
 
 @dataclass(frozen=True)

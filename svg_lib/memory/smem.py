@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from svg_lib.core.masks import TileAlignedMask
 from svg_lib.core.planner import plan_tiles
 from svg_lib.environment import installed_version
-from svg_lib.memory.vmem import tpu_memory
 from svg_lib.problem import PALLAS_METHODS, check_method
+from svg_lib.runtime import smem_capacity
 
 KiB, MiB = 2**10, 2**20
 WORD = 4                 # SMEM holds 32-bit words; scalar prefetch wants int32
@@ -52,7 +52,6 @@ def fixed_bytes(libtpu: str | None = None) -> int:
     libtpu = _installed_libtpu() if libtpu is None else libtpu
     release = ".".join((libtpu or "").split(".")[:3])
     return FIXED_BYTES_BY_LIBTPU.get(release, FIXED_BYTES)
-
 
 
 def table_bytes(shape) -> int:
@@ -92,17 +91,6 @@ class SmemEstimate:
                           for name, shape, b in self.tables)
         return (f"{self.total / KiB:,.1f} KiB of SMEM ({parts}, fixed {self.fixed / KiB:.1f} KiB); "
                 f"{self.generation} has {self.capacity / KiB:,.0f} KiB per core")
-
-
-def smem_capacity(generation: str | None = None) -> tuple[str, int]:
-    """(generation, SMEM bytes per core); the attached TPU's (or the offline v6e's) when None.
-
-    From the same table as VMEM (`svg_lib.memory.vmem.tpu_memory`: the compile targets, or
-    `pltpu.get_tpu_info()` on an attached TPU)."""
-    memory = tpu_memory(generation)
-    if not memory.smem_bytes:
-        raise ValueError(f"no SMEM capacity known for TPU generation {memory.generation!r} ({memory.source})")
-    return memory.generation, memory.smem_bytes
 
 
 def estimate_smem(tables: dict, generation: str | None = None) -> SmemEstimate:

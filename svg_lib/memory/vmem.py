@@ -7,7 +7,7 @@ compiler (libtpu, compile-only, on this CPU: `compile_check`, `verify_against_co
 
 Capacities come from one table, `svg_lib.chips.TARGETS` (v4, v5e, v5p, v6e); on a TPU, from
 `pltpu.get_tpu_info()` where jax has it. Off a TPU we plan for a v6e (the blog's chip); on a
-TPU whose device kind we do not recognise we refuse to guess (`attached_tpu_memory`).
+TPU whose device kind we do not recognise we refuse to guess (`svg_lib.runtime.attached_tpu_memory`).
 
 The estimate (`estimate_vmem`) counts, per kernel instance:
   pipeline       q, out, k, v blocks, double-buffered (Splash adds its mask: a [block_q,
@@ -33,96 +33,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from svg_lib.chips import TARGETS
 from svg_lib.core.masks import LANES, check_block_size
 from svg_lib.methods import BACKWARD_METHODS, METHODS, SPLASH_METHODS
 from svg_lib.problem import PALLAS_METHODS, check_block_kv_compute, check_dtype, check_method
-from svg_lib.runtime import detect_runtime
+from svg_lib.runtime import tpu_memory
 
 MiB = 2**20
 KiB = 2**10
-OFFLINE_GENERATION = "v6e"  # what we plan for when no TPU is attached (the blog's chip)
 HEADROOM = 0.85  # leave room for Mosaic's internal scratch and alignment padding
 # the fused backward's estimate is fitted to the compiler's scoped allocation, not counted: less room
 FUSED_HEADROOM = 0.95
 
 SPLASH_MASK_FORMS = ("full", "blocks", "computable")  # see splash.splash_mask_form
-
-
-@dataclass(frozen=True)
-class TpuMemory:
-    """Per-TensorCore memory of one TPU generation, and where the numbers came from."""
-
-    generation: str
-    vmem_bytes: int
-    default_scoped: int | None  # a kernel's VMEM limit unless it asks; None: not known for this chip
-    smem_bytes: int | None
-    source: str  # "compile targets (svg_lib.chips.TARGETS)" or "pltpu.get_tpu_info() on this TPU"
-
-
-def _from_target(generation: str) -> TpuMemory:
-    t = TARGETS[generation]
-    return TpuMemory(generation, t.vmem_bytes, t.default_scoped_vmem, t.smem_bytes,
-                     "compile targets (svg_lib.chips.TARGETS)")
-
-
-def attached_tpu_memory(runtime=None) -> TpuMemory:
-    """The attached TPU's generation and memory; a RuntimeError for a TPU we cannot plan for.
-
-    Capacities come from `pltpu.get_tpu_info()` where the installed jax has it, else from the
-    compile-target table. A TPU whose device kind we do not recognise is an error: planning it
-    as a v6e (128 MiB) would overflow chips with 64 MiB or less."""
-    runtime = runtime or detect_runtime()
-    if runtime.platform != "tpu":
-        raise RuntimeError(f"no TPU attached (jax reports {runtime.platform} {runtime.device_kind!r})")
-    generation = runtime.tpu_generation
-    if generation is None:
-        raise RuntimeError(f"this TPU reports device_kind {runtime.device_kind!r}, which svg_lib does not "
-                           f"recognise (jax {runtime.jax_version}); it will not guess its VMEM. Known "
-                           f"generations: {', '.join(_known_generations())}. Pass generation=... to "
-                           "estimate_vmem explicitly, or upgrade jax and svg_lib.")
-    info = _tpu_info()
-    default = TARGETS[generation].default_scoped_vmem if generation in TARGETS else None
-    if info is not None:
-        return TpuMemory(generation, int(info.vmem_capacity_bytes), default,
-                         int(getattr(info, "smem_capacity_bytes", 0)) or None, "pltpu.get_tpu_info() on this TPU")
-    if generation in TARGETS:
-        return _from_target(generation)
-    raise RuntimeError(f"this TPU is a {generation}, but the installed jax {runtime.jax_version} has no "
-                       "pltpu.get_tpu_info() to report its VMEM and svg_lib has no table entry for it; "
-                       "upgrade jax (0.10 has it) or pass generation=... explicitly")
-
-
-def _tpu_info():
-    """pltpu.get_tpu_info() for the attached TPU, or None where this jax lacks it."""
-    try:
-        from jax.experimental.pallas import tpu as pltpu
-        get = pltpu.get_tpu_info
-    except (ImportError, AttributeError):
-        return None
-    return get()
-
-
-def _known_generations():
-    return tuple(TARGETS)
-
-
-def tpu_memory(generation: str | None = None) -> TpuMemory:
-    """Memory facts for `generation` ("v6e", ...); None means the attached TPU, or the offline v6e.
-
-    Named generations come from `svg_lib.chips.TARGETS` (the chips the compiler on this
-    machine builds for: one table for both); another name is accepted only when it is the
-    attached TPU's, with its capacity from `pltpu.get_tpu_info()`."""
-    if generation is None:
-        runtime = detect_runtime()
-        return attached_tpu_memory(runtime) if runtime.platform == "tpu" else _from_target(OFFLINE_GENERATION)
-    if generation in TARGETS:
-        return _from_target(generation)
-    runtime = detect_runtime()
-    if runtime.platform == "tpu" and runtime.tpu_generation == generation:
-        return attached_tpu_memory(runtime)
-    raise ValueError(f"unknown TPU generation {generation!r}; known: {', '.join(TARGETS)}"
-                     + (f" and the attached {runtime.tpu_generation}" if runtime.tpu_generation else ""))
 
 
 @dataclass(frozen=True)
@@ -173,13 +95,6 @@ class VmemEstimate:
                 f"{self.head_dim}: {self.total / MiB:.1f} MiB of VMEM (pipeline {self.pipeline / MiB:.1f}, "
                 f"scratch {self.scratch / MiB:.1f}, intermediates {self.intermediates / MiB:.1f}); "
                 f"{self.generation} budget {self.budget / MiB:.0f} MiB")
-
-
-def tpu_generation() -> str:
-    """The attached TPU's generation ("v6e", ...), or the offline default when there is none.
-
-    Raises a RuntimeError on a TPU we do not recognise (see `attached_tpu_memory`)."""
-    return tpu_memory(None).generation
 
 
 def estimate_vmem(method: str, block_q: int, block_kv: int, head_dim: int, dtype,
@@ -278,16 +193,11 @@ def check_fits(estimate: VmemEstimate) -> VmemEstimate:
     if estimate.fits:
         return estimate
     e = estimate
-    suggestion = None
-    for bq in range(e.block_q, LANES - 1, -LANES):
-        for c in sorted((c for c in range(LANES, e.block_kv + 1, LANES) if e.block_kv % c == 0), reverse=True):
-            trial = estimate_vmem(e.method, bq, e.block_kv, e.head_dim, e.dtype, c, e.generation,
-                                  splash_mask=e.splash_mask)
-            if trial.fits:
-                suggestion = trial
-                break
-        if suggestion:
-            break
+    # block_q and smaller, at each the compute slices that divide block_kv, largest first: the first that fits
+    trials = (estimate_vmem(e.method, bq, e.block_kv, e.head_dim, e.dtype, c, e.generation, splash_mask=e.splash_mask)
+              for bq in range(e.block_q, LANES - 1, -LANES)
+              for c in sorted((c for c in range(LANES, e.block_kv + 1, LANES) if e.block_kv % c == 0), reverse=True))
+    suggestion = next((trial for trial in trials if trial.fits), None)
     hint = (f"; block_q={suggestion.block_q}, block_kv={suggestion.block_kv}, "
             f"block_kv_compute={suggestion.block_kv_compute} fits ({suggestion.total / MiB:.1f} MiB)"
             if suggestion else "; reduce block_kv")

@@ -18,9 +18,10 @@ from svg_lib.core.planner import FULL, PARTIAL, pack_schedule
 from svg_lib.kernels.backward import attention_dkv, attention_dq, attention_fused
 from svg_lib.kernels.forward import block_sparse_attention, dense_flash_attention
 from svg_lib.kernels.splash import _block_mask, _computable_mask, _splash, with_vmem_limit
-from svg_lib.memory.vmem import SPLASH_METHODS, KiB, MiB, VmemEstimate, estimate_vmem, tpu_memory
+from svg_lib.memory.vmem import SPLASH_METHODS, KiB, MiB, VmemEstimate, estimate_vmem
 from svg_lib.methods import METHODS, SERIES_FIRST_METHODS
 from svg_lib.progress import bar as progress_bar
+from svg_lib.runtime import tpu_memory
 from svg_lib.instruments.tpu.compiler import compile_fn
 from svg_lib.instruments.tpu.errors import classify_error, first_lines
 
