@@ -46,7 +46,7 @@ NOTE = (
     "ost steps). Result (v5p, 8k and 16k tokens): split / fused = 0.70 at 1 head, 1.38 at 2, 1.05 at 3, 1.17-1"
     ".19 at 5. The fused kernel has only its head axis parallel, so an odd head leaves a core idle, but the sp"
     "lit kernels do 7 matmuls per tile against its 5: split wins at 1 head only (heads x 0.71 < ceil(heads / 2"
-    ")); svg_lib.memory.budget.split_backward_is_faster. Written by tools/megacore-backward.py."
+    ")); svg_lib.runtime.split_backward_is_faster. Written by tools/megacore-backward.py."
 )
 
 
