@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from svg_lib.core.planner import EMPTY, PARTIAL
+from svg_lib.core.planner import EMPTY, PARTIAL, TilePlan, plan_tiles
 
 
 @dataclass(frozen=True)
@@ -157,3 +157,72 @@ def check_methods(names, among=None, *, what: str = "method") -> tuple:
     for name in names:
         check_method(name, among, what=what)
     return names
+
+
+@dataclass(frozen=True, eq=False)  # compared by identity: its plans hold arrays
+class MethodPlans:
+    """The plans the methods run over at one tile size, each method handed its own (`for_method`).
+
+    mask: the `TilePlan` of the mask as given, which the exact methods (B1, B2, Splash) walk.
+    tile_aligned: the plan of that mask rounded to whole tiles (`Mask.tile_aligned`), which B3 walks;
+    None where B3 is not priced. Either may be None, not both; given both, they share one `[nq, nk]`
+    grid. Which plan a method walks is its record's business (`Method.rounds_to_tiles`), not the
+    caller's: a caller passes this one value wherever a method's plan is needed.
+    """
+
+    mask: TilePlan | None = None
+    tile_aligned: TilePlan | None = None
+
+    def __post_init__(self):
+        given = [p for p in (self.mask, self.tile_aligned) if p is not None]
+        if not given:
+            raise ValueError("MethodPlans needs a plan: MethodPlans(plan_tiles(mask, block_q, block_kv)) or "
+                             "MethodPlans.of(mask, block_q, block_kv)")
+        if len({(p.block_q, p.block_kv) + tuple(p.grid) for p in given}) > 1:
+            raise ValueError(f"the mask's plan ({self.mask.block_q} x {self.mask.block_kv} tiles, grid "
+                             f"{self.mask.grid}) and the tile-aligned plan ({self.tile_aligned.block_q} x "
+                             f"{self.tile_aligned.block_kv}, grid {self.tile_aligned.grid}) must share one tile size")
+
+    @classmethod
+    def of(cls, mask, block_q: int, block_kv: int, *, tile_aligned: bool = True) -> MethodPlans:
+        """Both plans of `mask` at `block_q` x `block_kv`: its own and its tile-aligned mask's (one plan
+        where the mask already is tile-aligned there; rounding a mask that cannot be rounded raises).
+        `tile_aligned=False`: the mask's own plan only (B3 not priced, no rounding paid for)."""
+        plan = plan_tiles(mask, block_q, block_kv)
+        if not tile_aligned:
+            return cls(plan)
+        aligned = mask.tile_aligned(block_q, block_kv)
+        return cls(plan, plan if aligned is mask else plan_tiles(aligned, block_q, block_kv))
+
+    @property
+    def grid_plan(self) -> TilePlan:
+        """Either plan: what the dense methods read (every tile of the shared grid, its tokens)."""
+        return self.mask if self.mask is not None else self.tile_aligned
+
+    def for_method(self, method) -> TilePlan:
+        """The plan `method` (a name or a record) walks, or a ValueError saying which plan is missing
+        and how to pass it."""
+        record = method if isinstance(method, Method) else check_method(method)
+        if record.dense:
+            return self.grid_plan
+        if record.rounds_to_tiles:
+            if self.tile_aligned is None:
+                raise ValueError(f"{record.name} walks the tile-aligned mask's plan and these plans have none: pass "
+                                 f"MethodPlans.of(mask, block_q, block_kv), or MethodPlans(plan, tile_aligned="
+                                 f"plan_tiles(mask.tile_aligned(block_q, block_kv), block_q, block_kv))")
+            return self.tile_aligned
+        if self.mask is None:
+            raise ValueError(f"{record.name} walks the mask's own plan and these plans have only the tile-aligned "
+                             f"one: pass MethodPlans.of(mask, block_q, block_kv) or MethodPlans(plan_tiles(mask, "
+                             f"block_q, block_kv), tile_aligned=...)")
+        return self.mask
+
+
+def method_plans(plans) -> MethodPlans:
+    """`plans` as a MethodPlans: one as is, a bare `TilePlan` as the mask's own plan (enough for every
+    method but B3)."""
+    if isinstance(plans, MethodPlans):
+        return plans
+    if isinstance(plans, TilePlan):
+        return MethodPlans(plans)
+    raise TypeError(f"plans must be a MethodPlans (or one TilePlan, the mask's), got {type(plans).__name__}")

@@ -12,6 +12,7 @@ from svg_lib.attention import b3_mask
 from svg_lib.instruments.tpu.cost import TileCost, cost_model, filled_from, load_reference, model_cycles, step_kinds, tile_cost
 from svg_lib.instruments.tpu.probes import BODY_KINDS, Probe, run_probes
 from svg_lib.core.planner import EMPTY
+from svg_lib.methods import MethodPlans
 
 BQ = BKV = 256
 
@@ -94,15 +95,16 @@ MASK = SVGMask.spatial(VideoGeometry(8, 8, 12), 0.3)
 
 
 def test_step_kinds_cover_every_grid_step():
-    plan = plan_tiles(MASK, 128, 128)
-    b3_plan = plan_tiles(b3_mask(MASK, 128, 128), 128, 128)
+    plans = MethodPlans.of(MASK, 128, 128)
+    plan, b3_plan = plans.mask, plans.tile_aligned
+    assert b3_plan.mask == b3_mask(MASK, 128, 128)
     nq, nk = plan.classes.shape
     for method, p in (("b1", plan), ("b2", plan), ("b3", b3_plan)):
-        kinds = step_kinds(method, plan, b3_plan)
+        kinds = step_kinds(method, plans)
         assert kinds.pop("rows") == nq
         assert sum(kinds.values()) == p.step_class.size
         assert kinds["idle"] == int((p.step_class == EMPTY).sum())
-    assert "svg_masked" not in step_kinds("b3", plan, b3_plan)
+    assert "svg_masked" not in step_kinds("b3", plans)
     assert sum(v for k, v in step_kinds("splash_dense", plan).items() if k != "rows") == nq * nk
 
 
@@ -123,6 +125,20 @@ def test_model_needs_the_plan():
         step_kinds("b9", plan_tiles(MASK, 128, 128))
     with pytest.raises(ValueError, match=r"^unknown method 'B3' \(did you mean 'b3'\?\)"):
         step_kinds("B3")  # checked before it asks for the plan
+
+
+def test_each_method_takes_its_own_plan():
+    plans = MethodPlans.of(MASK, 128, 128)
+    assert plans.for_method("b2") is plans.mask and plans.for_method("b3") is plans.tile_aligned
+    assert plans.for_method("dense") is plans.mask
+    with pytest.raises(ValueError, match=r"b3 walks the tile-aligned mask's plan .* MethodPlans.of\(mask, block_q, block_kv\)"):
+        step_kinds("b3", plans.mask)   # one TilePlan: the mask's own, no B3
+    with pytest.raises(ValueError, match="b2 walks the mask's own plan"):
+        model_cycles("b2", fake_cost(), MethodPlans(tile_aligned=plans.tile_aligned))
+    with pytest.raises(ValueError, match="share one tile size"):
+        MethodPlans(plans.mask, plan_tiles(b3_mask(MASK, 256, 128), 256, 128))
+    with pytest.raises(ValueError, match="needs a plan"):
+        MethodPlans()
 
 
 def test_tile_cost_refuses_bad_input():
@@ -258,7 +274,7 @@ def test_training_model_sums_forward_and_fused_backward_steps():
     backward = load_backward_reference()["costs"][where]
     model = training_model(blog, forward, backward, heads=1)
     b3_plan = plan_tiles(b3_mask(blog.mask(), blog.block_q, blog.block_kv), blog.block_q, blog.block_kv)
-    kinds = backward_step_kinds("b3", b3_plan=b3_plan)
+    kinds = backward_step_kinds("b3", MethodPlans(tile_aligned=b3_plan))
     q_index = b3_plan.transposed_tables[0]
     assert sum(kinds.values()) == q_index.size  # every grid step of the transposed walk, idle ones included
     fused = backward.per_step["svg_lib_fused"]

@@ -10,6 +10,7 @@ from svg_lib import SVGMask, VideoGeometry, plan_tiles  # noqa: E402
 from svg_lib.teaching import explorer as explorer_module  # noqa: E402
 from svg_lib.teaching.explorer import CSS_CLASSES, EXPLORER_CLASS, mask_explorer  # noqa: E402
 from svg_lib.core.svg_masks import TemporalMask  # noqa: E402
+from svg_lib.methods import MethodPlans  # noqa: E402
 
 
 @pytest.fixture
@@ -185,10 +186,10 @@ def test_the_explorer_prices_its_tiles_per_chip(explorer):
     explorer.block_q.value, explorer.block_kv.value = 512, 256
     p = explorer.prices
     assert p["source"] == {"v5e": "probed", "v6e": "probed"}
-    b3_plan = plan_tiles(explorer_module.b3_mask(explorer.plan.mask, 512, 256), 512, 256)
+    plans = MethodPlans(explorer.plan, plan_tiles(explorer_module.b3_mask(explorer.plan.mask, 512, 256), 512, 256))
     for chip in ("v5e", "v6e"):
         cost = load_reference()["groups"]["after"][(chip, 512, 256)]
-        assert p["ms"]["b3"][chip] == model_cycles("b3", cost, explorer.plan, b3_plan) / clock_hz(chip) * 1e3
+        assert p["ms"]["b3"][chip] == model_cycles("b3", cost, plans) / clock_hz(chip) * 1e3
     # more heads, more time: the price follows the explorer's heads
     many = mask_explorer(VideoGeometry(6, 8, 16), block_q=512, block_kv=256, heads=4)
     assert many.prices["ms"]["b2"]["v6e"] == pytest.approx(4 * p["ms"]["b2"]["v6e"])
@@ -201,7 +202,7 @@ def test_prices_reach_the_case_studys_size_without_an_n_by_n_array():
     blog = get_preset("blog")
     exact = blog.mask()
     plan = plan_tiles(exact, 2048, 1024)      # not probed, inside the probed range: interpolated
-    prices = tile_prices(plan, plan_tiles(explorer_module.b3_mask(exact, 2048, 1024), 2048, 1024), heads=blog.heads)
+    prices = tile_prices(MethodPlans(plan, plan_tiles(explorer_module.b3_mask(exact, 2048, 1024), 2048, 1024)), heads=blog.heads)
     assert prices["source"] == {"v5e": "interpolated", "v6e": "interpolated"}
     assert 0 < prices["fit_error"]["v6e"] < 0.25 and prices["fit_error"]["v5e"] < 1e-9   # v5e: two probes, a line
     assert all(prices["ms"]["b3"][c] < prices["ms"]["b2"][c] for c in ("v5e", "v6e"))   # fewer tiles, no masks

@@ -17,6 +17,7 @@ from svg_lib.cli import main
 from svg_lib.instruments.tools.frontier import (MXUS_FOR_CLOCK, TARGET_RECALLS, TILES, _every_tile, cheapest, clock_hz, frontier,
                                    mask_points, matmul_cycles_per_pair, ms_per_all_pairs, pareto_front, plot)
 from svg_lib.instruments.tpu.cost import load_reference, model_cycles
+from svg_lib.methods import MethodPlans
 
 SMALL = {"svg_b3": (0.2, 0.9), "radial": (0.2, 16.0), "sliding": ((1, 3, 3),), "pooled": (0.2, 0.9)}
 
@@ -62,7 +63,7 @@ def test_a_mask_that_keeps_everything_costs_dense(result):
         if pt["mask"] == "radial" and pt["knob"] == 16.0:
             assert pt["recall"] > 0.99
             cost = load_reference()["groups"]["after"]["v6e", pt["block_q"], pt["block_kv"]]
-            every = heads * model_cycles("b3", cost, b3_plan=_every_tile(n, pt["block_q"], pt["block_kv"]))
+            every = heads * model_cycles("b3", cost, MethodPlans(tile_aligned=_every_tile(n, pt["block_q"], pt["block_kv"])))
             assert pt["ms"]["v6e"] == pytest.approx(every / clock_hz("v6e") * 1e3, rel=0.05)
             assert pt["ms"]["v6e"] <= every / clock_hz("v6e") * 1e3 * (1 + 1e-9)
 

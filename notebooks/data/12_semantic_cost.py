@@ -231,6 +231,7 @@ def attention_cycles(block_q: int, block_kv: int, tokens: int) -> dict:
 
     from svg_lib.core.masks import TileAlignedMask
     from svg_lib.core.planner import plan_tiles
+    from svg_lib.methods import MethodPlans
     from svg_lib.layers.semantic import tile_budget
     from svg_lib.problem import get_preset
     from svg_lib.instruments.tpu.cost import cost_model, load_reference, model_cycles
@@ -244,7 +245,7 @@ def attention_cycles(block_q: int, block_kv: int, tokens: int) -> dict:
         kept = np.zeros((nq, nk), bool)
         kept[:, :tile_budget(DENSITY, nk)] = True  # which key tiles does not change the count
         plan = plan_tiles(TileAlignedMask(tokens, block_q, block_kv, kept), block_q, block_kv)
-        out["semantic_attention"] = model_cycles("b3", after[TARGET, block_q, block_kv], b3_plan=plan)
+        out["semantic_attention"] = model_cycles("b3", after[TARGET, block_q, block_kv], MethodPlans(tile_aligned=plan))
     return out
 
 

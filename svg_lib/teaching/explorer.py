@@ -29,7 +29,7 @@ from svg_lib.extensions.sliding import SlidingTileMask
 from svg_lib.core.planner import plan_tiles
 from svg_lib.memory.smem import schedule_smem
 from svg_lib.memory.vmem import MiB, estimate_vmem
-from svg_lib.methods import PLANNED_METHODS
+from svg_lib.methods import PLANNED_METHODS, MethodPlans, method_plans
 from svg_lib.problem import PALLAS_METHODS, BenchConfig
 from svg_lib.runtime import detect_runtime
 from svg_lib.teaching.plots import plot_mask, plot_tile_map
@@ -59,17 +59,20 @@ DEFAULT_CUBE, DEFAULT_WINDOW = (2, 4, 16), (3, 1, 1)
 PRICE_CHIPS = ("v5e", "v6e")   # the chips whose static profile was committed (svg_lib/data/cost_reference.json)
 
 
-def tile_prices(plan, b3_plan=None, *, heads: int = 1, head_dim: int = 128, dtype: str = "bfloat16",
+def tile_prices(plans, *, heads: int = 1, head_dim: int = 128, dtype: str = "bfloat16",
                 chips=PRICE_CHIPS) -> dict:
     """What a tile size costs on each chip, from the plans alone (no N x N array): B1-B3's VMEM with its
     fit verdict, the packed schedule's SMEM, and each of B1, B2, B3's predicted milliseconds (`heads`
     heads), a simulation: the committed static profile where these tiles were probed, elsewhere its
     interpolation across the probed sizes (`svg_lib.instruments.tpu.interpolate`), whose largest miss on the
-    probed sizes is `fit_error`. `b3_plan`: the tile-aligned plan (None: B3 is not priced)."""
+    probed sizes is `fit_error`. `plans`: a `MethodPlans` (without a tile-aligned plan, or one TilePlan,
+    the mask's: B3 is not priced)."""
+    plans = method_plans(plans)
+    plan = plans.grid_plan
     bq, bkv = plan.block_q, plan.block_kv
     out = {"vmem": {}, "smem": schedule_smem(heads, plan.grid[0], plan.steps, chips[-1]), "ms": {}, "source": {},
            "fit_error": {}, "dtype": dtype}
-    methods = ("b1", "b2") + (("b3",) if b3_plan is not None else ())
+    methods = ("b1", "b2") + (("b3",) if plans.tile_aligned is not None else ())
     for chip in chips:
         out["vmem"][chip] = estimate_vmem("b2", bq, bkv, head_dim, dtype, generation=chip)
         cost = interpolated_cost(chip, bq, bkv)
@@ -81,7 +84,7 @@ def tile_prices(plan, b3_plan=None, *, heads: int = 1, head_dim: int = 128, dtyp
         out["fit_error"][chip] = 0.0 if probed else max(fit.fit_error[("svg_lib", k)]
                                                          for k in ("free", "svg_masked", "rows"))
         for m in methods:
-            out["ms"].setdefault(m, {})[chip] = model_cycles(m, cost, plan, b3_plan, heads) / clock_hz(chip) * 1e3
+            out["ms"].setdefault(m, {})[chip] = model_cycles(m, cost, plans, heads) / clock_hz(chip) * 1e3
     return out
 
 
@@ -341,9 +344,8 @@ def _explorer_class():
             rows = [("B1 naive", f"{s['tiles_visited']:,}", f"{s['tiles_visited']:,}", f"{s['grid_steps']:,}"),
                     ("B2 full/edge", f"{s['tiles_visited']:,}", f"{s['tiles_masked']:,}", f"{s['grid_steps']:,}"),
                     b3_row]
-            p = self.plan
-            b3_plan = None if s["b3_tiles_visited"] is None else self._b3_plan()
-            self.prices = tile_prices(p, b3_plan, heads=self.heads, head_dim=self.head_dim, dtype=self.dtype or "bfloat16")
+            plans = MethodPlans(self.plan, None if s["b3_tiles_visited"] is None else self._b3_plan())
+            self.prices = tile_prices(plans, heads=self.heads, head_dim=self.head_dim, dtype=self.dtype or "bfloat16")
             facts += price_facts(self.prices)
             chips = list(self.prices["vmem"])
             rows = [row + tuple(f"{self.prices['ms'][m][c]:.3f}" if m in self.prices["ms"] else "-" for c in chips)

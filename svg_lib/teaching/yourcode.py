@@ -18,10 +18,9 @@ from dataclasses import dataclass
 
 from svg_lib.chips import MXUS_FOR_CLOCK, TARGETS, clock_hz
 from svg_lib.core.masks import Mask
-from svg_lib.core.planner import plan_tiles
 from svg_lib.memory.smem import schedule_smem
 from svg_lib.memory.vmem import MiB, estimate_vmem
-from svg_lib.methods import check_method
+from svg_lib.methods import MethodPlans, check_method
 from svg_lib.instruments.tools.measured import shipped_row
 from svg_lib.instruments.tpu.cost import load_reference, model_cycles, step_kinds
 from svg_lib.problem import get_preset
@@ -119,10 +118,8 @@ def cost_line(mask: Mask, method: str, block_q: int, block_kv: int, *, heads: in
     `chips.clock_hz`), elsewhere the visited tiles' MXU floor per chip (a lower bound), and where a TPU
     measured the case study's problem at these tiles, that time. Computed from the plan: no N x N array, any size up to the case study's."""
     record = check_method(method)
-    plan = plan_tiles(mask, block_q, block_kv)
-    computed = record.computed_mask(mask, block_q, block_kv)
-    b3_plan = plan_tiles(computed, block_q, block_kv) if record.rounds_to_tiles else None
-    kinds = step_kinds(method, plan, b3_plan)
+    plans = MethodPlans.of(mask, block_q, block_kv, tile_aligned=record.rounds_to_tiles)
+    kinds = step_kinds(method, plans)
     rows = kinds["rows"]
     steps = sum(n for k, n in kinds.items() if k != "rows")
     visited = steps - kinds.get("idle", 0)
@@ -134,7 +131,7 @@ def cost_line(mask: Mask, method: str, block_q: int, block_kv: int, *, heads: in
         vmem.append(f"{chip} {est.total / MiB:.1f} of {est.budget / MiB:.0f} MiB {'fits' if est.fits else 'DOES NOT FIT'}")
     parts.append("VMEM " + ", ".join(vmem))
     if record.planned:
-        used = plan if b3_plan is None else b3_plan
+        used = plans.for_method(record)
         smem = schedule_smem(heads, used.grid[0], used.steps, chips[-1])
         parts.append(f"SMEM {smem.total / 1024:.1f} KiB")
     times = []
@@ -143,7 +140,7 @@ def cost_line(mask: Mask, method: str, block_q: int, block_kv: int, *, heads: in
         if cost is None or chip not in MXUS_FOR_CLOCK:
             continue
         try:
-            cycles = model_cycles(method, cost, plan, b3_plan, heads)
+            cycles = model_cycles(method, cost, plans, heads)
         except ValueError:  # a body kind not probed at these tiles
             continue
         times.append(f"{chip} {cycles / clock_hz(chip) * 1e3:.3f} ms")

@@ -23,6 +23,7 @@ from svg_lib.chips import check_target, clock_hz
 from svg_lib.core.geometry import VideoGeometry
 from svg_lib.core.masks import TileAlignedMask
 from svg_lib.core.planner import plan_tiles
+from svg_lib.methods import MethodPlans
 from svg_lib.layers.axis_orders import AXES, TEMPORAL_ORDER, transpose_bytes
 from svg_lib.instruments.tpu.cost import model_cycles
 
@@ -69,14 +70,14 @@ def permutation_source(candidate: str, permutation: dict | None = None) -> str:
 
 def attention_cycles(tiles, tokens: int, cost, *, block_q: int, block_kv: int) -> np.ndarray:
     """f64 `[heads]`: B3's simulated cycles per head over each head's `tiles` (bool `[heads, nq, nk]`),
-    `model_cycles("b3", cost, b3_plan=...)`; `cost` a `TileCost` at these blocks."""
+    `model_cycles("b3", cost, MethodPlans(tile_aligned=...))`; `cost` a `TileCost` at these blocks."""
     if (cost.block_q, cost.block_kv) != (block_q, block_kv):
         raise ValueError(f"the costs are for {cost.block_q} x {cost.block_kv} tiles, the plan's {block_q} x {block_kv}")
     tiles = np.asarray(tiles, bool)
     out = []
     for kept in tiles:
         plan = plan_tiles(TileAlignedMask(tokens, block_q, block_kv, kept), block_q, block_kv)
-        out.append(model_cycles("b3", cost, b3_plan=plan))
+        out.append(model_cycles("b3", cost, MethodPlans(tile_aligned=plan)))
     return np.asarray(out, np.float64)
 
 

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 
 from svg_lib.attention import METHODS, b3_mask, build_attention
-from svg_lib.methods import BASELINE, BLOG_SWEEP_METHOD, check_method
+from svg_lib.methods import BASELINE, BLOG_SWEEP_METHOD, MethodPlans, check_method
 from svg_lib.methods import METHODS as METHODS_TABLE
 from svg_lib.methods import check_methods as table_check_methods
 from svg_lib.core.masks import DENSE_LIMIT_TOKENS
@@ -59,13 +59,13 @@ def blog_figure(config: BenchConfig, method: str) -> float | None:
     return BLOG_V6E_MS.get(method)
 
 
-def method_tiles(config: BenchConfig, method: str, plan=None, b3_plan=None) -> dict:
+def method_tiles(config: BenchConfig, method: str, plans=None) -> dict:
     """Tiles one call of `method` visits and masks, and its grid steps per head.
 
     dense, splash_dense: every tile, masking the key tiles that reach into padding;
     splash, b1, b2: the plan of the exact mask (b1, and Splash given a predicate, mask every
     visited tile); b3: the plan
-    of the tile-aligned mask. `plan` / `b3_plan` may be passed in to avoid replanning.
+    of the tile-aligned mask. `plans` (a `MethodPlans`) may be passed in to avoid replanning.
     """
     n, bq, bkv = config.tokens, config.block_q, config.block_kv
     nq, nk = -(-n // bq), -(-n // bkv)
@@ -76,10 +76,7 @@ def method_tiles(config: BenchConfig, method: str, plan=None, b3_plan=None) -> d
         padded = nk * bkv != n
         return {"tiles_total": nq * nk, "tiles_visited": nq * nk, "tiles_masked": nq if padded else 0,
                 "grid_steps": nq * nk}
-    if record.rounds_to_tiles:
-        p = b3_plan or plan_tiles(record.computed_mask(config.mask(), bq, bkv), bq, bkv)
-    else:
-        p = plan or plan_tiles(config.mask(), bq, bkv)
+    p = _method_plan(config, record, plans)
     visited = int(p.visited.sum())
     # the record says which tiles its kernel masks (B1: every visited one); Splash masks every
     # visited tile when its mask is a predicate
@@ -90,7 +87,7 @@ def method_tiles(config: BenchConfig, method: str, plan=None, b3_plan=None) -> d
             "grid_steps": nq * p.steps}
 
 
-def backward_steps(config: BenchConfig, method: str, plan=None, b3_plan=None) -> int | None:
+def backward_steps(config: BenchConfig, method: str, plans=None) -> int | None:
     """Grid steps per head of `method`'s backward, as `attention()` runs it (`backward_form`).
 
     Fused: one pass over the transposed schedule (dense: every tile once). Split: the dq pass over
@@ -102,16 +99,20 @@ def backward_steps(config: BenchConfig, method: str, plan=None, b3_plan=None) ->
     record = check_method(method)
     if not record.backward:
         return None
-    p = None
-    if record.rounds_to_tiles:
-        p = b3_plan or plan_tiles(record.computed_mask(config.mask(), bq, bkv), bq, bkv)
-    elif record.planned:
-        p = plan or plan_tiles(config.mask(), bq, bkv)
+    p = _method_plan(config, record, plans) if record.planned else None
     fused = backward_form(config, method, p) == "fused"
     if not record.planned:
         return nq * nk * (1 if fused else 2)
     transposed = nk * p.transposed_tables[0].shape[1]
     return transposed if fused else nq * p.steps + transposed
+
+
+def _method_plan(config: BenchConfig, record, plans=None):
+    """The plan `record`'s kernel walks at `config`'s blocks: `plans`' (a `MethodPlans`), else planned here."""
+    if plans is not None:
+        return plans.for_method(record)
+    bq, bkv = config.block_q, config.block_kv
+    return plan_tiles(record.computed_mask(config.mask(), bq, bkv), bq, bkv)
 
 
 def backward_form(config: BenchConfig, method: str, plan=None) -> str:
@@ -217,9 +218,8 @@ def run_benchmark(config: BenchConfig, methods=DEFAULT_METHODS, *, repeats: int 
     runtime = detect_runtime()
     mask = config.mask()
     bq, bkv = config.block_q, config.block_kv
-    plan = plan_tiles(mask, bq, bkv)
     aligned = b3_mask(mask, bq, bkv)
-    b3_plan = plan_tiles(aligned, bq, bkv)
+    plans = MethodPlans(plan_tiles(mask, bq, bkv), plan_tiles(aligned, bq, bkv))
     dtype = jnp.dtype(config.dtype)
     keys = jax.random.split(jax.random.key(seed), 3)
     q, k, v = (jax.random.normal(key, config.shape, dtype) for key in keys)
@@ -286,7 +286,7 @@ def run_benchmark(config: BenchConfig, methods=DEFAULT_METHODS, *, repeats: int 
         error_info = {"error_rows": None if max_error is None else (len(rows_checked) if sampled else config.tokens),
                       "error_sampled": max_error is not None and sampled}
         del compiled, out
-        row = {"method": method, **method_tiles(config, method, plan, b3_plan),
+        row = {"method": method, **method_tiles(config, method, plans),
                "build_s": build_s, "compile_s": compile_s, "median_ms": statistics.median(times),
                "min_ms": min(times), "times_ms": times, "speedup": None, "max_error": max_error,
                **error_info, "blog_v6e_ms": blog_figure(config, method)}
@@ -296,7 +296,7 @@ def run_benchmark(config: BenchConfig, methods=DEFAULT_METHODS, *, repeats: int 
             if errors_possible:
                 grad_error = max(float(jnp.max(jnp.abs(g.astype(jnp.float32) - r)))
                                  for g, r in zip(grads, reference_for(method, "grad")))
-            row.update({"backward_steps": backward_steps(config, method, plan, b3_plan),
+            row.update({"backward_steps": backward_steps(config, method, plans),
                         "train_median_ms": statistics.median(train_times), "train_min_ms": min(train_times),
                         "train_times_ms": train_times, "train_speedup": None, "grad_error": grad_error})
             del grads
@@ -317,7 +317,7 @@ def run_benchmark(config: BenchConfig, methods=DEFAULT_METHODS, *, repeats: int 
                 r[speedup] = base / r[key]
     mode = "interpret" if _is_interpret(interpret) else "compiled"
     return BenchResult(config=config, runtime=runtime, rows=rows, mode=mode, repeats=repeats, warmup=warmup,
-                       seed=seed, plan_stats=plan.stats)
+                       seed=seed, plan_stats=plans.mask.stats)
 
 
 @dataclass

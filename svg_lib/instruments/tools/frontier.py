@@ -39,6 +39,7 @@ import numpy as np
 from svg_lib.chips import MXUS_FOR_CLOCK, check_target, clock_hz
 from svg_lib.core.masks import TileAlignedMask
 from svg_lib.core.planner import plan_tiles
+from svg_lib.methods import MethodPlans
 from svg_lib.extensions.radial import RadialMask
 from svg_lib.extensions.sliding import SlidingTileMask
 from svg_lib.core.svg_masks import SVGMask
@@ -177,7 +178,7 @@ def frontier(rows: int = 64, masks=DEFAULT_MASKS, chips=CHIPS, tiles=TILES, knob
                 ms = {}
                 for chip in chips:
                     cost, hz = costs[chip, block_q, block_kv], clock_hz(chip)
-                    per_head = np.mean([model_cycles("b3", cost, b3_plan=pl) for pl in plans])
+                    per_head = np.mean([model_cycles("b3", cost, MethodPlans(tile_aligned=pl)) for pl in plans])
                     ms[chip] = heads * per_head / hz * 1e3
                 points.append(dict(mask=name, block_q=block_q, block_kv=block_kv,
                                    knob=list(knob) if isinstance(knob, tuple) else knob, density=density,
@@ -240,7 +241,7 @@ def _dense_and_calibration(costs, chips, tiles, heads):
     else its mask-free body, a lower bound), B2 and B3 from their plans."""
     blog = get_preset("blog")
     n = blog.geometry.tokens
-    dense = {chip: min(heads * model_cycles("b3", costs[chip, bq, bk], b3_plan=_every_tile(n, bq, bk))
+    dense = {chip: min(heads * model_cycles("b3", costs[chip, bq, bk], MethodPlans(tile_aligned=_every_tile(n, bq, bk)))
                        / clock_hz(chip) * 1e3 for bq, bk in tiles) for chip in chips}
     calibration = {}
     bq, bk = blog.block_q, blog.block_kv
@@ -250,10 +251,8 @@ def _dense_and_calibration(costs, chips, tiles, heads):
         padded = every.grid[1] * bk != n  # padded keys: B0 runs Splash's block-mask body where it was probed
         body = "blocks" if padded and "blocks" in cost.per_step["splash"] else "free"
         splash = every.classes.size * cost.per_step["splash"][body] + every.grid[0] * cost.per_row.get("splash", 0.0)
-        mask = blog.mask()
-        cycles = {"splash_dense": splash,
-                  "b2": model_cycles("b2", cost, plan=plan_tiles(mask, bq, bk)),
-                  "b3": model_cycles("b3", cost, b3_plan=plan_tiles(mask.tile_aligned(bq, bk), bq, bk))}
+        plans = MethodPlans.of(blog.mask(), bq, bk)
+        cycles = {"splash_dense": splash, "b2": model_cycles("b2", cost, plans), "b3": model_cycles("b3", cost, plans)}
         calibration = {m: dict(model_ms=blog.heads * c / hz * 1e3, blog_ms=BLOG_V6E_MS[m]) for m, c in cycles.items()}
         calibration["splash_dense"]["body"] = body
     return dense, calibration

@@ -46,6 +46,7 @@ import numpy as np
 
 from svg_lib.chips import clock_hz
 from svg_lib.core.planner import plan_tiles
+from svg_lib.methods import MethodPlans
 from svg_lib.extensions.radial import RadialMask
 from svg_lib.extensions.sliding import SlidingTileMask
 from svg_lib.core.svg_masks import SVGMask
@@ -270,7 +271,7 @@ def points(rows: int = 64, masks=RECORD_MASKS, chips=RECORD_CHIPS, knobs=None, k
                     continue
                 recall, plans, density, permuted = got
                 moved = SlidingTileMask(g, SLIDING_CUBE, knob).tokens if name == "sliding" else int(g.tokens)
-                ms = {c: [HEADS_PRICED * model_cycles("b3", after[c, block_q, block_kv], b3_plan=pl) / clock_hz(c) * 1e3
+                ms = {c: [HEADS_PRICED * model_cycles("b3", after[c, block_q, block_kv], MethodPlans(tile_aligned=pl)) / clock_hz(c) * 1e3
                           for pl in plans] for c in chips if (block_q, block_kv) in tiles[c]}
                 for h, kind in enumerate(kinds):
                     out.append(dict(mask=name, head_kind=kind, block_q=block_q, block_kv=block_kv,

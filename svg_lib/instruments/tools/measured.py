@@ -16,11 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from svg_lib.chips import MXUS_FOR_CLOCK, clock_hz
-from svg_lib.core.planner import plan_tiles
 from svg_lib.instruments.tpu.cost import committed_tile_cost, model_cycles
 from svg_lib.kernels.forward import CODE_BUDGET, UNROLL_ORDER, body_copies, code_bytes, unrolled_bodies
 from svg_lib.kernels.grid import TileSizes
-from svg_lib.methods import BASELINE, METHODS, MODEL_METHODS, SERIES_METHODS, check_method
+from svg_lib.methods import BASELINE, METHODS, MODEL_METHODS, SERIES_METHODS, MethodPlans, check_method
 from svg_lib.problem import BLOG_V6E_MS, default_block_kv_compute, get_preset
 
 MEASUREMENTS_FILE = Path(__file__).resolve().parents[2] / "data" / "tpu_measurements.json"
@@ -137,12 +136,9 @@ def predicted_ms(method: str, chip: str, block_q: int, block_kv: int, block_kv_c
     if cost is None:
         return None
     mask = get_preset("blog").mask()
-    record = METHODS[method]
-    plan = plan_tiles(mask, block_q, block_kv)
-    b3_plan = plan_tiles(record.computed_mask(mask, block_q, block_kv), block_q, block_kv) \
-        if record.rounds_to_tiles else None
+    plans = MethodPlans.of(mask, block_q, block_kv)
     try:
-        return model_cycles(method, cost, plan, b3_plan, heads) / clock_hz(chip) * 1e3
+        return model_cycles(method, cost, plans, heads) / clock_hz(chip) * 1e3
     except ValueError:  # a body the profile could not simulate on this chip
         return None
 

@@ -37,12 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from svg_lib import cache as cache_files  # `cache` is a parameter name here
-from svg_lib.attention import b3_mask
-from svg_lib.methods import BASELINE, METHODS, MODEL_METHODS, check_method
+from svg_lib.methods import BASELINE, METHODS, MODEL_METHODS, MethodPlans, check_method, method_plans
 from svg_lib.chips import check_target
 from svg_lib.environment import MissingCompiler, has_libtpu, missing_compiler_message
 from svg_lib.core.masks import check_block_size
-from svg_lib.core.planner import EMPTY, FULL, PARTIAL, plan_tiles
+from svg_lib.core.planner import EMPTY, FULL, PARTIAL
 from svg_lib.problem import BenchConfig, check_block_kv_compute, resolve_problem
 from svg_lib.instruments.tpu.probes import (BACKWARD_KERNELS, BACKWARD_KINDS, BLOCKS_KIND, BODY_KINDS, CACHE_FORMAT, COST_KERNELS,
                                 FAILING_KIND, FLOOR_KIND, PROBE_ROWS, PROBE_STEPS, SPLASH_KINDS, TILE_KINDS, Probe,
@@ -447,8 +446,11 @@ def filled_from(cost: TileCost, fallback: TileCost | None = None, *, padding_as_
 BLOG_RATIOS = {"splash_dense": 1.0, "b1": 96.37 / 78.70, "b2": 54.12 / 78.70, "b3": 32.76 / 78.70}
 
 
-def step_kinds(method: str, plan=None, b3_plan=None, *, tokens: int | None = None) -> dict:
+def step_kinds(method: str, plans=None, *, tokens: int | None = None) -> dict:
     """How many grid steps (per head) of each body kind `method` runs, and its query-tile rows.
+
+    `plans`: a `MethodPlans` (B3 needs its tile-aligned plan), or one TilePlan, the mask's own;
+    each method takes the plan its record says it walks (`MethodPlans.for_method`).
 
     splash_dense / dense: every tile (dense masks the key tiles that reach into padding;
     Splash needs no masking without padding, and with it runs its block-mask body on every
@@ -458,24 +460,23 @@ def step_kinds(method: str, plan=None, b3_plan=None, *, tokens: int | None = Non
     """
     record = check_method(method, MODEL_METHODS)
     if not record.planned:  # every tile
-        p = plan if plan is not None else b3_plan
+        p = _plans(record, plans).grid_plan
         nq, nk = p.classes.shape
         padded = nk * p.block_kv != p.mask.tokens
         if record.splash:  # padded keys make Splash's mask blocks (kernels.splash.splash_mask)
             return {"rows": nq, BLOCKS_KIND if padded else "free": nq * nk}
         return {"rows": nq, "free": nq * (nk - padded), "padding_masked": nq * padded}
-    sc = _plan_of(record, plan, b3_plan).step_class
+    sc = _plans(record, plans).for_method(record).step_class
     return {"rows": sc.shape[0], **_kinds(record.full_step, int((sc == FULL).sum()), record.partial_step,
                                           int((sc == PARTIAL).sum()), int((sc == EMPTY).sum()))}
 
 
-def _plan_of(record, plan, b3_plan):
-    """The plan `record`'s kernel walks: the exact mask's, or B3's of the tile-aligned mask."""
-    p = b3_plan if record.rounds_to_tiles else plan
-    if p is None:
-        raise ValueError(f"{record.name} needs its plan (plan_tiles of the "
-                         f"{'tile-aligned' if record.rounds_to_tiles else 'exact'} mask)")
-    return p
+def _plans(record, plans) -> MethodPlans:
+    """`plans` as a MethodPlans, or an error saying what `record` needs."""
+    if plans is None:
+        raise ValueError(f"{record.name} needs its plan: pass MethodPlans.of(mask, block_q, block_kv) "
+                         f"(or plan_tiles(mask, block_q, block_kv) for a method other than B3)")
+    return method_plans(plans)
 
 
 def _kinds(full_kind, full, partial_kind, partial, idle) -> dict:
@@ -504,16 +505,16 @@ def failing_delta(cost: TileCost) -> float:
     return ours[FAILING_KIND] - ours["free"]
 
 
-def model_cycles(method: str, cost: TileCost, plan=None, b3_plan=None, heads: int = 1, pass_rate: float = 1.0) -> float:
+def model_cycles(method: str, cost: TileCost, plans=None, heads: int = 1, pass_rate: float = 1.0) -> float:
     """Simulated cycles of one call of `method`: sum over grid steps of that step's body cost,
     plus the per-row cost of each query tile; `heads` times that (heads run one after another
-    on one TensorCore).
+    on one TensorCore). `plans`: as `step_kinds` takes them.
 
     `pass_rate`: the fraction of query tiles whose rows pass the bound's test (kernels.forward:
     they subtract the bound after their first step; the others keep the running max). It depends on
     the activations, which a plan does not know: 1 prices every tile at the bounded body, 0 at the
     failing one (`failing_delta` more per body step). Splash has no bound: its cost does not move."""
-    kinds = step_kinds(method, plan, b3_plan)
+    kinds = step_kinds(method, plans)
     kernel = check_method(method, MODEL_METHODS).family
     per_step = cost.per_step[kernel]
     missing = [k for k in kinds if k not in ("rows", *per_step)]
@@ -541,9 +542,8 @@ def cost_model(problem, costs, *, block_q: int | None = None, block_kv: int | No
     mask, fields = resolve_problem(problem, needs=("block_q", "block_kv"), block_q=block_q, block_kv=block_kv,
                                    heads=heads)
     block_q, block_kv, heads = fields["block_q"], fields["block_kv"], fields["heads"] or 1
-    plan = plan_tiles(mask, block_q, block_kv)
-    b3_plan = plan_tiles(b3_mask(mask, block_q, block_kv), block_q, block_kv)
-    out = {m: model_cycles(m, costs, plan, b3_plan, heads, pass_rate) for m in methods}
+    plans = MethodPlans.of(mask, block_q, block_kv)
+    out = {m: model_cycles(m, costs, plans, heads, pass_rate) for m in methods}
     if BASELINE in out:
         out.update({f"{m}/b0": out[m] / out[BASELINE] for m in methods})
     return out
@@ -551,18 +551,17 @@ def cost_model(problem, costs, *, block_q: int | None = None, block_kv: int | No
 
 # -- the training step: forward + backward from the plan ---------------------------------------
 
-def backward_step_kinds(method: str, plan=None, b3_plan=None) -> dict:
+def backward_step_kinds(method: str, plans=None) -> dict:
     """Grid steps (per head) of each kind in `method`'s fused backward, which walks the transposed
     schedule (`TilePlan.transposed_tables`): per key tile, the query tiles that visit it, each row
     padded with idle steps to the longest. Dense and splash_dense: every tile, no idle step. B3's
     masked tiles mask only key padding, priced here as SVG-masked ones (the probe there is; an upper
-    bound, on a handful of tiles)."""
+    bound, on a handful of tiles). `plans`: as `step_kinds` takes them."""
     record = check_method(method, MODEL_METHODS)
     if not record.planned:
-        p = plan if plan is not None else b3_plan
-        nq, nk = p.classes.shape
+        nq, nk = _plans(record, plans).grid_plan.classes.shape
         return {"free": nq * nk}
-    _, step_class, _ = _plan_of(record, plan, b3_plan).transposed_tables
+    _, step_class, _ = _plans(record, plans).for_method(record).transposed_tables
     # the backward's only masked probe is the SVG predicate's: B3's padding tiles are priced at it
     return _kinds(record.full_step, int((step_class == FULL).sum()), "svg_masked", int((step_class == PARTIAL).sum()),
                   int((step_class == EMPTY).sum()))
@@ -588,8 +587,7 @@ def training_model(problem, forward: TileCost, backward: "BackwardCost", *, bloc
             raise ValueError(f"the {name}'s costs are at {c.block_q} x {c.block_kv} tiles, the problem's blocks are "
                              f"{blocks[0]} x {blocks[1]}: measure them there")
     heads = fields["heads"] or 1
-    plan = plan_tiles(mask, fields["block_q"], fields["block_kv"])
-    b3_plan = plan_tiles(b3_mask(mask, fields["block_q"], fields["block_kv"]), fields["block_q"], fields["block_kv"])
+    plans = MethodPlans.of(mask, *blocks)
     fwd = cost_model(mask, forward, block_q=blocks[0], block_kv=blocks[1], heads=heads, methods=methods,
                      pass_rate=pass_rate)
     idle = forward.per_step["svg_lib"]["idle"]
@@ -597,11 +595,11 @@ def training_model(problem, forward: TileCost, backward: "BackwardCost", *, bloc
     for m in methods:
         kernel = f"{METHODS[m].family}_fused"
         per_step = {**backward.per_step[kernel], "idle": idle}
-        missing = [k for k in backward_step_kinds(m, plan, b3_plan) if k not in per_step]
+        missing = [k for k in backward_step_kinds(m, plans) if k not in per_step]
         if missing:
             raise ValueError(f"the backward costs lack {missing} for {kernel}: measure them "
                              f"(backward_tile_cost(..., kinds=('free', 'svg_masked')))")
-        bwd = heads * sum(n * per_step[k] for k, n in backward_step_kinds(m, plan, b3_plan).items())
+        bwd = heads * sum(n * per_step[k] for k, n in backward_step_kinds(m, plans).items())
         out[m] = {"forward": fwd[m], "backward": bwd, "total": fwd[m] + bwd}
     if BASELINE in out:
         b0 = out[BASELINE]

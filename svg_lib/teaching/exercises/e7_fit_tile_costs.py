@@ -1,7 +1,7 @@
 """E7, two per-tile costs fitted on two stages: the case study's stages (`case_study_stages`),
 `check_tile_cost_fit` and its hidden cases.
 
-The tile counts come from the plans of the case study's mask (`plan_tiles`, `b3_mask`,
+The tile counts come from the plans of the case study's mask (`MethodPlans.of`,
 `step_kinds`), the latencies from `BLOG_V6E_MS`."""
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import math
 
 import numpy as np
 
-from svg_lib.attention import b3_mask
-from svg_lib.core.planner import plan_tiles
+from svg_lib.methods import MethodPlans
 from svg_lib.problem import BLOG_V6E_MS, get_preset
 from svg_lib.instruments.tpu.cost import step_kinds
 from svg_lib.teaching.exercises.common import CheckResult, _Case, _Fail, _call, _finish, _fmt, _learner_exception
@@ -24,12 +23,10 @@ def case_study_stages(preset: str = "blog") -> dict:
     study's v6e measurements (`svg_lib.problem.BLOG_V6E_MS`), meaningful for the "blog" preset only.
     """
     p = get_preset(preset)
-    mask = p.mask()
-    plan = plan_tiles(mask, p.block_q, p.block_kv)
-    b3_plan = plan_tiles(b3_mask(mask, p.block_q, p.block_kv), p.block_q, p.block_kv)
+    plans = MethodPlans.of(p.mask(), p.block_q, p.block_kv)
     stages = {}
     for method, stage in (("splash_dense", "B0"), ("b1", "B1"), ("b2", "B2"), ("b3", "B3")):
-        kinds = step_kinds(method, plan, b3_plan)
+        kinds = step_kinds(method, plans)
         masked = kinds.get("svg_masked", 0) + kinds.get("padding_masked", 0)
         # B0's block-mask steps (padded keys; every pair kept) count as full tiles: the fit has two prices
         stages[stage] = (kinds.get("free", 0) + kinds.get("blocks", 0), masked, BLOG_V6E_MS[method])
