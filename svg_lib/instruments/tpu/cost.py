@@ -446,7 +446,7 @@ def filled_from(cost: TileCost, fallback: TileCost | None = None, *, padding_as_
 BLOG_RATIOS = {"splash_dense": 1.0, "b1": 96.37 / 78.70, "b2": 54.12 / 78.70, "b3": 32.76 / 78.70}
 
 
-def step_kinds(method: str, plans=None, *, tokens: int | None = None) -> dict:
+def step_kinds(method: str, plans=None) -> dict:
     """How many grid steps (per head) of each body kind `method` runs, and its query-tile rows.
 
     `plans`: a `MethodPlans` (B3 needs its tile-aligned plan), or one TilePlan, the mask's own;
