@@ -83,7 +83,7 @@ def test_the_notebooks_folder_check_can_fail(tmp_path):
 # unroll rule's price of a program: 3,467 lines) plus 30 for an addition to kernels/forward.py under way, lowered
 # as it shrinks.
 LESSON_CORE = ("core", "kernels", "memory", "attention.py")
-LESSON_CORE_GOAL, LESSON_CORE_CEILING = 3_500, 3_466
+LESSON_CORE_GOAL, LESSON_CORE_CEILING = 3_500, 3_463
 
 
 def lesson_core_lines(package: pathlib.Path = PACKAGE) -> dict[str, int]:

@@ -54,8 +54,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from svg_lib.core.planner import KernelTables
 from svg_lib.kernels.forward import MASK_VALUE, MAX_UNROLLED_CHUNKS, NN, NT, dot, partial_tail, real_part, token_ids
-from svg_lib.kernels.grid import (TABLE_REFS, DenseKeyMajor, DenseSchedule, KeyMajor, Schedule, ScheduleRows, TileSizes,
-                                  dispatch, library_grid_spec, row_block)
+from svg_lib.kernels.grid import (DenseKeyMajor, DenseSchedule, KeyMajor, Schedule, ScheduleRows, TileSizes, dispatch,
+                                  library_grid_spec, row_block)
 from svg_lib.kernels.refs import KernelRefs
 from svg_lib.methods import check_record
 
@@ -172,7 +172,7 @@ def _call(schedule, kernel, operands, sizes, *, outputs, out_shape, out_specs, s
 
     def step(**named):
         h, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-        entry = schedule.entry(h, i, s, **{n: named.pop(n) for n in TABLE_REFS})
+        entry = schedule.entry(h, i, s, **{n: named.pop(n) for n in _TABLES})
         kernel(h, i, s, *entry, [named.pop(f"{n}_ref") for n in _INPUTS], **named)
 
     return pl.pallas_call(
@@ -185,7 +185,7 @@ def _call(schedule, kernel, operands, sizes, *, outputs, out_shape, out_specs, s
         interpret=interpret, name=name)(*schedule.tables, *operands)
 
 
-_INPUTS = ("q", "k", "v", "do", "lse", "di")
+_TABLES, _INPUTS = ("head_kind_ref", "schedule_ref", "head_order_ref"), ("q", "k", "v", "do", "lse", "di")
 # heads and the grid's rows are independent; the last axis carries an accumulator
 _SPLIT_SEMANTICS = ("parallel", "parallel", "arbitrary")
 

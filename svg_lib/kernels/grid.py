@@ -84,9 +84,6 @@ class ScheduleRows:
         return schedule_entry(table_ref, row * self.steps + s)
 
 
-TABLE_REFS = ("head_kind_ref", "schedule_ref", "head_order_ref")  # the refs `entry` and the index maps read
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class Schedule:
     """A block-sparse forward's (or backward's) scalar-prefetched tables and their decoder.
@@ -322,7 +319,7 @@ def tile_step_call(schedule: Schedule | DenseSchedule, sizes: TileSizes, *, q_sh
 
     def kernel(**named):
         h, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-        tables = {n: named[n] for n in TABLE_REFS}
+        tables = {n: named[n] for n in ("head_kind_ref", "schedule_ref", "head_order_ref")}
         head = schedule.head(h, tables["head_order_ref"])
         kv_tile, cls = schedule.entry(h, i, s, **tables)
         step = Step(h, i, s, head, kv_tile, cls, named)
