@@ -162,7 +162,8 @@ def test_the_readme_quotes_the_notebook_runs_record():
 
 def test_each_kernel_variant_tried_carries_the_verdict_its_timing_gives():
     """svg_lib/data/tpu_experiments.json: each variant timed beside the shipped kernels (CONTRIBUTING,
-    "The first step's running max stays"). A price (not exact) has nan outputs; an exact variant either ran
+    "The first step's running max stays"). A price is named not exact; the shipped kernel timed again in a
+    variant's run stays within 1 % of its record; an exact variant either ran
     slower than the shipped row at its tiles, or ran faster and is waiting to ship with its patch committed
     in tools/experiments/, or is another form of an idea waiting to ship that ran no faster than that form
     (within 0.2 ms at the same method and tiles): none faster is left without a verdict."""
@@ -175,7 +176,10 @@ def test_each_kernel_variant_tried_carries_the_verdict_its_timing_gives():
         shipped = shipped_row(r["method"], r["block_q"], r["block_kv"])
         where = (r["variant"], r["method"], r["block_q"], r["block_kv"])
         if r["verdict"] == "price":
-            assert "not exact" in r["variant"] and r["max_error"] != r["max_error"], where  # nan: not a kernel
+            assert "not exact" in r["variant"], where  # what a piece of work costs, not a kernel
+            continue
+        if r["verdict"] == "shipped":  # the shipped kernel again, beside a variant: the record reproduces
+            assert r["max_error"] < 1e-3 and r["median_ms"] == pytest.approx(shipped["median_ms"], rel=0.01), where
             continue
         assert r["max_error"] < 1e-3, where
         if r["verdict"] == "slower":
