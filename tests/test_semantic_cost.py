@@ -70,6 +70,7 @@ def test_refresh_policies_amortize_the_plan_over_the_steps(reuse):
     every = next(r for r in rows if r["policy"] == "every 1")
     assert all(n == steps for _, _, n in every["kinds"].values())
     text = semantic_cost.refresh_table(reuse)
-    assert text.count("\n") == len(rows) + 2 and "the attention they serve" in text
+    assert text.count("\n") == len(rows) + 3 and "the attention they serve" in text
+    assert len({len(line) for line in text.splitlines()[1:]}) == 1  # every column under its heading
     with pytest.raises(ValueError, match="no refresh-policy runs"):
         semantic_cost.refresh_policies({"sizes": {"75600": reuse["sizes"]["75600"]}})

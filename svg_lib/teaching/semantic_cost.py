@@ -119,17 +119,22 @@ def refresh_policies(record: dict) -> list[dict]:
 
 
 def refresh_table(record: dict) -> str:
-    """The refresh policies: per head kind "mean recall / last-10-steps recall / refreshes", and the
-    four heads' amortized plan cycles per step (millions) at each recorded plan size."""
+    """The refresh policies: per head kind its mean recall, its recall over the last 10 steps and its
+    refreshes, each under its own heading, and the four heads' amortized plan cycles per step (millions)
+    at each recorded plan size."""
     rows = refresh_policies(record)
     kinds, sizes = list(rows[0]["kinds"]), sorted(rows[0]["plan_cycles"])
-    lines = [f"{record['schedule']}; per head: mean recall, recall over the last 10 steps, refreshes; last columns: the plans' "
-             f"cycles per step, {len(kinds)} heads, millions (simulated, v6e static profile) at this many tokens",
-             f"{'policy':>33} " + " ".join(f"{k:>12}" for k in kinds) + " " + " ".join(f"{t:>7,}" for t in sizes)]
+    kind_width = 17  # "mean last10 refreshes" under each kind: 4 + 1 + 6 + 1 + 5
+    lines = [f"{record['schedule']}; recall of each kind of head over all steps (mean) and the last 10 (last10), "
+             f"and its refreshes; plan: the {len(kinds)} heads' plan cycles per step, millions (simulated, v6e static "
+             f"profile), at this many tokens",
+             f"{'':>33} " + "  ".join(f"{k:^{kind_width}}" for k in kinds) + " " + " ".join(f"{'plan':>7}" for _ in sizes),
+             f"{'policy':>33} " + "  ".join(f"{'mean':>4} {'last10':>6} {'refr.':>5}" for _ in kinds) + " "
+             + " ".join(f"{t:>7,}" for t in sizes)]
     for r in rows:
-        lines.append(f"{r['policy']:>33} " + " ".join(f"{m:>4.2f} {l:.2f} {n:<2}" for m, l, n in r["kinds"].values())
+        lines.append(f"{r['policy']:>33} " + "  ".join(f"{m:>4.2f} {l:>6.2f} {n:>5}" for m, l, n in r["kinds"].values())
                      + " " + " ".join(f"{r['plan_cycles'][t] / 1e6:>7.2f}" for t in sizes))
     attention = record["semantic_attention_cycles_per_head"]
-    lines.append(f"{'the attention they serve':>33} " + " " * (13 * len(kinds) - 1) + " "
+    lines.append(f"{'the attention they serve':>33} " + " " * ((kind_width + 2) * len(kinds) - 2) + " "
                  + " ".join(f"{len(kinds) * attention[str(t)] / 1e6:>7.2f}" for t in sizes))
     return "\n".join(lines)
