@@ -175,31 +175,34 @@ def test_committed_reference_reads_back():
 
 def test_committed_references_were_probed_from_this_tree():
     """Every committed figure of today's bodies carries the digest of the programs its probes compiled
-    (their jaxprs, `probes.probed_digest`); a change to what a kernel, the mask's predicate or a probe
-    computes makes it stale, and this fails until the references are re-probed
-    (tools/forward-reference.py, tools/backward-reference.py)."""
+    (their jaxprs, `probes.probed_digest`, the forward's and the backward's apart); a change to what a
+    kernel, the mask's predicate or a probe computes makes that direction's figures stale, and this fails
+    until they are re-probed (tools/forward-reference.py, tools/backward-reference.py)."""
     import json
 
     from svg_lib.instruments.tpu.cost import BACKWARD_REFERENCE_FILE, REFERENCE_FILE
     from svg_lib.instruments.tpu.probes import versions
 
-    source = versions()["source"]
     forward = json.loads(REFERENCE_FILE.read_text())
     backward = json.loads(BACKWARD_REFERENCE_FILE.read_text())
-    entries = [("cost_reference.json", "tools/forward-reference.py", e) for e in forward["groups"]["after"]]
-    entries += [("backward_cost_reference.json", "tools/backward-reference.py", e) for e in backward["costs"]]
-    stale = [f"{name} {e['target']} {e['block_q']} x {e['block_kv']}: probed from source {e['versions']['source']} "
-             f"(re-probe: python {tool})" for name, tool, e in entries if e["versions"]["source"] != source]
-    assert not stale, f"this tree's probed sources digest to {source}; stale entries:\n" + "\n".join(stale)
-    assert forward["versions"]["source"] == backward["versions"]["source"] == source
+    stale = []
+    for name, tool, record, entries in (("cost_reference.json", "tools/forward-reference.py", forward, forward["groups"]["after"]),
+                                        ("backward_cost_reference.json", "tools/backward-reference.py", backward, backward["costs"])):
+        source = versions("forward" if record is forward else "backward")["source"]
+        stale += [f"{name} {e['target']} {e['block_q']} x {e['block_kv']}: probed from source {e['versions']['source']}, "
+                  f"this tree's is {source} (re-probe: python {tool})" for e in entries if e["versions"]["source"] != source]
+        assert record["versions"]["source"] == source, (name, source)
+    assert not stale, "stale entries:\n" + "\n".join(stale)
+    assert versions("forward")["source"] != versions("backward")["source"] != versions()["source"]
 
 
 def test_probed_digest_follows_what_the_probes_compute(monkeypatch):
-    """The digest sees a change to the tile body's arithmetic, and not a renamed copy of the same body."""
+    """The digest sees a change to the tile body's arithmetic, and not a renamed copy of the same body;
+    the backward's digest, whose probes run no forward tile body, sees neither."""
     from svg_lib.kernels import forward
     from svg_lib.instruments.tpu import probes
 
-    base = probes.probed_digest()
+    base, base_forward, base_backward = (probes.probed_digest(d) for d in (None, "forward", "backward"))
     original = forward.online_softmax_tile
 
     def same_body(*args, **kwargs):
@@ -213,6 +216,8 @@ def test_probed_digest_follows_what_the_probes_compute(monkeypatch):
         probes.probed_digest.cache_clear()
         monkeypatch.setattr(forward, "online_softmax_tile", body)
         assert (probes.probed_digest() == base) is same
+        assert (probes.probed_digest("forward") == base_forward) is same
+        assert probes.probed_digest("backward") == base_backward
     probes.probed_digest.cache_clear()
 
 

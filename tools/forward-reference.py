@@ -52,7 +52,7 @@ for target, bq, bkv, c, kernels, kinds in ENTRIES:
     # written as each entry finishes: the entries not yet re-probed keep their old ones
     old = [e for e in data["groups"]["after"] if (e["target"], e["block_q"], e["block_kv"]) not in
            {(a["target"], a["block_q"], a["block_kv"]) for a in after}]
-    data.update(date=time.strftime("%Y-%m-%d"), versions=versions(), note=NOTE)
+    data.update(date=time.strftime("%Y-%m-%d"), versions=versions("forward"), note=NOTE)
     data["groups"]["after"] = after + old
     REFERENCE_FILE.write_text(json.dumps(data, indent=1) + "\n")
 print(f"wrote {REFERENCE_FILE}")

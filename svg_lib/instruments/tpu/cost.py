@@ -196,7 +196,7 @@ def tile_cost(target: str = "v6e", config: BenchConfig | None = None, *, block_q
     for k in kinds:
         if k not in TILE_KINDS:
             raise ValueError(f"unknown tile-body kind {k!r}; tile_cost knows {TILE_KINDS}")
-    v = versions()
+    v = versions("forward")
     path = _cache_path(_cache_key(target, block_q, block_kv, block_kv_compute, head_dim, kernels, kinds, v, per_row))
     if path.exists() and not refresh:
         return TileCost.from_json(json.loads(path.read_text()), from_cache=True, cache_path=str(path))
@@ -332,7 +332,7 @@ def backward_tile_cost(target: str = "v6e", *, block_q: int, block_kv: int, bloc
     if bad:
         raise ValueError(f"unknown backward body kind(s) {bad}; backward_tile_cost knows "
                          f"{tuple(k for k in BACKWARD_KINDS if k != FLOOR_KIND)} (and always measures the floor)")
-    v = versions()
+    v = versions("backward")
     key = {**_cache_key(target, block_q, block_kv, block_kv_compute, head_dim, BACKWARD_KERNELS, BODY_KINDS, v),
            "what": "backward_tile_cost", "kinds": list(kinds)}
     path = _cache_path(key)
@@ -622,7 +622,7 @@ def save_backward_reference(costs, path: Path = BACKWARD_REFERENCE_FILE, note: s
     """Write `[BackwardCost, ...]` as the committed backward reference (`load_backward_reference`)."""
     import datetime
 
-    data = {"evidence": EVIDENCE, "date": datetime.date.today().isoformat(), "versions": versions(),
+    data = {"evidence": EVIDENCE, "date": datetime.date.today().isoformat(), "versions": versions("backward"),
             "command": "python tools/backward-reference.py", "note": note,
             "costs": [{k: v for k, v in c.to_json().items() if k != "raw"} for c in costs]}
     path.write_text(json.dumps(data, indent=1) + "\n")

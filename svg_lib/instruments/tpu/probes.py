@@ -95,8 +95,12 @@ PROBE_ROWS = (1, 2)       # query tiles of the two probes whose difference gives
 DIGEST_BLOCKS = ((512, 256, 256), (1024, 1536, 512))
 
 
-def versions() -> dict:
-    """jax and libtpu versions, and a digest of what the probes compile (`probed_digest`)."""
+DIRECTIONS = ("forward", "backward")
+
+
+def versions(direction: str | None = None) -> dict:
+    """jax and libtpu versions, and a digest of what the probes compile (`probed_digest`): those of
+    `direction` ("forward" or "backward"), or of both (None)."""
     import importlib.metadata as md
 
     import jax
@@ -105,26 +109,33 @@ def versions() -> dict:
         libtpu = md.version("libtpu")
     except md.PackageNotFoundError:
         libtpu = None
-    return {"jax": jax.__version__, "libtpu": libtpu, "source": probed_digest()}
+    return {"jax": jax.__version__, "libtpu": libtpu, "source": probed_digest(direction)}
 
 
 @functools.lru_cache(maxsize=None)
-def probed_digest() -> str:
-    """A digest of the jaxprs of the probe kernels (`DIGEST_BLOCKS`, every kind, forward and backward).
+def probed_digest(direction: str | None = None) -> str:
+    """A digest of the jaxprs of the probe kernels (`DIGEST_BLOCKS`, every kind) of `direction`:
+    "forward" (svg_lib's and Splash's forward tile bodies), "backward" (the backward kernels'), or None
+    for both.
 
     A jaxpr is the program the probes hand the compiler, without names, comments or line numbers:
     renaming a function or regrouping a kernel's parameters keeps it, and with it the cache and the
     committed cycles; a change to what any probe computes (the tile body, the SVG predicate, the
     state's finish, Splash in a new jax) changes it, and the committed cycles are then stale
-    (tests/test_cost.py says which). Tracing only: no compiler, no libtpu."""
+    (tests/test_cost.py says which). Each direction's cycles carry their own digest, so that a change
+    to the forward alone leaves the backward's cycles current. Tracing only: no compiler, no libtpu."""
     import jax
 
+    if direction not in (None, *DIRECTIONS):
+        raise ValueError(f"direction is one of {DIRECTIONS} or None (both); got {direction!r}")
     probes = []
     for block_q, block_kv, chunk in DIGEST_BLOCKS:
-        probes += probes_for(block_q, block_kv, chunk)
-        probes += [Probe(kernel, kind, block_q, block_kv, chunk, 128, PROBE_ROWS[0], PROBE_STEPS[0])
-                   for kernel in BACKWARD_KERNELS for kind in BACKWARD_KINDS
-                   if kind != FLOOR_KIND or kernel == "svg_lib_fused"]
+        if direction in (None, "forward"):
+            probes += probes_for(block_q, block_kv, chunk)
+        if direction in (None, "backward"):
+            probes += [Probe(kernel, kind, block_q, block_kv, chunk, 128, PROBE_ROWS[0], PROBE_STEPS[0])
+                       for kernel in BACKWARD_KERNELS for kind in BACKWARD_KINDS
+                       if kind != FLOOR_KIND or kernel == "svg_lib_fused"]
     digest = hashlib.sha256()
     for p in probes:
         fn, shapes = _probe_program(p, "probe", "v6e")
