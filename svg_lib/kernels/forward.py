@@ -32,17 +32,14 @@ garbage that is never written to HBM, and the bound's check leaves them out (`ch
 the tail in place gave wrong rows on a real TPU, and padded copies in HBM cost hundreds of MiB
 (CONTRIBUTING.md, "Measurements behind the kernels").
 
-The bounded max. The running max costs, at every slice of keys, a row max of the scores and a
-rescale of l and acc. A query tile's first step instead subtracts each row's Cauchy-Schwarz bound
-|q_i| max|k| (with a relative margin that float rounding cannot cross, `BOUND_MARGIN`; `start_bound`):
-exp, the row sum and the two matmuls, nothing else. `check_bound` then tests, once, whether each row's
-l = sum exp(s - bound) over that step shows a score within BOUND_SLACK of the bound: if every row's
-does, the tile's later steps keep the bound; if not, the step is undone and runs again with the running
-max, which the tile keeps to its end without testing again. Decided per query tile at run time
-(tests/test_bounded_max.py counts which body ran and how often the check did), so every input gets
-the exact result, scores of 1e9 at their bound included. How often tiles pass depends on the
-activations (`svg_lib.instruments.tpu.cost` models both, from the compiler's static profile of each
-body: `svg_lib/data/cost_reference.json`, `python -m svg_lib cost`).
+The bounded max. The running max costs, at every slice of keys, a row max and a rescale of l and acc.
+A query tile's first step instead subtracts each row's Cauchy-Schwarz bound |q_i| max|k| (`start_bound`,
+with a margin float rounding cannot cross): exp, the row sum and the two matmuls. `check_bound` then
+tests, once, whether each row's l shows a score within BOUND_SLACK of the bound: if all do, the tile
+keeps the bound; if not, the step is undone and runs again with the running max, kept to the end.
+Decided per query tile at run time (tests/test_bounded_max.py counts which body ran), so every input
+gets the exact result, scores of 1e9 at their bound included. How often tiles pass depends on the
+activations (`svg_lib.instruments.tpu.cost` prices both from the compiler's static profile).
 
 Code size. Every `pl.when` branch is compiled, so a kernel carries one copy of the tile body
 per kind it can run, and two of each (running and bounded): dense, B2 and B3 hold four (mask-free
@@ -233,12 +230,11 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
 # relative margin, BOUND_MARGIN = 2^-10, over 16 times that error at head_dim 1024, and no computed
 # score reaches it. For (b), a query tile keeps the bound after its first step, run on it, only when
 # every row's l = sum_j exp(s_ij - b_i) over that step's kept keys reaches block_kv exp(-BOUND_SLACK):
-# as l <= block_kv exp(max_j s_ij - b_i), the row has seen a kept score within BOUND_SLACK of b_i.
-# Then every term within 27 of the row's final max is at least exp(-87), a normal float32 (and
-# bfloat16, same exponent range), and what is lost weighs less than exp(-27) each. Tiles whose rows
-# fail (rows that saw no kept key, scores spanning more than BOUND_SLACK, huge scores whose margin
-# alone exceeds it, inf or nan in the bound) undo that step and keep the running max; the check is
-# by ln(block_kv) stricter than a max would be, the price of not computing one.
+# as l <= block_kv exp(max_j s_ij - b_i), the row has seen a kept score within BOUND_SLACK of b_i
+# (a test by ln(block_kv) stricter than a max). Then every term within 27 of the row's final max is at
+# least exp(-87), a normal float32 (and bfloat16), and what is lost weighs less than exp(-27) each.
+# Rows that saw no kept key, scores spanning more than BOUND_SLACK, huge scores whose margin alone
+# exceeds it, inf or nan in the bound: the tile undoes that step and keeps the running max.
 # One cost the shift has: p = exp(s - bound) can be as small as exp(-BOUND_SLACK) ~ 1e-26 for a
 # row's largest term, so a product p * v underflows float32's normal range (1.2e-38, below which a
 # TPU flushes to zero) where |v| is below ~1e-12; the running max keeps the largest p at 1.
@@ -246,9 +242,8 @@ BOUND_SLACK = 60.0
 BOUND_MARGIN = 2.0 ** -10
 # The per-query-tile state of the bound (`flag_ref[0]`): the check is made once, after the tile's
 # first step; a tile that fails keeps the running max to its end with no further test (a test at
-# every step cost more, in the static profile, than the running body it would save). Running the
-# first step on the bound and checking it after was measured faster on a v5e than running it with the
-# running max and testing before the switch (CONTRIBUTING, "Measurements behind the kernels").
+# every step cost more, in the static profile, than the running body it would save). The first step
+# runs on the bound, checked after: faster on a v5e than the running max first (CONTRIBUTING).
 # RUNNING is 0 because the compiler's static profile reads scalar-prefetched SMEM as zeros
 # (svg_lib.instruments.tpu.probes) and may read this flag so too: a simulated kernel would then take
 # the failing tile's path, the running max with no test, never a test at every step. (Whether it
@@ -267,29 +262,22 @@ def key_norm_max(k):
     return jnp.sqrt(jnp.max(jnp.sum(kf * kf, axis=-1), axis=-1))
 
 
-def bound_rows(q_ref, key_norm_max):
-    """`[block_q, 1]` f32: each row's Cauchy-Schwarz bound |q_i| max|k| (1 + BOUND_MARGIN)."""
-    q = q_ref[...].astype(jnp.float32)
-    return jnp.sqrt(jnp.sum(q * q, axis=1, keepdims=True)) * (key_norm_max * (1.0 + BOUND_MARGIN))
-
-
 def start_bound(q_ref, m_ref, key_norm_max):
-    """A query tile's first step starts on the bound: m = b for every row, `[block_q, 128]` replicated
-    over lanes (l and acc are still 0)."""
-    m_ref[...] = jnp.broadcast_to(bound_rows(q_ref, key_norm_max), m_ref.shape)
+    """A query tile's first step starts on the bound (l and acc are still 0): m `[block_q, 128]` = each
+    row's Cauchy-Schwarz bound |q_i| max|k| (1 + BOUND_MARGIN), replicated over lanes."""
+    q = q_ref[...].astype(jnp.float32)
+    bound = jnp.sqrt(jnp.sum(q * q, axis=1, keepdims=True)) * (key_norm_max * (1.0 + BOUND_MARGIN))
+    m_ref[...] = jnp.broadcast_to(bound, m_ref.shape)
 
 
 def check_bound(m_ref, l_ref, acc_ref, flag_ref, *, threshold, q_start=0, q_tokens=None):
-    """After a query tile's first step, run on the bound: keep the bound for the tile's later steps
-    if every row's sum l = sum_j exp(s_ij - b_i) reached `threshold` = n exp(-BOUND_SLACK) (n the keys
-    of a tile), which proves max_j s_ij >= b_i - BOUND_SLACK since l <= n exp(max_j s_ij - b_i); else
-    undo the step (state back to its start) and take the running max for good, this step included.
-    `q_tokens`: None, or the query count when the last query tile is partial: rows past it (garbage,
-    never written) are left out of the test."""
+    """After a query tile's first step, run on the bound: keep the bound if every row's l reached
+    `threshold` = block_kv exp(-BOUND_SLACK) (see BOUND_SLACK), else undo the step and take the running
+    max for good, this step included. `q_tokens`: None, or the query count when the last query tile is
+    partial: rows past it (garbage, never written) are left out of the test."""
     row_sum = jnp.sum(l_ref[...], axis=1, keepdims=True)                      # [block_q, 1]
     short = real_part(threshold - row_sum, q_start, q_tokens, fill=-jnp.inf)
-    # nan (an inf or nan input) fails: made +inf first, since a max may drop nan (the CPU
-    # interpreter's does)
+    # nan (an inf or nan input) fails: made +inf first, since a max may drop nan (the CPU interpreter's does)
     ok = jnp.max(jnp.where(jnp.isnan(short), jnp.inf, short)) <= 0.0
     flag_ref[0] = BOUNDED
 
@@ -300,9 +288,7 @@ def check_bound(m_ref, l_ref, acc_ref, flag_ref, *, threshold, q_start=0, q_toke
 
 
 def visit(tile, keep, flag_ref, start, check):
-    """One tile: a query tile's first step runs on the bound (`start`), then `check` keeps it or undoes
-    the step; the tile's later steps run bounded if it was kept, else with the running max (and the
-    step that was undone runs again with it)."""
+    """One tile: the first on the bound (`start`), kept or undone by `check`; the rest with what was kept."""
     pl.when(flag_ref[0] == UNDECIDED)(start)
     pl.when(flag_ref[0] != RUNNING)(functools.partial(tile, keep=keep, bounded=True))
     pl.when(flag_ref[0] == UNDECIDED)(check)
