@@ -87,6 +87,8 @@ def probe_kernel(block_q, block_kv, block_kv_compute, rows, steps, variant, head
             kf.init_state(*state, flag_ref)
             if mass_on:
                 mass.start()
+            if skip_on:  # as the observed kernel's start: no score seen yet
+                seen_ref[...] = jnp.full(seen_ref.shape, kf.MASK_VALUE, jnp.float32)
 
         @pl.when(s < steps)
         def _():
