@@ -186,9 +186,9 @@ def test_committed_references_were_probed_from_this_tree():
     forward = json.loads(REFERENCE_FILE.read_text())
     backward = json.loads(BACKWARD_REFERENCE_FILE.read_text())
     stale = []
-    for name, tool, record, entries in (("cost_reference.json", "tools/forward-reference.py", forward, forward["groups"]["after"]),
-                                        ("backward_cost_reference.json", "tools/backward-reference.py", backward, backward["costs"])):
-        source = versions("forward" if record is forward else "backward")["source"]
+    for direction, name, record, entries in (("forward", "cost_reference.json", forward, forward["groups"]["after"]),
+                                             ("backward", "backward_cost_reference.json", backward, backward["costs"])):
+        source, tool = versions(direction)["source"], f"tools/{direction}-reference.py"
         stale += [f"{name} {e['target']} {e['block_q']} x {e['block_kv']}: probed from source {e['versions']['source']}, "
                   f"this tree's is {source} (re-probe: python {tool})" for e in entries if e["versions"]["source"] != source]
         assert record["versions"]["source"] == source, (name, source)
