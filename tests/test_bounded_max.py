@@ -1,8 +1,9 @@
-"""The bounded max (svg_lib.kernels.forward: `try_bound`, `BOUND_SLACK`), exact on every input.
+"""The bounded max (svg_lib.kernels.forward: `start_bound`, `check_bound`, `BOUND_SLACK`), exact on every input.
 
-Once every row of a query tile has seen a kept key whose score lies within BOUND_SLACK of its
-Cauchy-Schwarz bound |q_i| max|k|, the tile's remaining steps subtract that bound instead of a
-running max: no row max and no rescale. The switch is decided per query tile at run time, so
+A query tile's first step subtracts each row's Cauchy-Schwarz bound |q_i| max|k| instead of a running
+max: no row max and no rescale. If every row's sum of exp(s - bound) over that step's kept keys shows a
+score within BOUND_SLACK of the bound, the tile's remaining steps do the same; otherwise the step is
+undone and the tile runs the running max, that step included. The check is made per query tile at run time, so
 these tests check both what the kernels compute (against float64, on inputs built to break a
 fixed max: scores spanning hundreds of units, a late run of large keys, rows with no kept key,
 bf16 inputs far beyond exp's range, rows sitting at the edge of the slack) and which path ran
@@ -108,31 +109,34 @@ def _tolerance(qkv):
 
 
 @pytest.mark.parametrize("interp", BOTH)
-def test_ordinary_tiles_switch_after_their_first_step_and_wide_ones_never(body_counts, interp):
+def test_ordinary_tiles_keep_the_bound_from_their_first_step_and_wide_ones_never(body_counts, interp):
     heads, query_tiles, kv_tiles = 2, 4, 4  # 404 tokens in tiles of 128
     _run("dense", None, _inputs("ordinary", MASK.tokens), _interpret(interp))
-    # every query tile runs one running-max step, then switches to the bound for the other three
-    assert body_counts == {"running": heads * query_tiles, "bounded": heads * query_tiles * (kv_tiles - 1)}
+    # every query tile passes the check after its first step and runs every step on the bound
+    assert body_counts == {"bounded": heads * query_tiles * kv_tiles}
     body_counts.clear()
     _run("dense", None, _inputs("wide", MASK.tokens), _interpret(interp))
-    assert body_counts == {"running": heads * query_tiles * kv_tiles}
+    # every query tile fails it: its first step runs on the bound, is undone, then everything runs the running max
+    assert body_counts == {"bounded": heads * query_tiles, "running": heads * query_tiles * kv_tiles}
 
 
-def test_rows_with_no_kept_key_keep_the_running_max(body_counts):
-    """HOLEY's every query tile holds rows that keep nothing: no tile may switch, rows stay 0."""
+def test_rows_with_no_kept_key_keep_the_running_max(monkeypatch):
+    """HOLEY's every query tile holds rows that keep nothing: no tile may keep the bound, rows stay 0."""
     qkv = _inputs("ordinary", HOLEY.tokens)
+    verdicts = _tiles_that_switched(monkeypatch)
     got = _run("b2", HOLEY, qkv, True)
     empty = ~HOLEY.to_dense().any(axis=1)
-    assert (got[:, empty] == 0).all() and body_counts["bounded"] == 0 and body_counts["running"] > 0
+    assert (got[:, empty] == 0).all() and verdicts and not any(verdicts)
     np.testing.assert_allclose(got, attention_float64(*qkv, HOLEY.to_dense()), **tolerance("float32"))
 
 
 @pytest.mark.parametrize("gap", [forward.BOUND_SLACK - 1.0, forward.BOUND_SLACK + 1.0])
 @pytest.mark.parametrize("interp", BOTH)
-def test_rows_at_the_edge_of_the_slack(body_counts, gap, interp):
+def test_rows_at_the_edge_of_the_slack(monkeypatch, gap, interp):
     """Every row's scores are all equal to a, one extra key of norm R is orthogonal to every query,
-    and |q| R / sqrt(D) - a = gap: at BOUND_SLACK - 1 the tiles switch and exp(s - bound) is about
-    exp(-59) for every term; at BOUND_SLACK + 1 they must not. Both must give float64's answer."""
+    and |q| R / sqrt(D) - a = gap: at BOUND_SLACK - 1 the tiles keep the bound and exp(s - bound) is
+    about exp(-59) for every term (127 of them in the first tile: l passes 128 exp(-BOUND_SLACK)); at
+    BOUND_SLACK + 1 they must not. Both must give float64's answer."""
     heads, tokens, head_dim = 1, 256, 64
     rng = np.random.default_rng(4)
     scale = 1 / math.sqrt(head_dim)
@@ -144,10 +148,10 @@ def test_rows_at_the_edge_of_the_slack(body_counts, gap, interp):
     k[:, 7, :] = 0.0; k[:, 7, 2] = radius
     v = rng.standard_normal((heads, tokens, head_dim))
     qkv = tuple(jnp.asarray(x, jnp.float32) for x in (q, k, v))
+    verdicts = _tiles_that_switched(monkeypatch)
     got = _run("dense", None, qkv, _interpret(interp))
     np.testing.assert_allclose(got, attention_float64(*qkv), **tolerance("float32"))
-    switched = body_counts["bounded"] > 0
-    assert switched == (gap < forward.BOUND_SLACK), dict(body_counts)
+    assert verdicts == [gap < forward.BOUND_SLACK] * 2, verdicts  # both query tiles
 
 
 def _adversarial_heads(head_dim, dtype):
@@ -186,23 +190,23 @@ def test_scores_at_their_bound_in_the_tpu_interpreter(method, head_dim):
 @pytest.mark.parametrize("kind", ["identical", "parallel"])
 def test_moderate_scores_at_their_bound_still_take_the_bound(body_counts, kind):
     """The margin costs nothing where scores are ordinary: at their bound with scores near 10, every
-    query tile still switches after its first step."""
+    query tile still keeps the bound from its first step."""
     q, k, v = (jnp.asarray(x, jnp.float32) for x in adversarial_qkv(kind, 128, 10.0))
     _run("dense", None, (q, k, v), True)
-    assert body_counts == {"running": 2, "bounded": 2}  # 2 query tiles x (1 running + 1 bounded)
+    assert body_counts == {"bounded": 4}  # 2 query tiles x 2 key tiles, all on the bound
 
 
 def test_a_failing_tile_tests_the_bound_once(monkeypatch):
-    """A query tile whose rows fail the bound's test keeps the running max without testing again:
-    the test runs once per query tile, whatever the number of steps (4 query tiles x 4 key tiles)."""
+    """A query tile whose rows fail the bound's check keeps the running max without checking again:
+    the check runs once per query tile, whatever the number of steps (4 query tiles x 4 key tiles)."""
     tries = collections.Counter()
-    original = forward.try_bound
+    original = forward.check_bound
 
     def counted(*args, **kwargs):
         jax.debug.callback(lambda: tries.update(["try"]))
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(forward, "try_bound", counted)
+    monkeypatch.setattr(forward, "check_bound", counted)
     _run("dense", None, _inputs("wide", MASK.tokens), True)
     assert tries["try"] == 2 * 4  # heads x query tiles
 
@@ -219,15 +223,15 @@ def test_gradients_at_the_bound_stay_finite():
 
 
 def _tiles_that_switched(monkeypatch):
-    """Records, at run time, each `try_bound` call's verdict (the flag it leaves) in call order."""
+    """Records, at run time, each `check_bound` call's verdict (the flag it leaves) in call order."""
     verdicts = []
-    original = forward.try_bound
+    original = forward.check_bound
 
-    def recorded(q_ref, m_ref, l_ref, acc_ref, flag_ref, *args, **kwargs):
-        original(q_ref, m_ref, l_ref, acc_ref, flag_ref, *args, **kwargs)
+    def recorded(m_ref, l_ref, acc_ref, flag_ref, **kwargs):
+        original(m_ref, l_ref, acc_ref, flag_ref, **kwargs)
         jax.debug.callback(lambda f: verdicts.append(int(f) == forward.BOUNDED), flag_ref[0])
 
-    monkeypatch.setattr(forward, "try_bound", recorded)
+    monkeypatch.setattr(forward, "check_bound", recorded)
     return verdicts
 
 

@@ -28,9 +28,10 @@ ENTRIES = (  # target, block_q, block_kv, block_kv_compute, kernels, kinds (None
     ("v6e", 4864, 1536, 384, ("svg_lib",), PARTIAL_KINDS),
 )
 NOTE = (
-    "after: svg_lib's tile body as committed with this file (the bounded max, tested once per query tile: "
-    "a tile's first step runs the running max and the test, then the bound if its rows pass, the running "
-    "max to the end if not, `kernels.forward.visit`; free_failing prices the tile that fails) and the jax "
+    "after: svg_lib's tile body as committed with this file (the bounded max, checked once per query tile: "
+    "a tile's first step runs on the bound and is checked, then the bound to the end if its rows pass, the "
+    "step again and the running max to the end if not, `kernels.forward.visit`; free_failing prices the tile "
+    "that fails) and the jax "
     "wheel's Splash: free (no mask tables), svg_masked (its mask-function path with SVGMask's predicate) and "
     "blocks (its block-mask path on full blocks: B0 as the series runs it when keys are padded; v6e only, a "
     "v5e's static profile cannot model the mask block's DMA). "

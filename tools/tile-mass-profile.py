@@ -21,6 +21,7 @@ svg_lib/data/tile_mass_cost.json. Evidence kind: simulated by the TPU compiler's
 from __future__ import annotations
 
 import functools
+import math
 import json
 import os
 import subprocess
@@ -76,15 +77,18 @@ def probe_kernel(block_q, block_kv, block_kv_compute, rows, steps, variant, head
                                    k_start=s * block_kv, block_kv_compute=block_kv_compute, interpret=False,
                                    bounded=bounded, **extra)
 
-        def first_step():
-            tile(False)
-            kf.try_bound(q_ref, *state, flag_ref, jnp.float32(1.0))
+        def first_step():  # on the bound, then its check, as the kernels' first step
+            kf.start_bound(q_ref, state[0], jnp.float32(1.0))
+            tile(True)
+            kf.check_bound(*state, flag_ref, threshold=block_kv * math.exp(-kf.BOUND_SLACK))
 
         @pl.when(s == 0)
         def _():
             kf.init_state(*state, flag_ref)
             if mass_on:
                 mass.start()
+            if skip_on:  # as the observed kernel's start: no score seen yet
+                seen_ref[...] = jnp.full(seen_ref.shape, kf.MASK_VALUE, jnp.float32)
 
         @pl.when(s < steps)
         def _():

@@ -21,10 +21,9 @@ bounded body (which computes no max: a VPU op per element), and the final max is
 How it is kept cheap: the kernel already sums each row's p into l. At the end of each visited
 step's tile body the row's l so far (summed across its lanes) goes into lane s of a per-row record
 `[block_q, lanes]` (lanes: steps rounded up to 128): a cross-lane sum and a select per step, nothing
-per key slice. A running-max body (a query tile's first step, before the switch to the bound, or
-every step of a tile that failed the bound's test) also puts the row's m into lane s of a second
-record; a body on the bound never moves m, so its lanes need none (they keep +inf, read as "in the
-final m's units"). At finish
+per key slice. A running-max body (every step of a tile that failed the bound's check, its first
+step run again included) also puts the row's m into lane s of a second record; a body on the bound
+never moves m, so its lanes need none (they keep +inf, read as "in the final m's units"). At finish
 each lane is brought to the final m (exp(m_s - m)), divided by the row's final l, averaged over the
 rows, and lane s less lane s - 1 is step s's mass (the difference is linear, so it is taken after the
 mean, on one row). Idle steps record nothing; they come after a query tile's visited steps in every
@@ -118,9 +117,10 @@ def finish_tile_mass(m_ref, l_ref, mass: TileMass, mass_ref, *, q_start, q_token
 # takes one branch: a row max of the scores (the running body takes it anyway; the bounded body pays
 # for it, a VPU op per score) and a max over the block's rows. The bounded body's m is the
 # Cauchy-Schwarz bound, up to BOUND_SLACK above the real max: testing against it would skip slices that
-# hold a row's largest terms. So the running max is kept beside it (`seen_ref`), written by the
-# running body and raised by every bounded slice that runs; a skipped slice never holds a new max (all
-# its scores are below the old one). A NaN score may be skipped where the backend's max drops NaN.
+# hold a row's largest terms. So the running max is kept beside it (`seen_ref`, MASK_VALUE at a query
+# tile's start, so that its first slice always runs), written by the running body and raised by every
+# bounded slice that runs; a skipped slice never holds a new max (all its scores are below the old
+# one). A NaN score may be skipped where the backend's max drops NaN.
 # Priced by tools/tile-mass-profile.py.
 
 def skip_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_start, k_start, block_kv_compute,
@@ -202,6 +202,12 @@ def observed_block_sparse_attention(q, k, v, head_kind, schedule, *, steps, meth
                                           seen_ref=step.refs["seen_ref"], q_tokens=partial_tail(q_tokens, block_q))
         return functools.partial(recording_tile, mass=mass(step), body=tile_body) if tile_mass else tile_body
 
+    def start(step):
+        if tile_mass:
+            mass(step).start()
+        if skip_below is not None:  # no score seen yet: the first slice runs (the module's skip-softmax note)
+            step.refs["seen_ref"][...] = jnp.full(step.refs["seen_ref"].shape, MASK_VALUE, jnp.float32)
+
     def finish_mass(step):
         finish_tile_mass(step.refs["m_ref"], step.refs["l_ref"], mass(step), step.refs["mass_ref"],
                          q_start=step.i * block_q, q_tokens=q_tokens, interpret=on_cpu)
@@ -216,7 +222,7 @@ def observed_block_sparse_attention(q, k, v, head_kind, schedule, *, steps, meth
         scratch_shapes=(([pltpu.VMEM((block_q, lanes), jnp.float32)] * 2 if tile_mass else [])
                         + ([pltpu.VMEM((block_q, LANES), jnp.float32)] if skip_below is not None else [])),
         body=body,
-        start=(lambda step: mass(step).start()) if tile_mass else None,
+        start=start if tile_mass or skip_below is not None else None,
         finish=finish_mass if tile_mass else None)
     outs = block_sparse_attention(q, k, v, head_kind, schedule, steps=steps, method=method, keep=keep, block_q=block_q,
                                   block_kv=block_kv, block_kv_compute=block_kv_compute, interpret=interpret,

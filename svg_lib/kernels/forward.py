@@ -28,20 +28,18 @@ both interpreters fill it with NaN). The kernels never write into an input block
 the tail where they read it (`real_part`, a select on the loaded value). Key columns past the end are
 masked (every tile reaching them is masked), and a masked tile selects its v slice's rows past the end
 to zero, so that a NaN there never meets `p @ v` (0 * NaN is NaN); query rows past the end compute
-garbage that is never written to HBM, and the bound's test leaves them out (`try_bound`). Writing
+garbage that is never written to HBM, and the bound's check leaves them out (`check_bound`). Writing
 the tail in place gave wrong rows on a real TPU, and padded copies in HBM cost hundreds of MiB
 (CONTRIBUTING.md, "Measurements behind the kernels").
 
-The bounded max. The running max costs, at every slice of keys, a row max of the scores and a
-rescale of l and acc. A query tile's first step runs that body; then `try_bound` tests, once,
-whether each row's Cauchy-Schwarz bound |q_i| max|k| (with a relative margin that float rounding
-cannot cross, `BOUND_MARGIN`) lies within BOUND_SLACK of the max it has seen: if every row passes,
-the tile's later steps subtract the bound instead: exp, the row sum and the two matmuls, nothing
-else; if not, the tile keeps the running max to its end without testing again. Decided per query
-tile at run time (tests/test_bounded_max.py counts which body ran and how often the test did), so
-every input gets the exact result, scores of 1e9 at their bound included. How often tiles pass
-depends on the activations (`svg_lib.instruments.tpu.cost` models both, from the compiler's static
-profile of each body: `svg_lib/data/cost_reference.json`, `python -m svg_lib cost`).
+The bounded max. The running max costs, at every slice of keys, a row max and a rescale of l and acc.
+A query tile's first step instead subtracts each row's Cauchy-Schwarz bound |q_i| max|k| (`start_bound`,
+with a margin float rounding cannot cross): exp, the row sum and the two matmuls. `check_bound` then
+tests, once, whether each row's l shows a score within BOUND_SLACK of the bound: if all do, the tile
+keeps the bound; if not, the step is undone and runs again with the running max, kept to the end.
+Decided per query tile at run time (tests/test_bounded_max.py counts which body ran), so every input
+gets the exact result, scores of 1e9 at their bound included. How often tiles pass depends on the
+activations (`svg_lib.instruments.tpu.cost` prices both from the compiler's static profile).
 
 Code size. Every `pl.when` branch is compiled, so a kernel carries one copy of the tile body
 per kind it can run, and two of each (running and bounded): dense, B2 and B3 hold four (mask-free
@@ -51,6 +49,7 @@ code size measured fast on a TPU (`unrolled_bodies`, `CODE_BUDGET`).
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -168,7 +167,7 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
 
     `bounded=False`: m is the running max: raised to each slice's row max, and l and acc rescaled
     by exp(m_old - m_new). `bounded=True`: m holds a fixed upper bound on every score of the row
-    (set by `try_bound`, which also checks it is close enough to the row's real max): no max,
+    (set by `start_bound`; `check_bound` then checks it is close enough to the row's real max): no max,
     no rescale, only exp, the row sum and the two matmuls.
 
     `keep` is None (a mask-free tile: the MXU path with no per-element VPU work) or a
@@ -229,23 +228,26 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
 # the computed b_i by its rounding error, at most about head_dim * 2^-24 of |q_i| max|k| (scores of
 # 1e9 overflow exp by ~100 units: identical tokens, tied projections); so the bound carries a
 # relative margin, BOUND_MARGIN = 2^-10, over 16 times that error at head_dim 1024, and no computed
-# score reaches it. For (b), a query tile switches from the running max to the bound once, at run
-# time, only when every row's bound is within BOUND_SLACK of the max that row has already seen over
-# kept keys: then every term within 27 of the row's final max is at least exp(-87), a normal
-# float32 (and bfloat16, same exponent range), and what is lost weighs less than exp(-27) each.
-# Tiles whose rows fail (rows that have seen no kept key, scores spanning more than BOUND_SLACK,
-# huge scores whose margin alone exceeds it, inf or nan in the bound) keep the running max.
+# score reaches it. For (b), a query tile keeps the bound after its first step, run on it, only when
+# every row's l = sum_j exp(s_ij - b_i) over that step's kept keys reaches block_kv exp(-BOUND_SLACK):
+# as l <= block_kv exp(max_j s_ij - b_i), the row has seen a kept score within BOUND_SLACK of b_i
+# (a test by ln(block_kv) stricter than a max). Then every term within 27 of the row's final max is at
+# least exp(-87), a normal float32 (and bfloat16), and what is lost weighs less than exp(-27) each.
+# Rows that saw no kept key, scores spanning more than BOUND_SLACK, huge scores whose margin alone
+# exceeds it, inf or nan in the bound: the tile undoes that step and keeps the running max.
 # One cost the shift has: p = exp(s - bound) can be as small as exp(-BOUND_SLACK) ~ 1e-26 for a
 # row's largest term, so a product p * v underflows float32's normal range (1.2e-38, below which a
 # TPU flushes to zero) where |v| is below ~1e-12; the running max keeps the largest p at 1.
 BOUND_SLACK = 60.0
 BOUND_MARGIN = 2.0 ** -10
-# The per-query-tile state of the bound (`flag_ref[0]`): the test is made once, after the tile's
+# The per-query-tile state of the bound (`flag_ref[0]`): the check is made once, after the tile's
 # first step; a tile that fails keeps the running max to its end with no further test (a test at
-# every step cost more, in the static profile, than the running body it would save). RUNNING is 0 because the compiler's static profile
-# reads scalar-prefetched SMEM as zeros (svg_lib.instruments.tpu.probes) and may read this flag so too: a
-# simulated kernel would then take the failing tile's path, the running max with no test, never a
-# test at every step. (Whether it reads scratch SMEM as zeros was not checked.)
+# every step cost more, in the static profile, than the running body it would save). The first step
+# runs on the bound, checked after: faster on a v5e than the running max first (CONTRIBUTING).
+# RUNNING is 0 because the compiler's static profile reads scalar-prefetched SMEM as zeros
+# (svg_lib.instruments.tpu.probes) and may read this flag so too: a simulated kernel would then take
+# the failing tile's path, the running max with no test, never a test at every step. (Whether it
+# reads scratch SMEM as zeros was not checked.)
 RUNNING, BOUNDED, UNDECIDED = 0, 1, 2
 
 
@@ -260,40 +262,37 @@ def key_norm_max(k):
     return jnp.sqrt(jnp.max(jnp.sum(kf * kf, axis=-1), axis=-1))
 
 
-def try_bound(q_ref, m_ref, l_ref, acc_ref, flag_ref, key_norm_max, interpret=False, *, q_start=0, q_tokens=None):
-    """After a query tile's first running-max step: switch the tile to the bounded max if every
-    row's bound b = |q_i| max|k| (1 + BOUND_MARGIN) lies within BOUND_SLACK of its running max (one
-    test for the whole tile, so that the next steps take one branch), else keep the running max
-    for good. The switch rescales l and acc to m = b. `q_tokens`: None, or the query count when the
-    last query tile is partial: rows past it (garbage, never written) are left out of the test."""
+def start_bound(q_ref, m_ref, key_norm_max):
+    """A query tile's first step starts on the bound (l and acc are still 0): m `[block_q, 128]` = each
+    row's Cauchy-Schwarz bound |q_i| max|k| (1 + BOUND_MARGIN), replicated over lanes."""
     q = q_ref[...].astype(jnp.float32)
-    bound = jnp.sqrt(jnp.sum(q * q, axis=1, keepdims=True)) * (key_norm_max * (1.0 + BOUND_MARGIN))  # [block_q, 1]
-    m = m_ref[...]
-    gap = real_part(bound - m, q_start, q_tokens, fill=-jnp.inf)           # [block_q, 128]
-    # nan (an inf or nan input) fails the test: made +inf first, since a max may drop nan (the CPU
-    # interpreter's does), and a nan bound taken as m would make every row of the tile nan
-    ok = jnp.max(jnp.where(jnp.isnan(gap), jnp.inf, gap)) <= BOUND_SLACK
-    flag_ref[0] = RUNNING
+    bound = jnp.sqrt(jnp.sum(q * q, axis=1, keepdims=True)) * (key_norm_max * (1.0 + BOUND_MARGIN))
+    m_ref[...] = jnp.broadcast_to(bound, m_ref.shape)
 
-    @pl.when(ok)
+
+def check_bound(m_ref, l_ref, acc_ref, flag_ref, *, threshold, q_start=0, q_tokens=None):
+    """After a query tile's first step, run on the bound: keep the bound if every row's l reached
+    `threshold` = block_kv exp(-BOUND_SLACK) (see BOUND_SLACK), else undo the step and take the running
+    max for good, this step included. `q_tokens`: None, or the query count when the last query tile is
+    partial: rows past it (garbage, never written) are left out of the test."""
+    row_sum = jnp.sum(l_ref[...], axis=1, keepdims=True)                      # [block_q, 1]
+    short = real_part(threshold - row_sum, q_start, q_tokens, fill=-jnp.inf)
+    # nan (an inf or nan input) fails: made +inf first, since a max may drop nan (the CPU interpreter's does)
+    ok = jnp.max(jnp.where(jnp.isnan(short), jnp.inf, short)) <= 0.0
+    flag_ref[0] = BOUNDED
+
+    @pl.when(jnp.logical_not(ok))
     def _():
-        b = jnp.broadcast_to(bound, m.shape)
-        alpha = jnp.exp(m - b)
-        l_ref[...] = alpha * l_ref[...]
-        acc_ref[...] = _lanes(alpha, acc_ref.shape[1], interpret) * acc_ref[...]
-        m_ref[...] = b
-        flag_ref[0] = BOUNDED
+        init_state(m_ref, l_ref, acc_ref)
+        flag_ref[0] = RUNNING
 
 
-def visit(tile, keep, flag_ref, switch):
-    """One tile: with the bounded max once this query tile has switched to it, else with the
-    running max, after which a tile still undecided tries the bound (`switch`, `try_bound`)."""
-    pl.when(flag_ref[0] == BOUNDED)(functools.partial(tile, keep=keep, bounded=True))
-
-    @pl.when(flag_ref[0] != BOUNDED)
-    def _():
-        tile(keep=keep, bounded=False)
-        pl.when(flag_ref[0] == UNDECIDED)(switch)
+def visit(tile, keep, flag_ref, start, check):
+    """One tile: the first on the bound (`start`), kept or undone by `check`; the rest with what was kept."""
+    pl.when(flag_ref[0] == UNDECIDED)(start)
+    pl.when(flag_ref[0] != RUNNING)(functools.partial(tile, keep=keep, bounded=True))
+    pl.when(flag_ref[0] == UNDECIDED)(check)
+    pl.when(flag_ref[0] == RUNNING)(functools.partial(tile, keep=keep, bounded=False))
 
 
 def plain_interpreter(interpret) -> bool:
@@ -470,10 +469,11 @@ def _flash_call(q, k, v, plan, sizes, record, keeps, *, interpret, vmem_limit_by
                                  kv_tokens=partial_tail(tokens, block_kv), unrolled=unrolled)
         if pieces.body is not None:
             return lambda keep: body(keep=keep, bounded=False)
-        switch = functools.partial(try_bound, r["q_ref"], r["m_ref"], r["l_ref"], r["acc_ref"], r["flag_ref"],
-                                   r["key_norm_ref"][step.head], on_cpu, q_start=step.i * block_q,
-                                   q_tokens=partial_tail(q_tokens, block_q))
-        return lambda keep: visit(body, keep, r["flag_ref"], switch)
+        begin = functools.partial(start_bound, r["q_ref"], r["m_ref"], r["key_norm_ref"][step.head])
+        check = functools.partial(check_bound, r["m_ref"], r["l_ref"], r["acc_ref"], r["flag_ref"],
+                                  threshold=block_kv * math.exp(-BOUND_SLACK), q_start=step.i * block_q,
+                                  q_tokens=partial_tail(q_tokens, block_q))
+        return lambda keep: visit(body, keep, r["flag_ref"], begin, check)
 
     def start(step):
         init_state(*(step.refs[n] for n in ("m_ref", "l_ref", "acc_ref", "flag_ref")))

@@ -85,7 +85,7 @@ def bound_pass_rate(q, k, mask=None, *, method: str = "dense", block_q: int, blo
     (`svg_lib.instruments.tpu.cost.model_cycles`).
 
     q, k `[heads, tokens, head_dim]` as given to `attention()`; `mask` an svg_lib Mask (None for
-    dense). Each query tile's test is made after its first visited key tile, as the kernels make it
+    dense). Each query tile's check is made after its first visited key tile, as the kernels make it
     (`extensions.bounded_max.bound_test`, tested against the kernels' own decisions): dense starts at
     key tile 0, B1-B3 at the first tile of their plan's schedule (B3's: the tile-aligned mask's),
     masked there as that stage masks it. Query tiles that visit no key tile run no test and are

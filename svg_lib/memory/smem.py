@@ -106,7 +106,7 @@ def schedule_smem(heads: int, rows: int, steps: int, generation: str | None = No
     """SMEM of `block_sparse_attention`: a `[heads]` kind row and the packed schedule, two
     16-bit steps per int32 word (`planner.pack_schedule`): `[ceil(rows * steps / 2)]`; beside
     them the bounded max's `[heads]` float32 key-norm maxima and its one-word switch flag
-    (`kernels.forward.try_bound`), 32-bit words laid out like the int32 rows.
+    (`kernels.forward.check_bound`), 32-bit words laid out like the int32 rows.
 
     rows = kinds x query tiles (one kind unless the in-kernel routing stacks two). `head_order`: the
     kernel also reads a `[heads]` order of the heads (the routed layer balancing a megacore's cores).

@@ -61,8 +61,8 @@ class TileBody:
     @property
     def running(self) -> bool:
         """Whether the body keeps a running max (a row max of the scores, `reduce_max`) rather
-        than the bounded max (`kernels.forward.try_bound`): every kernel holds both, and a query
-        tile runs the running-max body only until its rows pass the bound's test."""
+        than the bounded max (`kernels.forward.check_bound`): every kernel holds both, and a query
+        tile runs the running-max body only when its rows fail the bound's check."""
         return "reduce_max" in self.ops
 
     @property

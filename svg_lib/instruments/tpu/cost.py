@@ -510,8 +510,8 @@ def model_cycles(method: str, cost: TileCost, plans=None, heads: int = 1, pass_r
     plus the per-row cost of each query tile; `heads` times that (heads run one after another
     on one TensorCore). `plans`: as `step_kinds` takes them.
 
-    `pass_rate`: the fraction of query tiles whose rows pass the bound's test (kernels.forward:
-    they subtract the bound after their first step; the others keep the running max). It depends on
+    `pass_rate`: the fraction of query tiles whose rows pass the bound's check (kernels.forward:
+    they subtract the bound at every step; the others undo their first step and keep the running max). It depends on
     the activations, which a plan does not know: 1 prices every tile at the bounded body, 0 at the
     failing one (`failing_delta` more per body step). Splash has no bound: its cost does not move."""
     kinds = step_kinds(method, plans)

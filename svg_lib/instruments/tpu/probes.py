@@ -33,6 +33,7 @@ import functools
 import glob
 import hashlib
 import json
+import math
 import os
 import re
 import subprocess
@@ -59,15 +60,15 @@ BODY_KINDS = ("free", "svg_masked", "padding_masked", "idle", "matmuls", "free_r
 # attention; its cycles are the floor a tile body of these blocks can approach on that chip.
 FLOOR_KIND = "matmuls"
 # svg_lib's "free", "svg_masked" and "padding_masked" probes run as the kernels do: a query tile's
-# first step with the running max and the switch to the bound (`kernels.try_bound`), every later
-# step with the bounded max. Cycles per step are then the bounded body's; the first step's extra
+# first step on the bound, then the check that keeps it (`kernels.start_bound`, `check_bound`), every
+# later step with the bounded max. Cycles per step are then the bounded body's; the first step's extra
 # cost lands in the per-row cost. "free_running": the mask-free body with the running max on every
-# step, what a query tile whose rows fail the bound's test runs (and the body before the bound).
+# step, what a query tile whose rows fail the bound's check runs.
 RUNNING_KIND = "free_running"
-# "free_failing": a query tile whose rows fail the bound's test, through the kernels' own dispatch
-# (`kernels.visit`): the first step runs the running max and the test, every later step the running
-# max with the flag saying the test failed. Its cycles per step are what such a tile pays per step;
-# the test's one-time cost lands in the per-row cost, as for "free".
+# "free_failing": a query tile whose rows fail the bound's check, through the kernels' own dispatch
+# (`kernels.visit`): the first step runs on the bound, is checked, and runs again with the running max;
+# every later step the running max with the flag saying the check failed. Its cycles per step are what
+# such a tile pays per step; the first step's one-time cost lands in the per-row cost, as for "free".
 FAILING_KIND = "free_failing"
 COST_KERNELS = ("svg_lib", "splash")
 # The backward's probes: our dq and dk/dv kernels and our fused kernel (svg_lib.kernels.backward),
@@ -223,22 +224,26 @@ def _svg_lib_probe(p: Probe, name: str, target: str = "v6e"):
             body(q_ref, k_ref, v_ref, *state, keep=keep, q_start=i * p.block_q, k_start=s * p.block_kv,
                  block_kv_compute=p.block_kv_compute, interpret=False, unrolled=one_body_unrolled, **kwargs)
 
-        def first_step(keep):  # the running max, then the switch to the bound (any key norm will do)
-            tile(keep, bounded=False)
-            kernels.try_bound(q_ref, *state, flag_ref, jnp.float32(1.0))
+        begin = functools.partial(kernels.start_bound, q_ref, state[0], jnp.float32(1.0))  # any key norm will do
+        check = functools.partial(kernels.check_bound, *state, flag_ref,
+                                  threshold=p.block_kv * math.exp(-kernels.BOUND_SLACK))
+
+        def first_step(keep):  # on the bound, then the check that keeps it or undoes the step
+            begin()
+            tile(keep, bounded=True)
+            check()
 
         def as_the_kernels(keep):
             pl.when(s == 0)(functools.partial(first_step, keep))
             pl.when(s > 0)(functools.partial(tile, keep, bounded=True))
 
-        def failing(keep):  # the kernels' dispatch after a failed test (the simulator cannot see the data)
-            pl.when(s == 0)(functools.partial(first_step, keep))
-
-            @pl.when(s > 0)
+        def failing(keep):  # the kernels' dispatch after a failed check (the simulator cannot see the data)
+            @pl.when(s == 0)
             def _():
+                first_step(keep)
                 flag_ref[0] = kernels.RUNNING
-                kernels.visit(tile, keep, flag_ref,
-                               functools.partial(kernels.try_bound, q_ref, *state, flag_ref, jnp.float32(1.0)))
+
+            kernels.visit(tile, keep, flag_ref, begin, check)
 
         # this step's kind: the probe's kind on every step, decided at run time from the
         # program id so that the compiler keeps every body and the simulator can follow it
