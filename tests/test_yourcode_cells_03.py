@@ -36,6 +36,10 @@ def idle_on_tile_zero(h, i, s, schedule_ref, *, steps):     # idle steps fetch t
     return h, jnp.where(cls == EMPTY, 0, tile), 0
 
 
+def off_by_one_row(h, i, s, schedule_ref, *, steps):        # i * (steps - 1) + s: small tiles can equal entries
+    return h, schedule_entry(schedule_ref, i * (steps - 1) + s)[0], 0
+
+
 def no_head(h, i, s, schedule_ref, *, steps):
     return 0, schedule_entry(schedule_ref, i * steps + s)[0], 0
 
@@ -49,12 +53,15 @@ def two_indices(h, i, s, schedule_ref, *, steps):            # the head left out
     (packed_entry, "the packed entry itself"),
     (transposed, "entry n = i * steps + s"),
     (idle_on_tile_zero, "an idle step must repeat the resident tile"),
+    (off_by_one_row, "entry n = i * steps + s"),
     (no_head, "the first block index picks the head"),
 ])
 def test_kv_map_checker_names_the_mistake(wrong, message, capsys):
     result = p03_b1.check_b1_kv_map(wrong)
     assert not result.passed and message in result.message and "expected" in result.message
     assert "_Fail" not in result.message and "it comes from your code" not in result.message
+    if wrong is not packed_entry:
+        assert "the packed entry itself" not in result.message
 
 
 def every_step(i, s, kv_tile, cls, tile, keep, *, block_q, block_kv):        # idle steps too
@@ -209,7 +216,7 @@ def wrong_spec(old, new):
     ("pl.BlockSpec((None, block_kv, head_dim), kv_map),\n", "pl.BlockSpec((None, block_q, head_dim), kv_map),\n",
      "k blocks are block_kv rows"),
     ("pltpu.VMEM((block_q, head_dim), jnp.float32)", "pltpu.VMEM((block_q, head_dim), jnp.bfloat16)",
-     "acc sums over many key tiles: float32"),
+     "acc accumulates over many key tiles: float32"),
     ("pltpu.VMEM((block_q, 128), jnp.float32),        # m", "pltpu.VMEM((block_q, 1), jnp.float32),        # m",
      "scratch m is VMEM (128, 1) float32, expected VMEM (128, 128) float32"),
     ("                        *more_scratch]", "                        ]", "scratch_shapes has 3 entries, expected 4"),

@@ -281,8 +281,9 @@ def check_b1_kv_map(fn, *, seed: int = 0) -> CheckResult:
             idle = bool(idle_steps[h, i, s])
             detail = (f"grid step (h={h}, i={i}, s={s}), {'an idle step' if idle else 'a visited step'}: expected key "
                       f"tile {j}, your kv_map returned {got}")
-            entry = (int(plan.kv_index[i, s]) << 2) | int(plan.step_class[i, s])
-            if got == entry:
+            entries = (plan.kv_index.astype(np.int64) << 2) | plan.step_class
+            packed = tiles == np.broadcast_to(entries, tiles.shape)   # small tiles match an entry by chance
+            if packed[h, i, s] and packed[~idle_steps].all():
                 hint = ("that is the packed entry itself (key tile << 2 | class): decode it with "
                         "schedule_entry(schedule_ref, n), which returns (key tile, class)")
             elif idle:
@@ -522,7 +523,7 @@ def _check_spec(yours, library, tables, *, bq, bkv):
             got_words = _scratch_words(got) if hasattr(got, "shape") else type(got).__name__
             hint = _SCRATCH_HINTS.get(name, "after m, l and acc, pass more_scratch unchanged: *more_scratch")
             if hasattr(got, "dtype") and np.dtype(got.dtype) != np.dtype(lib.dtype) and n < own:
-                hint = f"{name} sums over many key tiles: float32, whatever the inputs' dtype. " + hint
+                hint = f"{name} accumulates over many key tiles: float32, whatever the inputs' dtype. " + hint
             raise _Fail(f"scratch {name} is {got_words}, expected {_scratch_words(lib)}", hint)
 
 

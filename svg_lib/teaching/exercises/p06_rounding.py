@@ -34,7 +34,7 @@ def svg_lib_rounding(kept, area, budget):
 
 def _solution(kept, area, budget):
     fraction = kept / area                      # the share of each tile's pairs the exact mask keeps
-    order = np.argsort(-fraction)               # best-covered tiles first
+    order = np.argsort(-fraction, kind="stable")   # best-covered first; ties in index order, as svg_lib's
     totals = np.concatenate([[0], np.cumsum(area[order])])   # pairs of each prefix, the empty one first
     n_keep = int(np.argmin(np.abs(totals - budget)))         # the prefix closest to the budget
     chosen = np.zeros(len(kept), dtype=bool)
@@ -46,7 +46,8 @@ ROUNDING_HINTS = Hints(
     "B3 rounding",
     ("A tile's rank is the share of its pairs the exact mask keeps: kept / area, not kept alone "
      "(tiles at the sequence's end are smaller).",
-     "Sort the tiles best-covered first (np.argsort(-fraction)); the answer keeps a prefix of that order.",
+     "Sort the tiles best-covered first (np.argsort(-fraction, kind=\"stable\"): tied tiles keep their index "
+     "order, as svg_lib's ranking does); the answer keeps a prefix of that order.",
      "Sum the areas along the order, starting from 0 for the empty prefix "
      "(np.concatenate([[0], np.cumsum(area[order])])); keep the prefix whose sum is closest to the budget, "
      "above or below it (np.argmin of the absolute difference).",
