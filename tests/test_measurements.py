@@ -187,3 +187,20 @@ def test_each_kernel_variant_tried_carries_the_verdict_its_timing_gives():
             assert r["median_ms"] > first_form[(r["method"], r["block_q"], r["block_kv"])] - 0.2, where
         else:
             assert r["verdict"] == "before", where
+
+
+def test_tpu_measures_record_starts_from_the_committed_one_and_takes_a_given_commit(tmp_path):
+    """tools/tpu-measure.py's --out: a new file starts from the committed record, so what a TPU run writes
+    there can replace it as it is (no committed row lost); --commit names the commit a copied tree ran."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("tpu_measure", ROOT / "tools" / "tpu-measure.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    out = tmp_path / "new.json"
+    rec = tool.Recorder(out, "v5e", "TPU v5 lite", commit="abc1234")
+    row = {"part": "forward", "method": "b3", "block_q": 128, "block_kv": 128, "block_kv_compute": 128,
+           "unroll": "chosen", "what": "a test row", "median_ms": 1.0, "min_ms": 1.0, "max_ms": 1.0, "times_ms": [1.0] * 3, "repeats": 3}
+    rec.add(row)
+    written = json.loads(out.read_text())["rows"]
+    assert len(written) == len(ROWS) + 1
+    assert [r["git_commit"] for r in written if r.get("block_q") == 128 and r["method"] == "b3"] == ["abc1234"]

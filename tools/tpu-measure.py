@@ -66,14 +66,15 @@ def kernels_sha() -> str:
 class Recorder:
     """The file's rows, merged by key, written after every row (a run cut short keeps what it did)."""
 
-    def __init__(self, path: Path, chip: str, device_kind: str):
+    def __init__(self, path: Path, chip: str, device_kind: str, commit: str | None = None):
         from svg_lib.instruments.tools.report import git_commit
 
         self.path = path
-        self.data = json.loads(path.read_text()) if path.exists() else {"rows": []}
+        start = path if path.exists() else DEFAULT_OUT   # a new file starts from the committed record
+        self.data = json.loads(start.read_text()) if start.exists() else {"rows": []}
         self.run = {"chip": chip, "device_kind": device_kind, "date": datetime.date.today().isoformat(),
                     "jax": version("jax"), "jaxlib": version("jaxlib"), "libtpu": version("libtpu"),
-                    "git_commit": git_commit(), "kernels_sha": kernels_sha()}
+                    "git_commit": commit or git_commit(), "kernels_sha": kernels_sha()}
         self.data["note"] = (
             "Wall-clock times on a real TPU, written by tools/tpu-measure.py: the median, min and max of "
             "`repeats` calls after a warm-up, each call until its result was ready. mxu_floor_ms is the work's "
@@ -112,7 +113,11 @@ def main(argv=None) -> int:
     p.add_argument("--train-forms", nargs="+", default=["fused", "split"], choices=["fused", "split"])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--deadline-s", type=float, default=None)
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                   help="the record to write, every row merged in: an existing file is added to, a new one starts "
+                        "from the committed record, so it can replace that record as it is")
+    p.add_argument("--commit", default=None,
+                   help="the commit measured, where this checkout's git does not know it (a copied working tree)")
     args = p.parse_args(argv)
 
     import jax
@@ -134,7 +139,7 @@ def main(argv=None) -> int:
         return 2
     chip = parse_tpu_generation(device.device_kind)
     peak = TARGETS[chip].bf16_tflops * 1e12
-    rec = Recorder(args.out, chip, device.device_kind)
+    rec = Recorder(args.out, chip, device.device_kind, commit=args.commit)
     start_all = time.perf_counter()
     config = get_preset("blog")
     mask = config.mask()
