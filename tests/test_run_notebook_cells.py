@@ -49,3 +49,38 @@ def test_knobs_are_set_after_the_parameters_cell(tmp_path):
     path = notebook(tmp_path / "knobs.ipynb", "assert BLOCK_Q == 512, BLOCK_Q", parameters="BLOCK_Q = 256")
     done, results = run(tmp_path, path, knobs=("BLOCK_Q=512",))
     assert done.returncode == 0 and results[0]["ok"], results
+
+
+def test_record_merges_a_row_only_for_the_records_chip(tmp_path):
+    """--record: a new record starts from the committed one; a notebook run on another device (here the
+    CPU) is reported and left out, so a CPU run can never pass for a chip run."""
+    committed = json.loads((ROOT / "svg_lib" / "data" / "tpu_notebook_runs.json").read_text())
+    path = notebook(tmp_path / "00_setup_and_tpu_primer.ipynb", "import jax", "print(jax.devices()[0].device_kind)")
+    record = tmp_path / "record.json"
+    command = [sys.executable, str(TOOL), str(path), "--timeout", "60", "--record", str(record), "--commit", "abc1234"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "not recorded, it ran on cpu" in done.stdout
+    assert not record.exists()
+    missing = subprocess.run([sys.executable, str(TOOL), str(path), "--record", str(record)],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "--record needs --commit" in missing.stderr
+    assert committed["chip"] == "TPU v5 lite"
+
+
+def test_a_chip_run_replaces_its_notebooks_row_and_keeps_the_others(tmp_path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("run_notebook_cells", TOOL)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    committed = json.loads(tool.RECORD.read_text())
+    result = {"notebook": "03_b1_naive_sparse.ipynb", "cells": 27, "ok": True, "seconds": 30.0, "failed_cell": None,
+              "cell_seconds": [[1, 2.0], [5, 9.5]], "device_kind": committed["chip"]}
+    record = tmp_path / "record.json"
+    assert "recorded" in tool.merge_into_record(record, result, "abc1234")
+    written = json.loads(record.read_text())
+    row = written["notebooks"]["03_b1_naive_sparse.ipynb"]
+    assert row["commit"] == "abc1234" and row["slowest_cell"] == {"index": 5, "seconds": 9.5}
+    assert row["code_cells_run"] == 27 and row["seconds"] == 30.0
+    others = {k: v for k, v in committed["notebooks"].items() if k != "03_b1_naive_sparse.ipynb"}
+    assert {k: written["notebooks"][k] for k in others} == others

@@ -7,6 +7,11 @@ notebook whether every cell ran (assertions included), which cell failed first a
 each cell took. Nothing is written into the notebooks.
 
     python tools/run-notebook-cells.py notebooks/0*.ipynb [--timeout 300] [--json PATH] [-p BLOCK_Q=512]
+        [--record PATH --commit SHA]
+
+`--record PATH` merges each notebook's row into a record of chip runs (svg_lib/data/tpu_notebook_runs.json's
+form; a new file starts from that one) with today's date and `--commit`, where the notebook ran on the
+record's chip; a run on another device is reported and left out.
 
 `-p NAME=VALUE` sets a knob after the cell tagged `parameters`, as papermill does (VALUE read as a Python
 literal). `--timeout` bounds each notebook (seconds); a notebook past it is reported as timed out.
@@ -83,7 +88,29 @@ def run_notebook(path: Path, knobs: dict, timeout: float) -> dict:
         signal.signal(signal.SIGALRM, previous)
         os.chdir(here)
         result["seconds"] = round(time.perf_counter() - start, 1)
+        if "jax" in sys.modules:   # the device the notebook ran on, where it imported jax
+            result["device_kind"] = sys.modules["jax"].devices()[0].device_kind
     return result
+
+
+RECORD = Path(__file__).resolve().parents[1] / "svg_lib" / "data" / "tpu_notebook_runs.json"
+
+
+def merge_into_record(path: Path, result: dict, commit: str) -> str:
+    """`result` as a row of the chip-run record at `path` (a new file starts from RECORD): a line saying so."""
+    import datetime
+
+    record = json.loads((path if path.exists() else RECORD).read_text())
+    if result.get("device_kind") != record["chip"]:
+        return f"{result['notebook']}: not recorded, it ran on {result.get('device_kind')}, the record is {record['chip']}'s"
+    slowest = max(result["cell_seconds"], key=lambda c: c[1], default=[None, 0.0])
+    record["notebooks"][result["notebook"]] = {
+        "ok": result["ok"], "seconds": result["seconds"], "code_cells_run": result["cells"],
+        "failed_cell": result["failed_cell"], "slowest_cell": {"index": slowest[0], "seconds": slowest[1]},
+        "date": datetime.date.today().isoformat(), "commit": commit}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    return f"{result['notebook']}: recorded in {path}"
 
 
 RESULT_MARK = "run-notebook-cells result: "
@@ -115,8 +142,12 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per notebook (default 300)")
     p.add_argument("--json", type=Path, help="write every notebook's result here (a missing folder is created)")
     p.add_argument("-p", dest="knobs", action="append", type=knob, default=[], metavar="NAME=VALUE")
+    p.add_argument("--record", type=Path, help="merge each notebook's row into this record of chip runs")
+    p.add_argument("--commit", help="the commit the notebooks ran at (with --record)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)   # one notebook, result on stdout
     args = p.parse_args(argv)
+    if args.record and not args.commit:
+        p.error("--record needs --commit SHA: the commit the notebooks ran at")
     missing = [str(n) for n in args.notebooks if not n.is_file()]
     if missing:
         p.error(f"no such notebook: {', '.join(missing)}")
@@ -133,6 +164,8 @@ def main(argv=None) -> int:
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(results, indent=1) + "\n")
+        if args.record:
+            print(merge_into_record(args.record, r, args.commit), flush=True)
     return 0 if all(r["ok"] for r in results) else 1
 
 
