@@ -203,4 +203,5 @@ def test_tpu_measures_record_starts_from_the_committed_one_and_takes_a_given_com
     rec.add(row)
     written = json.loads(out.read_text())["rows"]
     assert len(written) == len(ROWS) + 1
-    assert [r["git_commit"] for r in written if r.get("block_q") == 128 and r["method"] == "b3"] == ["abc1234"]
+    ours = [r for r in written if r.get("what") == "a test row"]
+    assert [r["git_commit"] for r in ours] == ["abc1234"] and ours[0]["git_commit_as_seen"]

@@ -75,6 +75,8 @@ class Recorder:
         self.run = {"chip": chip, "device_kind": device_kind, "date": datetime.date.today().isoformat(),
                     "jax": version("jax"), "jaxlib": version("jaxlib"), "libtpu": version("libtpu"),
                     "git_commit": commit or git_commit(), "kernels_sha": kernels_sha()}
+        if commit:   # what the copy's git said, beside the commit it holds
+            self.run["git_commit_as_seen"] = git_commit()
         self.data["note"] = (
             "Wall-clock times on a real TPU, written by tools/tpu-measure.py: the median, min and max of "
             "`repeats` calls after a warm-up, each call until its result was ready. mxu_floor_ms is the work's "
