@@ -80,3 +80,20 @@ def test_a_correct_answer_is_what_the_later_cells_run(capsys):
     assert "passed: E3 b2_dispatch" in text and "The cells below run your b2_dispatch." in text
     assert int(result["probe"]) > by_the_check          # the dry run, the tile map and the timing ran it too
     assert "matches reference_attention" in text and "the dispatch at the case study's size" in text
+
+
+def test_an_output_holding_nan_is_named_as_such_not_blamed_on_keep(monkeypatch):
+    """Where every step ran its path but the kernel's output holds NaN, the checker says so and what could
+    cause it, rather than the finite-mismatch hint."""
+    import numpy as np
+    from svg_lib.teaching.exercises import e3_b2_dispatch
+
+    real = e3_b2_dispatch.b2_exercise_attention
+
+    def poisoned(*args, **kwargs):
+        out, paths, plan = real(*args, **kwargs)
+        return np.asarray(out).copy() * np.where(np.arange(out.shape[1]) == 5, np.nan, 1.0)[None, :, None], paths, plan
+
+    monkeypatch.setattr(e3_b2_dispatch, "b2_exercise_attention", poisoned)
+    result = p04_b2_dispatch.check_b2_dispatch(p04_b2_dispatch.library_b2_dispatch)
+    assert not result.passed and "are inf or NaN" in result.message and "svg_lib's kernel is at fault" in result.message
