@@ -199,7 +199,8 @@ def test_tpu_measures_record_starts_from_the_committed_one_and_takes_a_given_com
     out = tmp_path / "new.json"
     rec = tool.Recorder(out, "v5e", "TPU v5 lite", commit="abc1234")
     row = {"part": "forward", "method": "b3", "block_q": 128, "block_kv": 128, "block_kv_compute": 128,
-           "unroll": "chosen", "what": "a test row", "median_ms": 1.0, "min_ms": 1.0, "max_ms": 1.0, "times_ms": [1.0] * 3, "repeats": 3}
+           "unroll": "chosen", "what": "a test row", "median_ms": 1.0, "min_ms": 1.0, "max_ms": 1.0,
+           "times_ms": [1.0] * 3, "repeats": 3}
     rec.add(row)
     written = json.loads(out.read_text())["rows"]
     assert len(written) == len(ROWS) + 1

@@ -103,14 +103,14 @@ def check_b2_dispatch(fn, *, seed: int = 0) -> CheckResult:
             raise _Fail(detail, hint)
         want = np.asarray(reference_attention(q, k, v, mask))
         got_out = np.asarray(out)
-        # the learner's code is the dispatch only: svg_lib's tile body does the arithmetic, its matmuls
-        # at float32 precision on every backend, so the kernels' float32 tolerance applies
         if not np.isfinite(got_out).all():   # only a keep that lets in the keys past the end does this
             bad = int((~np.isfinite(got_out)).sum())
             raise _Fail(f"every step ran the expected path, but {bad} output values are inf or NaN where reference "
                         "attention is finite", "the masked body must get `keep` as given: it masks the keys past "
                         "the end, whose blocks hold garbage. If yours passes it unchanged, run the check again, "
                         "and if this repeats, report it with this message: then svg_lib's kernel is at fault")
+        # the learner's code is the dispatch only: svg_lib's tile body does the arithmetic, its matmuls
+        # at float32 precision on every backend, so the kernels' float32 tolerance applies
         if not np.allclose(got_out, want, **tolerance("float32")):
             err = float(np.max(np.abs(got_out - want)))
             raise _Fail(f"every step ran the expected path, but the output differs from reference attention "
