@@ -12,12 +12,13 @@ NOTEBOOK = "01_dense_attention.ipynb"
 
 
 def _body(rescale_acc=True, l_power=1, tile_max=False, store_m=True, use_keep=True, subtract_max=True,
-          masked_value=MASK_VALUE, max_axis=1, store_m_first=False):
+          masked_value=MASK_VALUE, max_axis=1, store_m_first=False, store_l=True, store_acc=True, swap_keep=False,
+          flip_alpha=False):
     """The tile body with one switch per typical mistake."""
     def body(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, keep):
         s = jnp.dot(q_ref[...], k_ref[...].T, preferred_element_type=jnp.float32)
         if keep is not None and use_keep:
-            s = jnp.where(keep, s, masked_value)
+            s = jnp.where(keep, masked_value, s) if swap_keep else jnp.where(keep, s, masked_value)
         m_prev = m_ref[...]
         row_max = s.max(axis=max_axis, keepdims=True)
         m_next = row_max if tile_max else jnp.maximum(m_prev, row_max)
@@ -25,11 +26,13 @@ def _body(rescale_acc=True, l_power=1, tile_max=False, store_m=True, use_keep=Tr
             m_ref[...] = m_next
             m_prev = m_ref[...]
         shift = m_next if subtract_max else jnp.zeros_like(m_next)
-        alpha = jnp.exp(m_prev - m_next) if subtract_max else 1.0
+        alpha = (jnp.exp(m_next - m_prev) if flip_alpha else jnp.exp(m_prev - m_next)) if subtract_max else 1.0
         p = jnp.exp(s - shift)
-        l_ref[...] = alpha ** l_power * l_ref[...] + p.sum(axis=1, keepdims=True)
-        acc_ref[...] = (alpha if rescale_acc else 1.0) * acc_ref[...] + jnp.dot(p, v_ref[...],
-                                                                                preferred_element_type=jnp.float32)
+        if store_l:
+            l_ref[...] = alpha ** l_power * l_ref[...] + p.sum(axis=1, keepdims=True)
+        if store_acc:
+            acc_ref[...] = (alpha if rescale_acc else 1.0) * acc_ref[...] + jnp.dot(p, v_ref[...],
+                                                                                    preferred_element_type=jnp.float32)
         if store_m:
             m_ref[...] = m_next
     return body
@@ -39,7 +42,11 @@ MISTAKES = {
     "acc not rescaled": (_body(rescale_acc=False), "hidden case 2", "acc was not rescaled"),
     "l rescaled twice": (_body(l_power=2), "hidden case 2", "l was rescaled twice"),
     "tile max instead of the running max": (_body(tile_max=True), "scores near 1e4", "the tile's own max is not enough"),
-    "m not stored": (_body(store_m=False), "hidden case 1", "m was never written back"),
+    "m not stored": (_body(store_m=False), "hidden case 1", "m_ref[...] = m_next (else the next tile"),
+    "acc not stored": (_body(store_acc=False), "hidden case 1", "part of the state was never written back"),
+    "l not stored": (_body(store_l=False), "hidden case 1", "l was never written back"),
+    "keep arguments swapped": (_body(swap_keep=True), "fully masked", "keep is True where a pair is kept"),
+    "alpha upside down": (_body(flip_alpha=True), "hidden case 1", "alpha is upside down"),
     "keep ignored": (_body(use_keep=False), "fully masked", "masked pairs counted"),
     "no max subtracted": (_body(subtract_max=False), "scores near 1e4", "exp overflowed"),
     "masked scores set to 0": (_body(masked_value=0.0), "fully masked", "masked scores were set to 0"),

@@ -112,9 +112,10 @@ def flash_attention_with_body(q, k, v, body, *, block_q: int, block_kv: int, kee
 
 # -- the kernel in float64, with one typical mistake at a time -----------------------------------
 
-def _simulate(q, k, v, keep, block_q, block_kv, mistake=None):
+def _simulate(q, k, v, keep, block_q, block_kv, masked, mistake=None):
     """The kernel above in float64 NumPy for one head: q, k, v `[tokens, d]` padded to whole tiles
-    (q pre-scaled), keep bool `[q slots, k slots]` (padding included). `mistake` switches one step."""
+    (q pre-scaled), keep bool `[q slots, k slots]` (padding included), masked bool `[key tiles]`: the
+    tiles whose body gets `keep` (the others get None). `mistake` switches one step."""
     nq, nk = q.shape[0] // block_q, k.shape[0] // block_kv
     out = np.zeros((q.shape[0], v.shape[1]))
     with np.errstate(over="ignore", invalid="ignore"):
@@ -126,15 +127,22 @@ def _simulate(q, k, v, keep, block_q, block_kv, mistake=None):
                 s = q[rows] @ k[cols].T
                 if mistake == "scaled_again":
                     s = s / math.sqrt(q.shape[1])
-                if mistake != "no_keep":
+                if mistake == "keep_swapped" and masked[j]:
+                    s = np.where(keep[rows, cols], MASK_VALUE, s)
+                elif mistake != "no_keep" and masked[j]:
                     s = np.where(keep[rows, cols], s, 0.0 if mistake == "masked_zero" else MASK_VALUE)
                 tile_max = s.max(axis=1, keepdims=True)
                 m_next = tile_max if mistake == "tile_max" else np.maximum(m, tile_max)
-                alpha = 1.0 if mistake == "m_read_after_write" else np.exp(m - m_next)
-                p = np.exp(s - m_next)
-                l = (alpha * alpha if mistake == "l_twice" else 1.0 if mistake == "l_not_rescaled" else alpha) * l \
-                    + p.sum(axis=1, keepdims=True)
-                acc = (1.0 if mistake == "acc_not_rescaled" else alpha) * acc + p @ v[cols]
+                alpha = (1.0 if mistake == "m_read_after_write" else
+                         np.exp(m_next - m) if mistake == "alpha_flipped" else np.exp(m - m_next))
+                if mistake == "no_max":
+                    m_next, alpha = np.maximum(m, tile_max), 1.0
+                p = np.exp(s - (0.0 if mistake == "no_max" else m_next))
+                if mistake != "l_not_stored":
+                    l = (alpha * alpha if mistake == "l_twice" else 1.0 if mistake == "l_not_rescaled" else alpha) * l \
+                        + p.sum(axis=1, keepdims=True)
+                if mistake != "acc_not_stored":
+                    acc = (1.0 if mistake == "acc_not_rescaled" else alpha) * acc + p @ v[cols]
                 if mistake != "m_not_stored":
                     m = m_next
             seen = m > 0.5 * MASK_VALUE
@@ -142,13 +150,17 @@ def _simulate(q, k, v, keep, block_q, block_kv, mistake=None):
     return out
 
 
+OVERFLOW = ("exp overflowed: subtract the running max, m_next = max(m_prev, the tile's max), from the scores and "
+            "from m_prev; the tile's own max is not enough when it falls below m_prev, exp(m_prev - tile max) overflows")
 _MISTAKES = {
     "acc_not_rescaled": "acc was not rescaled: when a row's max rises, multiply acc by alpha = exp(m_prev - m_next) "
                         "before adding this tile's p @ v",
     "l_not_rescaled": "l was not rescaled: multiply l by alpha = exp(m_prev - m_next) before adding this tile's row sums",
     "l_twice": "l was rescaled twice (alpha * alpha * l): multiply it by alpha once per tile",
-    "m_not_stored": ("m was never written back: after the update, m_ref[...] = m_next, or the next tile starts from "
-                     "the old max and alpha wipes out everything folded so far"),
+    "m_not_stored": ("the rows came out 0: part of the state was never written back. Store all three after the "
+                     "update: m_ref[...] = m_next (else the next tile starts from the old max, alpha wipes out "
+                     "everything folded so far, and finish takes the row for one that kept no key), "
+                     "l_ref[...] = ... and acc_ref[...] = ..."),
     "no_keep": "masked pairs counted: where keep is given, masked scores must become MASK_VALUE before the max and exp",
     "masked_zero": ("masked scores were set to 0, which still counts them: exp(0 - m) is not 0. Give them MASK_VALUE, "
                     "the finite stand-in for -inf, so that exp sends them to exactly 0"),
@@ -156,6 +168,17 @@ _MISTAKES = {
                            "m_prev = m_ref[...], compute alpha = exp(m_prev - m_next) from it, and store m_ref[...] = "
                            "m_next last"),
     "scaled_again": "q arrives already scaled by 1/sqrt(head_dim): the scores are exactly q @ k.T",
+    # before the mistakes below: where an overflow explains a nan, it is named first
+    "tile_max": OVERFLOW,
+    "no_max": OVERFLOW,
+    "acc_not_stored": ("the rows came out 0: part of the state was never written back. Store all three after the "
+                       "update: acc_ref[...] = alpha * acc + p @ v, l_ref[...] = ... and m_ref[...] = m_next"),
+    "l_not_stored": ("l was never written back (it stays 0, so finish's acc / l is inf): after the update, "
+                     "l_ref[...] = alpha * l + p.sum(axis=1, keepdims=True)"),
+    "keep_swapped": ("the kept pairs were masked and the masked ones kept: keep is True where a pair is kept, so "
+                     "jnp.where(keep, s, MASK_VALUE)"),
+    "alpha_flipped": ("alpha is upside down: it moves l and acc from the old max down to the new one, "
+                      "alpha = exp(m_prev - m_next), at most 1"),
 }
 
 
@@ -222,16 +245,6 @@ def check_tile_body_on_refs(fn, *, seed: int = 0) -> CheckResult:
         atol = 1e-2 * max(1.0, float(np.abs(c["v"]).max()))
         if np.allclose(got, want, rtol=1e-2, atol=atol):
             return
-        if not np.all(np.isfinite(got)):
-            row = int(np.flatnonzero(~np.isfinite(got).all(axis=1))[0])
-            if c["keep"] is not None and not keep[row, :bkv].any():
-                hint = ("a tile that masks all of a row's keys: with -inf for masked scores, exp(-inf - (-inf)) is nan; "
-                        "give masked scores MASK_VALUE, a finite number, as the kernels do")
-            else:
-                hint = ("exp overflowed: subtract the running max, m_next = max(m_prev, the tile's max), from the "
-                        "scores and from m_prev; the tile's own max is not enough when it falls below m_prev, "
-                        "exp(m_prev - tile max) overflows")
-            raise _Fail(f"row {row} of the output is not finite: {_fmt(got[row])}", hint)
         qs = np.zeros((-(-n // bq) * bq, c["q"].shape[1]))
         qs[:n] = c["q"] * (1.0 / math.sqrt(c["q"].shape[1]))
         slots = -(-n // bkv) * bkv
@@ -240,11 +253,19 @@ def check_tile_body_on_refs(fn, *, seed: int = 0) -> CheckResult:
         k[:n], v[:n] = c["k"], c["v"]
         full = np.zeros((qs.shape[0], slots), bool)
         full[:n, :n] = keep
-        hint = "acc / l must be softmax attention over the kept keys: compare your update with section 2's numpy"
-        for mistake, text in _MISTAKES.items():
-            if np.allclose(got, _simulate(qs, k, v, full, bq, bkv, mistake)[:n], rtol=1e-2, atol=atol):
-                hint = text
-                break
+        masked = (c["keep"] is not None) | (np.arange(1, slots // bkv + 1) * bkv > n)  # as the kernel's plan
+        named = next((text for mistake, text in _MISTAKES.items()   # inf and nan where the mistake puts them too
+                      if np.allclose(got, _simulate(qs, k, v, full, bq, bkv, masked, mistake)[:n], rtol=1e-2,
+                                     atol=atol, equal_nan=True)), None)
+        if not np.all(np.isfinite(got)) and named is None:
+            row = int(np.flatnonzero(~np.isfinite(got).all(axis=1))[0])
+            if c["keep"] is not None and not keep[row, :bkv].any():
+                hint = ("a tile that masks all of a row's keys: with -inf for masked scores, exp(-inf - (-inf)) is nan; "
+                        "give masked scores MASK_VALUE, a finite number, as the kernels do")
+            else:
+                hint = OVERFLOW
+            raise _Fail(f"row {row} of the output is not finite: {_fmt(got[row])}", hint)
+        hint = named or "acc / l must be softmax attention over the kept keys: compare your update with section 2's numpy"
         bad = ~np.isclose(got, want, rtol=1e-2, atol=atol)
         row = int(np.flatnonzero(bad.any(axis=1))[0])
         raise _Fail(f"output row {row}: expected {_fmt(want[row])}, got {_fmt(got[row])}", hint)
