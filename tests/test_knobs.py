@@ -13,10 +13,11 @@ KNOBS = ("PRESET", "BLOCK_Q", "BLOCK_KV", "DENSITY")
 # (three query tiles: fewer rows than a cell may print, a rounding far from the budget), and a size that
 # halves to no multiple of 128 with a narrower band
 SETTINGS = ({"BLOCK_Q": 128, "BLOCK_KV": 256}, {"BLOCK_Q": 512, "BLOCK_KV": 128}, {"BLOCK_Q": 1024, "BLOCK_KV": 256},
-            {"BLOCK_Q": 384, "BLOCK_KV": 384, "DENSITY": 0.2})
+            {"BLOCK_Q": 384, "BLOCK_KV": 384, "DENSITY": 0.2}, {"BLOCK_Q": 256, "BLOCK_KV": 1280})
 # the two last settings run where they once broke a claim made only at the shipped tiles (the rest take the
-# first two): 1024 x 256 in 03, 04 and 06; 384 x 384 at density 0.2 in 02, 04 and 06
-COARSE = {2: ("03", "04", "06"), 3: ("02", "04", "06")}
+# first two): 1024 x 256 in 03, 04 and 06; 384 x 384 at density 0.2 in 02, 04 and 06; key tiles wider than
+# the band in 03 (a row may start on the tile the row before ended on: fewer copies than visited tiles)
+COARSE = {2: ("03", "04", "06"), 3: ("02", "04", "06"), 4: ("03",)}
 
 
 def _setting_id(setting):

@@ -48,7 +48,30 @@ def two_indices(h, i, s, schedule_ref, *, steps):            # the head left out
     return schedule_entry(schedule_ref, i * steps + s)[0], 0
 
 
+def raw_word(h, i, s, schedule_ref, *, steps):              # the word's bits shifted, its two halves ignored
+    return h, schedule_ref[i * steps + s] >> 2, 0
+
+
+def class_for_tile(h, i, s, schedule_ref, *, steps):        # the decoder's two results swapped
+    return h, schedule_entry(schedule_ref, i * steps + s)[1], 0
+
+
+def element_offset(h, i, s, schedule_ref, *, steps):        # the first key's index, not the block's
+    return h, schedule_entry(schedule_ref, i * steps + s)[0] * 128, 0
+
+
+def class_tested(h, i, s, schedule_ref, *, steps):          # a Python test in an index map
+    tile, cls = schedule_entry(schedule_ref, i * steps + s)
+    if cls != EMPTY:
+        return h, tile, 0
+    return h, tile, 0
+
+
 @pytest.mark.parametrize("wrong, message", [
+    (raw_word, "two 16-bit entries to a word"),
+    (class_for_tile, "that is the step's class"),
+    (element_offset, "a block index counts blocks, not elements"),
+    (class_tested, "an index map tests nothing"),
     (two_indices, "return three block indices, (head, key tile, 0)"),
     (packed_entry, "the packed entry itself"),
     (transposed, "entry n = i * steps + s"),
@@ -58,7 +81,8 @@ def two_indices(h, i, s, schedule_ref, *, steps):            # the head left out
 ])
 def test_kv_map_checker_names_the_mistake(wrong, message, capsys):
     result = p03_b1.check_b1_kv_map(wrong)
-    assert not result.passed and message in result.message and "expected" in result.message
+    assert not result.passed and message in result.message
+    assert "expected" in result.message or "your kv_map raised" in result.message   # what it got, or its error
     assert "_Fail" not in result.message and "it comes from your code" not in result.message
     if wrong is not packed_entry:
         assert "the packed entry itself" not in result.message
@@ -220,6 +244,15 @@ def wrong_spec(old, new):
     ("pltpu.VMEM((block_q, 128), jnp.float32),        # m", "pltpu.VMEM((block_q, 1), jnp.float32),        # m",
      "scratch m is VMEM (128, 1) float32, expected VMEM (128, 128) float32"),
     ("                        *more_scratch]", "                        ]", "scratch_shapes has 3 entries, expected 4"),
+    ("pltpu.VMEM((block_q, 128), jnp.float32),        # m", "pltpu.SMEM((block_q, 128), jnp.float32),        # m",
+     "m lives in VMEM"),
+    ("""pltpu.VMEM((block_q, 128), jnp.float32),        # m
+                        pltpu.VMEM((block_q, 128), jnp.float32),        # l
+                        pltpu.VMEM((block_q, head_dim), jnp.float32),   # acc""",
+     """pltpu.VMEM((block_q, head_dim), jnp.float32),   # acc
+                        pltpu.VMEM((block_q, 128), jnp.float32),        # m
+                        pltpu.VMEM((block_q, 128), jnp.float32),        # l""",
+     "the state's order is m, l, acc"),
     ("pltpu.VMEM((block_q, head_dim), jnp.float32)", "jax.ShapeDtypeStruct((block_q, head_dim), jnp.float32)",
      "scratch acc is a ShapeDtypeStruct, which says no memory space"),
     ("out_specs=out_specs", "out_specs=[]", "out_specs=out_specs, unchanged"),

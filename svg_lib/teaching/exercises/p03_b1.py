@@ -189,16 +189,23 @@ _TRACED_HINTS = {
 }
 
 
+_KV_MAP_HINTS = {**_TRACED_HINTS,
+                 "TracerBool": ("an index map tests nothing: return the key tile the entry names, idle steps "
+                                "included (a Python `if` cannot see a value read from SMEM)")}
+
+
 def _cases(rng):
     """Small SVG problems: padding in both axes, idle steps, visited tiles that are not tile s (the sink),
-    two heads, and block_q != block_kv (an offset computed with the wrong block size shows)."""
+    two heads, block_q != block_kv (an offset computed with the wrong block size shows), and a head_dim
+    other than 128 (acc's shape then differs from m's and l's, so the scratch's order shows)."""
     specs = [("4 frames of 8 x 15 tokens (480 tokens), 2 heads, 128 x 128 tiles, density 0.2 with the sink: "
               "key padding, idle steps, and rows that jump from the sink to the band", VideoGeometry(4, 8, 15), 0.2,
               128, 128),
-             ("6 frames of 8 x 16 tokens (768 tokens), 2 heads, 256 x 128 tiles, density 0.3 with the sink",
-              VideoGeometry(6, 8, 16), 0.3, 256, 128)]
-    return [_Case(name, dict(geometry=g, density=d, block_q=bq, block_kv=bkv, seed=int(rng.integers(2**31))))
-            for name, g, d, bq, bkv in specs]
+             ("6 frames of 8 x 16 tokens (768 tokens), 2 heads of dimension 64, 256 x 128 tiles, density 0.3 "
+              "with the sink", VideoGeometry(6, 8, 16), 0.3, 256, 128, 64)]
+    return [_Case(name, dict(geometry=g, density=d, block_q=bq, block_kv=bkv, head_dim=rest[0] if rest else 128,
+                             seed=int(rng.integers(2**31))))
+            for name, g, d, bq, bkv, *rest in specs]
 
 
 def _learner_run(fn, *args, **kwargs):
@@ -217,7 +224,7 @@ def _qkv(case, heads=2):
     import jax
     import jax.numpy as jnp
     keys = jax.random.split(jax.random.key(case.data["seed"]), 3)
-    shape = (heads, case.data["geometry"].tokens, 128)
+    shape = (heads, case.data["geometry"].tokens, case.data["head_dim"])
     return tuple(jax.random.normal(key, shape, jnp.float32) for key in keys)
 
 
@@ -260,7 +267,7 @@ def check_b1_kv_map(fn, *, seed: int = 0) -> CheckResult:
         mask, bq, bkv = _mask(case), case.data["block_q"], case.data["block_kv"]
         plan = plan_tiles(mask, bq, bkv)
         heads = 2
-        hs, tiles, third = _call(_learner_run, "your kv_map", _map_table, fn, plan, heads, hints=_TRACED_HINTS)
+        hs, tiles, third = _call(_learner_run, "your kv_map", _map_table, fn, plan, heads, hints=_KV_MAP_HINTS)
         nq, steps = plan.kv_index.shape
         want = np.broadcast_to(plan.kv_index, (heads, nq, steps))
         grid = np.indices((heads, nq, steps))
@@ -292,6 +299,16 @@ def check_b1_kv_map(fn, *, seed: int = 0) -> CheckResult:
             elif got == s:
                 hint = ("s counts the row's steps, not key tiles: the key tile comes from the schedule, "
                         "entry i * steps + s")
+            elif (tiles == np.broadcast_to(plan.step_class, tiles.shape))[~idle_steps].all():
+                hint = ("that is the step's class (EMPTY 0, PARTIAL 1, FULL 2), not its key tile: "
+                        "schedule_entry(schedule_ref, n) returns (key tile, class), in that order")
+            elif (tiles == want * bkv)[~idle_steps].all():
+                hint = (f"a block index counts blocks, not elements: return the key tile itself, not key tile * "
+                        f"block_kv ({bkv})")
+            elif got >= plan.grid[1] or got < 0:
+                hint = (f"key tile {got} does not exist (a row has {plan.grid[1]} key tiles): decode the entry with "
+                        "schedule_entry(schedule_ref, n), which reads its half of an int32 word (two 16-bit "
+                        "entries to a word)")
             else:
                 hint = "grid step (h, i, s) reads entry n = i * steps + s: row i of the schedule holds `steps` entries"
             raise _Fail(detail, hint)
@@ -523,7 +540,11 @@ def _check_spec(yours, library, tables, *, bq, bkv):
             got_words = _scratch_words(got) if hasattr(got, "shape") else type(got).__name__
             hint = _SCRATCH_HINTS.get(name, "after m, l and acc, pass more_scratch unchanged: *more_scratch")
             if hasattr(got, "dtype") and np.dtype(got.dtype) != np.dtype(lib.dtype) and n < own:
-                hint = f"{name} accumulates over many key tiles: float32, whatever the inputs' dtype. " + hint
+                hint = f"{name} accumulates over many key tiles: float32. " + hint
+            elif n < own and str(got.memory_space) != str(lib.memory_space):
+                hint = f"{name} lives in VMEM, beside the vector units that update it, not in SMEM: " + hint
+            elif n < own and tuple(got.shape) in [tuple(x.shape) for x in lib_scratch[:own]]:
+                hint = ("the state's order is m, l, acc, the order the kernel reads its scratch in. " + hint)
             raise _Fail(f"scratch {name} is {got_words}, expected {_scratch_words(lib)}", hint)
 
 
