@@ -13,7 +13,7 @@ NOTEBOOK = "01_dense_attention.ipynb"
 
 def _body(rescale_acc=True, l_power=1, tile_max=False, store_m=True, use_keep=True, subtract_max=True,
           masked_value=MASK_VALUE, max_axis=1, store_m_first=False, store_l=True, store_acc=True, swap_keep=False,
-          flip_alpha=False):
+          flip_alpha=False, p_old_max=False):
     """The tile body with one switch per typical mistake."""
     def body(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, keep):
         s = jnp.dot(q_ref[...], k_ref[...].T, preferred_element_type=jnp.float32)
@@ -27,7 +27,7 @@ def _body(rescale_acc=True, l_power=1, tile_max=False, store_m=True, use_keep=Tr
             m_prev = m_ref[...]
         shift = m_next if subtract_max else jnp.zeros_like(m_next)
         alpha = (jnp.exp(m_next - m_prev) if flip_alpha else jnp.exp(m_prev - m_next)) if subtract_max else 1.0
-        p = jnp.exp(s - shift)
+        p = jnp.exp(s - (m_prev if p_old_max else shift))
         if store_l:
             l_ref[...] = alpha ** l_power * l_ref[...] + p.sum(axis=1, keepdims=True)
         if store_acc:
@@ -38,7 +38,16 @@ def _body(rescale_acc=True, l_power=1, tile_max=False, store_m=True, use_keep=Tr
     return body
 
 
+def _numpy_exp(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, keep):    # NumPy on a traced value
+    import numpy as np
+    s = jnp.dot(q_ref[...], k_ref[...].T, preferred_element_type=jnp.float32)
+    m_next = jnp.maximum(m_ref[...], s.max(axis=1, keepdims=True))
+    p = np.exp(s - m_next)
+    l_ref[...] = l_ref[...] + p.sum(axis=1, keepdims=True)
+
+
 MISTAKES = {
+    "NumPy in the body": (_numpy_exp, "hidden case 1", "use jax.numpy"),
     "acc not rescaled": (_body(rescale_acc=False), "hidden case 2", "acc was not rescaled"),
     "l rescaled twice": (_body(l_power=2), "hidden case 2", "l was rescaled twice"),
     "tile max instead of the running max": (_body(tile_max=True), "scores near 1e4", "the tile's own max is not enough"),
@@ -47,6 +56,7 @@ MISTAKES = {
     "l not stored": (_body(store_l=False), "hidden case 1", "l was never written back"),
     "keep arguments swapped": (_body(swap_keep=True), "fully masked", "keep is True where a pair is kept"),
     "alpha upside down": (_body(flip_alpha=True), "hidden case 1", "alpha is upside down"),
+    "p against the old max": (_body(p_old_max=True), "hidden case 1", "p was measured against the old max"),
     "keep ignored": (_body(use_keep=False), "fully masked", "masked pairs counted"),
     "no max subtracted": (_body(subtract_max=False), "scores near 1e4", "exp overflowed"),
     "masked scores set to 0": (_body(masked_value=0.0), "fully masked", "masked scores were set to 0"),

@@ -118,7 +118,7 @@ def _simulate(q, k, v, keep, block_q, block_kv, masked, mistake=None):
     tiles whose body gets `keep` (the others get None). `mistake` switches one step."""
     nq, nk = q.shape[0] // block_q, k.shape[0] // block_kv
     out = np.zeros((q.shape[0], v.shape[1]))
-    with np.errstate(over="ignore", invalid="ignore"):
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         for i in range(nq):
             rows = slice(i * block_q, (i + 1) * block_q)
             m, l, acc = np.full((block_q, 1), MASK_VALUE), np.zeros((block_q, 1)), np.zeros((block_q, v.shape[1]))
@@ -137,7 +137,7 @@ def _simulate(q, k, v, keep, block_q, block_kv, masked, mistake=None):
                          np.exp(m_next - m) if mistake == "alpha_flipped" else np.exp(m - m_next))
                 if mistake == "no_max":
                     m_next, alpha = np.maximum(m, tile_max), 1.0
-                p = np.exp(s - (0.0 if mistake == "no_max" else m_next))
+                p = np.exp(s - (0.0 if mistake == "no_max" else m if mistake == "p_old_max" else m_next))
                 if mistake != "l_not_stored":
                     l = (alpha * alpha if mistake == "l_twice" else 1.0 if mistake == "l_not_rescaled" else alpha) * l \
                         + p.sum(axis=1, keepdims=True)
@@ -177,6 +177,8 @@ _MISTAKES = {
                      "l_ref[...] = alpha * l + p.sum(axis=1, keepdims=True)"),
     "keep_swapped": ("the kept pairs were masked and the masked ones kept: keep is True where a pair is kept, so "
                      "jnp.where(keep, s, MASK_VALUE)"),
+    "p_old_max": ("p was measured against the old max: p = exp(s - m_next), the max after this tile, as l and "
+                  "acc are moved to it by alpha"),
     "alpha_flipped": ("alpha is upside down: it moves l and acc from the old max down to the new one, "
                       "alpha = exp(m_prev - m_next), at most 1"),
 }
@@ -234,6 +236,8 @@ def check_tile_body_on_refs(fn, *, seed: int = 0) -> CheckResult:
                     keep=c["keep"], interpret=True, pad_value=pad_value,
                     hints={"TracerBool": "keep is a traced array: use jnp.where(keep, s, MASK_VALUE), not a Python if "
                                          "on its values (`if keep is not None` is fine)",
+                           "TracerArrayConversion": "a traced value went to NumPy: inside a kernel body use jax.numpy "
+                                                    "(jnp.exp, jnp.dot, jnp.where), not np",
                            "Invalid shape for `swap`": "a value's shape does not fit its ref: m_ref and l_ref hold one "
                                                        "number per query row, [block_q, 1], so the row max and row sum "
                                                        "run over the keys, axis=1 with keepdims=True (axis=0 runs over "
@@ -254,9 +258,12 @@ def check_tile_body_on_refs(fn, *, seed: int = 0) -> CheckResult:
         full = np.zeros((qs.shape[0], slots), bool)
         full[:n, :n] = keep
         masked = (c["keep"] is not None) | (np.arange(1, slots // bkv + 1) * bkv > n)  # as the kernel's plan
-        named = next((text for mistake, text in _MISTAKES.items()   # inf and nan where the mistake puts them too
-                      if np.allclose(got, _simulate(qs, k, v, full, bq, bkv, masked, mistake)[:n], rtol=1e-2,
-                                     atol=atol, equal_nan=True)), None)
+        named = list(dict.fromkeys(    # inf and nan where the mistake puts them too
+            text for mistake, text in _MISTAKES.items()
+            if np.allclose(got, _simulate(qs, k, v, full, bq, bkv, masked, mistake)[:n], rtol=1e-2, atol=atol,
+                           equal_nan=True)))
+        # an output all nan can come from more than one mistake: name each that gives it
+        named = " Or: ".join(named) if named else None
         if not np.all(np.isfinite(got)) and named is None:
             row = int(np.flatnonzero(~np.isfinite(got).all(axis=1))[0])
             if c["keep"] is not None and not keep[row, :bkv].any():
