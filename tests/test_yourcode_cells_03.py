@@ -67,7 +67,12 @@ def class_tested(h, i, s, schedule_ref, *, steps):          # a Python test in a
     return h, tile, 0
 
 
+def entry_pair(h, i, s, schedule_ref, *, steps):            # the decoder's pair returned as one index
+    return h, schedule_entry(schedule_ref, i * steps + s), 0
+
+
 @pytest.mark.parametrize("wrong, message", [
+    (entry_pair, "unpack it, tile, cls = schedule_entry"),
     (raw_word, "two 16-bit entries to a word"),
     (class_for_tile, "that is the step's class"),
     (element_offset, "a block index counts blocks, not elements"),
@@ -82,7 +87,7 @@ def class_tested(h, i, s, schedule_ref, *, steps):          # a Python test in a
 def test_kv_map_checker_names_the_mistake(wrong, message, capsys):
     result = p03_b1.check_b1_kv_map(wrong)
     assert not result.passed and message in result.message
-    assert "expected" in result.message or "your kv_map raised" in result.message   # what it got, or its error
+    assert any(said in result.message for said in ("expected", "your kv_map raised", "is a pair"))  # what it got
     assert "_Fail" not in result.message and "it comes from your code" not in result.message
     if wrong is not packed_entry:
         assert "the packed entry itself" not in result.message
@@ -105,6 +110,13 @@ def b2_split(i, s, kv_tile, cls, tile, keep, *, block_q, block_kv):         # B2
     pl.when(cls == PARTIAL)(lambda: tile(keep, i * block_q, kv_tile * block_kv))
 
 
+def keep_called(i, s, kv_tile, cls, tile, keep, *, block_q, block_kv):      # the predicate's values passed on
+    import jax.numpy as jnp
+    q_ids = i * block_q + jnp.arange(block_q)[:, None]
+    k_ids = kv_tile * block_kv + jnp.arange(block_kv)[None, :]
+    pl.when(cls != EMPTY)(lambda: tile(keep(q_ids, k_ids), i * block_q, kv_tile * block_kv))
+
+
 def python_if(i, s, kv_tile, cls, tile, keep, *, block_q, block_kv):
     if cls != EMPTY:
         tile(keep, i * block_q, kv_tile * block_kv)
@@ -116,6 +128,7 @@ def python_if(i, s, kv_tile, cls, tile, keep, *, block_q, block_kv):
     (q_offset_by_block_kv, "q_start is the first token of the tile, i * block_q"),
     (b2_split, "B1 masks every visited tile, FULL ones too"),
     (python_if, "put the test in pl.when"),
+    (keep_called, "tile takes the predicate itself"),
 ])
 def test_step_checker_names_the_mistake(wrong, message, capsys):
     result = p03_b1.check_b1_step(wrong)
@@ -253,6 +266,7 @@ def wrong_spec(old, new):
                         pltpu.VMEM((block_q, 128), jnp.float32),        # m
                         pltpu.VMEM((block_q, 128), jnp.float32),        # l""",
      "the state's order is m, l, acc"),
+    ("                        *more_scratch]", "                        ]", "scratch_shapes has 3 entries"),
     ("pltpu.VMEM((block_q, head_dim), jnp.float32)", "jax.ShapeDtypeStruct((block_q, head_dim), jnp.float32)",
      "scratch acc is a ShapeDtypeStruct, which says no memory space"),
     ("out_specs=out_specs", "out_specs=[]", "out_specs=out_specs, unchanged"),
@@ -261,3 +275,11 @@ def wrong_spec(old, new):
 def test_grid_spec_checker_names_the_mistake(old, new, message, capsys):
     result = p03_b1.check_b1_grid_spec(wrong_spec(old, new))
     assert not result.passed and message in result.message, result.message
+
+
+def test_grid_spec_checker_names_the_library_scratch_put_first(capsys):
+    source = p03_b1.GRID_SPEC_SOLUTION.replace("                        *more_scratch]", "                        ]")
+    source = source.replace("scratch_shapes=[pltpu.VMEM", "scratch_shapes=[*more_scratch, pltpu.VMEM")
+    assert source.count("more_scratch") == p03_b1.GRID_SPEC_SOLUTION.count("more_scratch")
+    result = p03_b1.check_b1_grid_spec(_spec_ns(source))
+    assert not result.passed and "the softmax state comes first" in result.message, result.message

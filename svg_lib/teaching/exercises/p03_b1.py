@@ -194,6 +194,11 @@ _KV_MAP_HINTS = {**_TRACED_HINTS,
                                 "included (a Python `if` cannot see a value read from SMEM)")}
 
 
+_STEP_HINTS = {**_TRACED_HINTS,
+               "not callable": ("tile takes the predicate itself, keep, and builds the indices from q_start and "
+                                "k_start: tile(keep, q_start, k_start), not keep(...)'s values")}
+
+
 def _cases(rng):
     """Small SVG problems: padding in both axes, idle steps, visited tiles that are not tile s (the sink),
     two heads, block_q != block_kv (an offset computed with the wrong block size shows), and a head_dim
@@ -251,6 +256,11 @@ def _map_table(kv_map, plan, heads):
     if len(result) != 3:
         raise _Fail(f"your kv_map returned {len(result)} block indices, expected 3",
                     "the BlockSpec is (None, block_kv, head_dim): return three block indices, (head, key tile, 0)")
+    if any(isinstance(r, (tuple, list)) for r in result):
+        n = next(n for n, r in enumerate(result) if isinstance(r, (tuple, list)))
+        raise _Fail(f"your kv_map's block index {n} is a pair, not one number",
+                    "schedule_entry returns (key tile, class): unpack it, tile, cls = schedule_entry(schedule_ref, n), "
+                    "and return the tile")
     return [np.broadcast_to(np.asarray(r), (heads * nq * steps,)).reshape(heads, nq, steps) for r in result]
 
 
@@ -337,7 +347,7 @@ def check_b1_step(fn, *, seed: int = 0) -> CheckResult:
         q, k, v = _qkv(case)
         out, paths, q_starts, k_starts, plan = _call(
             _learner_run, "your b1_step (inside the kernel)", b1_learner_attention, q, k, v, mask, step=fn,
-            block_q=bq, block_kv=bkv, record=True, hints=_TRACED_HINTS)
+            block_q=bq, block_kv=bkv, record=True, hints=_STEP_HINTS)
         visited = plan.step_class != EMPTY
         expected = np.where(visited, MASKED, 0)
         for h in range(paths.shape[0]):
@@ -539,7 +549,10 @@ def _check_spec(yours, library, tables, *, bq, bkv):
         if not same:
             got_words = _scratch_words(got) if hasattr(got, "shape") else type(got).__name__
             hint = _SCRATCH_HINTS.get(name, "after m, l and acc, pass more_scratch unchanged: *more_scratch")
-            if hasattr(got, "dtype") and np.dtype(got.dtype) != np.dtype(lib.dtype) and n < own:
+            sig = lambda x: (tuple(x.shape), str(x.dtype), str(x.memory_space))  # noqa: E731
+            if n < own and sig(got) in map(sig, lib_scratch[own:]) and sig(got) not in map(sig, lib_scratch[:own]):
+                hint = "the softmax state comes first: [m, l, acc, *more_scratch], the order the kernel reads it in"
+            elif hasattr(got, "dtype") and np.dtype(got.dtype) != np.dtype(lib.dtype) and n < own:
                 hint = f"{name} accumulates over many key tiles: float32. " + hint
             elif n < own and str(got.memory_space) != str(lib.memory_space):
                 hint = f"{name} lives in VMEM, beside the vector units that update it, not in SMEM: " + hint
