@@ -54,7 +54,7 @@ def test_a_wrong_answer_in_the_notebook_gets_its_verdict():
     wrong = "from jax.experimental import pallas as pl\n\n\n" + \
             "def b2_dispatch(step_class, tile, keep):\n    pl.when(step_class != EMPTY)(lambda: tile(keep=keep))"
     text = "\n".join(run_with_pieces(NOTEBOOK, {0: wrong}, stop_after=1)["outputs"])
-    assert "not yet: E3 b2_dispatch" in text and "the per-element VPU work B1 pays" in text
+    assert "not yet: 04 b2_dispatch" in text and "the per-element VPU work B1 pays" in text
     assert "The cells below run svg_lib's b2_dispatch until yours passes" in text
 
 
@@ -77,7 +77,7 @@ def test_a_correct_answer_is_what_the_later_cells_run(capsys):
     by_the_check = namespace["CALLS"][0]                # the calls the check cell alone makes
     result = run_with_pieces(NOTEBOOK, {0: RIGHT}, probe="print(CALLS[0])")
     text = "\n".join(result["outputs"])
-    assert "passed: E3 b2_dispatch" in text and "The cells below run your b2_dispatch." in text
+    assert "passed: 04 b2_dispatch" in text and "The cells below run your b2_dispatch." in text
     assert int(result["probe"]) > by_the_check          # the dry run, the tile map and the timing ran it too
     assert "matches reference_attention" in text and "the dispatch at the case study's size" in text
 

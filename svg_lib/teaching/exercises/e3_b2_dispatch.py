@@ -45,10 +45,12 @@ _DISPATCH_HINTS = {
                    "when the kernel is traced: wrap each branch in pl.when(condition)"),
     "Concretization": ("step_class is a traced value, known only when the kernel runs: compare it inside "
                        "pl.when(...) instead of converting it to a Python value"),
+    "callable": ("pl.when(condition) takes the function to run, not its result: "
+                 "pl.when(step_class == FULL)(lambda: tile(keep=None))"),
 }
 
 
-def check_b2_dispatch(fn, *, seed: int = 0) -> CheckResult:
+def check_b2_dispatch(fn, *, seed: int = 0, label: str = "E3 b2_dispatch") -> CheckResult:
     """E3: `fn(step_class, tile, keep)` is B2's dispatch inside `b2_exercise_attention`.
 
     Runs the kernel in interpret mode on small SVG masks (one with key padding, one whose rows
@@ -94,10 +96,12 @@ def check_b2_dispatch(fn, *, seed: int = 0) -> CheckResult:
                 hint = "each visited step runs exactly one tile body: the conditions of your branches overlap"
             elif cls == FULL and got // MASKED_PATH:
                 hint = ("a FULL tile keeps every pair, so the mask cannot change it: evaluating it anyway is the "
-                        "per-element VPU work B1 pays and B2 removes")
+                        "per-element VPU work B1 pays and B2 removes (compare with FULL and PARTIAL, imported from "
+                        "svg_lib, not with their codes)")
             elif cls == PARTIAL and got % MASKED_PATH:
                 hint = ("a PARTIAL tile is cut by the mask's edge (or reaches into key padding): without keep, its "
-                        "dropped pairs leak into the softmax")
+                        "dropped pairs leak into the softmax (compare with FULL and PARTIAL, imported from svg_lib, "
+                        "not with their codes)")
             else:
                 hint = "every visited step must run one of the two tile bodies: which class did your branches leave out?"
             raise _Fail(detail, hint)
@@ -116,5 +120,5 @@ def check_b2_dispatch(fn, *, seed: int = 0) -> CheckResult:
             raise _Fail(f"every step ran the expected path, but the output differs from reference attention "
                         f"(max error {err:.2g})", "pass the `keep` you were given to the masked body, unchanged")
 
-    return _finish("E3 b2_dispatch", cases, run,
+    return _finish(label, cases, run,
                    "every grid step ran the path its class asks for, and the outputs match reference attention")

@@ -5,10 +5,16 @@ over any plan (the case study's too)."""
 from __future__ import annotations
 
 from svg_lib.core.planner import FULL, PARTIAL
+from svg_lib.teaching.exercises import e3_b2_dispatch
 from svg_lib.teaching.exercises.e3_b2_dispatch import (MASK_FREE_PATH, MASKED_PATH,  # noqa: F401 (re-exported)
-                                                      b2_exercise_attention, check_b2_dispatch)
+                                                      b2_exercise_attention)
 from svg_lib.teaching.exercises.p03_b1 import b1_dry_run
 from svg_lib.teaching.yourcode import Hints
+
+
+def check_b2_dispatch(fn, *, seed: int = 0):
+    """Notebook 04's check of `fn(step_class, tile, keep)`: exercise E3's, under the notebook's name."""
+    return e3_b2_dispatch.check_b2_dispatch(fn, seed=seed, label="04 b2_dispatch")
 
 
 def library_b2_dispatch(step_class, tile, keep):
@@ -29,10 +35,11 @@ def dispatch_hints():
     return Hints("b2_dispatch", (
         "step_class is read from SMEM while the kernel runs: each branch goes in pl.when(condition), "
         "not in a Python `if`.",
-        "Two branches, one per visited class: FULL runs tile(keep=None), the body with no mask; PARTIAL runs "
-        "tile(keep=keep). Compare with FULL and PARTIAL, imported from svg_lib.",
-        "An idle step (EMPTY) must match neither branch: its key tile was folded in at the step before. "
-        "`step_class != EMPTY` as one branch's test would also send FULL tiles down the masked path (B1).",
+        "One branch per visited class, FULL and PARTIAL (imported from svg_lib): an idle step (EMPTY) must match "
+        "neither, as its key tile was folded in at the step before. `step_class != EMPTY` as one branch's test "
+        "would also send FULL tiles down the masked path (B1).",
+        "FULL runs tile(keep=None), the body with no mask; PARTIAL runs tile(keep=keep). pl.when takes the "
+        "function to run: pl.when(condition)(lambda: ...).",
     ), DISPATCH_SOLUTION)
 
 
