@@ -28,6 +28,22 @@ def _prefix(key, how_many):
 
 
 closest = lambda totals, budget: int(np.argmin(np.abs(totals - budget)))  # noqa: E731
+
+
+def _kept_totals(kept, area, budget):        # the ranking's running totals summed over kept pairs
+    order = np.argsort(-kept / area, kind="stable")
+    totals = np.concatenate([[0], np.cumsum(kept[order])])
+    chosen = np.zeros(len(kept), dtype=bool)
+    chosen[order[:closest(totals, budget)]] = True
+    return chosen
+
+
+def _no_empty_prefix(kept, area, budget):    # candidates start at one tile: fails where there is none
+    order = np.argsort(-kept / area, kind="stable")
+    totals = np.cumsum(area[order])
+    chosen = np.zeros(len(kept), dtype=bool)
+    chosen[order[:closest(totals, budget) + 1]] = True
+    return chosen
 WRONG = {
     "still the stub": (lambda kept, area, budget: (_ for _ in ()).throw(NotImplementedError("your code here")),
                        "replace the `raise NotImplementedError`"),
@@ -35,6 +51,8 @@ WRONG = {
     "every boundary tile kept": (lambda kept, area, budget: np.ones(len(kept), bool), "rounding every boundary tile up"),
     "ranked by count, not fraction": (_prefix(lambda k, a: k, closest), "the fraction, not the number"),
     "never over the budget": (_prefix(lambda k, a: k / a, lambda t, b: int((t <= b).sum()) - 1), "on either side of it"),
+    "prefix totals of kept, not area": (_kept_totals, "summed over kept, every prefix stays within the budget"),
+    "no empty prefix": (_no_empty_prefix, "count the empty prefix among the candidates"),
 }
 
 

@@ -87,7 +87,14 @@ def _rounding_cases(seed: int) -> list[_Case]:
 def _check_rounding_case(fn, case) -> None:
     """One hidden case of B3's rounding: raise `_Fail` with what is wrong and a hint, or return."""
     kept, area, budget, ref = (case.data[x] for x in ("kept", "area", "budget", "reference"))
-    got = _call(fn, "balanced_rounding", kept.copy(), area.copy(), budget)
+    try:
+        got = _call(fn, "balanced_rounding", kept.copy(), area.copy(), budget)
+    except _Fail as fail:
+        if kept.size:
+            raise
+        raise _Fail(fail.detail, "here no tile is cut by the mask's edge (kept and area are empty): the only "
+                    "prefix is the empty one, so return an empty bool array; count the empty prefix among the "
+                    "candidates") from None
     try:
         chosen = np.asarray(got)
     except Exception:
@@ -105,7 +112,10 @@ def _check_rounding_case(fn, case) -> None:
     if n and chosen.all() and ref_gap < abs(got_pairs - budget):
         raise _Fail(f"you keep all {n} boundary tiles whole ({got_pairs:,} pairs) for a budget of {budget:,} pairs",
                     "rounding every boundary tile up is lossless but computes every pair the edges add; "
-                    "B3 keeps only as many as the budget pays for")
+                    "B3 keeps only as many as the budget pays for. " + (
+                        "With one tile, the empty prefix (keep none) is a candidate too" if n == 1 else
+                        "A prefix's total is its tiles' area: summed over kept, every prefix stays within the "
+                        "budget and the whole ranking looks closest"))
     if n and not chosen.any() and ref_gap < abs(got_pairs - budget):
         raise _Fail(f"you drop all {n} boundary tiles (0 pairs) for a budget of {budget:,} pairs",
                     "rounding every boundary tile down loses every kept pair in them; some tiles should stay")
