@@ -16,10 +16,12 @@ def _solution():
     return namespace["balanced_rounding"]
 
 
-def _prefix(key, how_many):
-    """A rounding that ranks by `key(kept, area)` and keeps a prefix chosen by `how_many(totals, budget)`."""
+def _prefix(key, how_many, reverse_ties=False):
+    """A rounding that ranks by `key(kept, area)` and keeps a prefix chosen by `how_many(totals, budget)`
+    (`reverse_ties`: an ascending sort reversed, which puts tied tiles in reverse index order)."""
     def rounding(kept, area, budget):
-        order = np.argsort(-key(kept, area), kind="stable")
+        order = (np.argsort(key(kept, area), kind="stable")[::-1] if reverse_ties
+                 else np.argsort(-key(kept, area), kind="stable"))
         totals = np.concatenate([[0], np.cumsum(area[order])])
         chosen = np.zeros(len(kept), dtype=bool)
         chosen[order[:how_many(totals, budget)]] = True
@@ -53,6 +55,7 @@ WRONG = {
     "never over the budget": (_prefix(lambda k, a: k / a, lambda t, b: int((t <= b).sum()) - 1), "on either side of it"),
     "prefix totals of kept, not area": (_kept_totals, "summed over kept, every prefix stays within the budget"),
     "no empty prefix": (_no_empty_prefix, "count the empty prefix among the candidates"),
+    "ties reversed": (_prefix(lambda k, a: k / a, closest, reverse_ties=True), "ties in the ranking keep index order"),
 }
 
 

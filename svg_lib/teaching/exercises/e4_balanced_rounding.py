@@ -136,6 +136,11 @@ def _check_rounding_case(fn, case) -> None:
                         f"{kept[a_idx] / area[a_idx]:.1%}) but drop tile {b_idx} ({kept[b_idx]:,} of "
                         f"{area[b_idx]:,}, {kept[b_idx] / area[b_idx]:.1%})", hint)
     gap = abs(got_pairs - budget)
+    if gap > ref_gap and chosen.sum() == ref.sum():
+        raise _Fail(f"your {int(chosen.sum())} kept tiles hold {got_pairs:,} pairs, {gap:,} from the budget of "
+                    f"{budget:,}; the same number of tiles in ranking order gets within {ref_gap:,}",
+                    "ties in the ranking keep index order (a stable sort of -kept / area): "
+                    "np.argsort(-kept / area, kind=\"stable\"), not a reversed ascending sort")
     if gap > ref_gap:
         side = "above" if got_pairs > budget else "below"
         fewer_more = "fewer" if got_pairs > budget else "more"
