@@ -266,7 +266,6 @@ def wrong_spec(old, new):
                         pltpu.VMEM((block_q, 128), jnp.float32),        # m
                         pltpu.VMEM((block_q, 128), jnp.float32),        # l""",
      "the state's order is m, l, acc"),
-    ("                        *more_scratch]", "                        ]", "scratch_shapes has 3 entries"),
     ("pltpu.VMEM((block_q, head_dim), jnp.float32)", "jax.ShapeDtypeStruct((block_q, head_dim), jnp.float32)",
      "scratch acc is a ShapeDtypeStruct, which says no memory space"),
     ("out_specs=out_specs", "out_specs=[]", "out_specs=out_specs, unchanged"),

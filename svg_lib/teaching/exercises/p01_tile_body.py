@@ -152,15 +152,16 @@ def _simulate(q, k, v, keep, block_q, block_kv, masked, mistake=None):
 
 OVERFLOW = ("exp overflowed: subtract the running max, m_next = max(m_prev, the tile's max), from the scores and "
             "from m_prev; the tile's own max is not enough when it falls below m_prev, exp(m_prev - tile max) overflows")
+NOT_STORED = ("the rows came out 0: part of the state was never written back. Store all three after the update: "
+              "m_ref[...] = m_next (else the next tile starts from the old max, alpha wipes out everything folded "
+              "so far, and finish takes the row for one that kept no key), l_ref[...] = ... and "
+              "acc_ref[...] = alpha * acc + p @ v")
 _MISTAKES = {
     "acc_not_rescaled": "acc was not rescaled: when a row's max rises, multiply acc by alpha = exp(m_prev - m_next) "
                         "before adding this tile's p @ v",
     "l_not_rescaled": "l was not rescaled: multiply l by alpha = exp(m_prev - m_next) before adding this tile's row sums",
     "l_twice": "l was rescaled twice (alpha * alpha * l): multiply it by alpha once per tile",
-    "m_not_stored": ("the rows came out 0: part of the state was never written back. Store all three after the "
-                     "update: m_ref[...] = m_next (else the next tile starts from the old max, alpha wipes out "
-                     "everything folded so far, and finish takes the row for one that kept no key), "
-                     "l_ref[...] = ... and acc_ref[...] = ..."),
+    "m_not_stored": NOT_STORED,
     "no_keep": "masked pairs counted: where keep is given, masked scores must become MASK_VALUE before the max and exp",
     "masked_zero": ("masked scores were set to 0, which still counts them: exp(0 - m) is not 0. Give them MASK_VALUE, "
                     "the finite stand-in for -inf, so that exp sends them to exactly 0"),
@@ -171,8 +172,7 @@ _MISTAKES = {
     # before the mistakes below: where an overflow explains a nan, it is named first
     "tile_max": OVERFLOW,
     "no_max": OVERFLOW,
-    "acc_not_stored": ("the rows came out 0: part of the state was never written back. Store all three after the "
-                       "update: acc_ref[...] = alpha * acc + p @ v, l_ref[...] = ... and m_ref[...] = m_next"),
+    "acc_not_stored": NOT_STORED,   # the same zeros as m never stored: one message names both
     "l_not_stored": ("l was never written back (it stays 0, so finish's acc / l is inf): after the update, "
                      "l_ref[...] = alpha * l + p.sum(axis=1, keepdims=True)"),
     "keep_swapped": ("the kept pairs were masked and the masked ones kept: keep is True where a pair is kept, so "
