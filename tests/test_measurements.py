@@ -189,6 +189,43 @@ def test_each_kernel_variant_tried_carries_the_verdict_its_timing_gives():
             assert r["verdict"] == "before", where
 
 
+def test_the_overheads_fit_is_the_least_squares_line_of_its_rows_and_accounts_for_b3():
+    """svg_lib/data/tpu_overheads.json (tools/tpu-overheads.py): the per-tile and per-query-tile costs it
+    records are the least-squares line through its fit rows, that line meets each row within its largest
+    residual, and with the idle steps it accounts for most of the shipped B3 at the same tiles but not all
+    of it (CONTRIBUTING, "Where B3's last 7 % goes")."""
+    import numpy as np
+
+    record = json.loads((ROOT / "svg_lib" / "data" / "tpu_overheads.json").read_text())
+    run = record["run"]
+    for key in ("chip", "date", "jax", "jaxlib", "libtpu", "git_commit"):
+        assert run.get(key), key
+    fit = [r for r in record["rows"] if r["what"] == "fit" and not r["patched_out"]]
+    assert len(fit) >= 3 and all(r["tiles"] == r["tiles_per_query_tile"] * run["query_tiles"] for r in fit)
+    a = np.array([[r["tiles"], run["query_tiles"]] for r in fit], float)
+    y = np.array([r["median_ms"] for r in fit]) * 1e3
+    (per_tile, per_query_tile), *_ = np.linalg.lstsq(a, y, rcond=None)
+    assert run["fit"]["per_tile_us"] == pytest.approx(per_tile, abs=1e-3)
+    assert run["fit"]["per_query_tile_us"] == pytest.approx(per_query_tile, abs=1e-3)
+    assert np.abs(y - a @ [per_tile, per_query_tile]).max() == pytest.approx(run["fit"]["largest_residual_us"], abs=0.1)
+    # an idle step costs less than a tenth of a tile; a part patched out makes the kernel no slower,
+    # except the state's zeroing, whose garbage fails the bound's check and runs the first step twice
+    by = {(r["what"], r["tiles_per_query_tile"], r["steps"], tuple(r["patched_out"])): r["median_ms"] for r in record["rows"]}
+    for (what, n, steps, _), ms in by.items():
+        if what == "idle":
+            idle_us = (ms - by["fit", n, n, ()]) * 1e3 / (run["query_tiles"] * (steps - n))
+            assert 0 < idle_us < per_tile / 10
+    shipped_parts = by["parts", 2, 2, ()]
+    for (what, n, steps, patched), ms in by.items():
+        if what == "parts" and patched and patched != ("init_state",):
+            assert ms < shipped_parts
+    assert by["parts", 2, 2, ("init_state",)] - shipped_parts > 0.8 * per_tile * run["query_tiles"] / 1e3
+    b3 = shipped_row("b3", run["block_q"], run["block_kv"])
+    visited = b3["tiles_visited_per_head"] * b3["heads"]
+    accounted = (visited * per_tile + run["query_tiles"] * per_query_tile) / 1e3
+    assert 0.95 * b3["median_ms"] < accounted < b3["median_ms"]
+
+
 def test_tpu_measures_record_starts_from_the_committed_one_and_takes_a_given_commit(tmp_path):
     """tools/tpu-measure.py's --out: a new file starts from the committed record, so what a TPU run writes
     there can replace it as it is (no committed row lost); --commit names the commit a copied tree ran."""
