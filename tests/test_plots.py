@@ -264,11 +264,17 @@ def test_query_frames_draw_each_frame_of_the_kept_keys():
             ax = fig.axes[row * g.frames + f]
             np.testing.assert_array_equal(np.asarray(ax.images[0].get_array()), kept[f])
             assert len(ax.lines) == (1 if f == 2 else 0)  # the query is marked in its own frame only
-        assert f"{kept.sum():,} keys" in fig.axes[row * g.frames].get_ylabel()
+        assert fig.subfigs[row]._suptitle.get_text().startswith(f"{list(masks)[row]}: {kept.sum():,} keys")
+        assert fig.axes[row * g.frames + f].get_title() == f"frame {f}"
     (marker,) = fig.axes[2].lines
     assert (marker.get_xdata()[0], marker.get_ydata()[0]) == (7 % g.width, 7 // g.width)
     with pytest.raises(ValueError, match="query"):
         plot_query_frames(masks, g, g.tokens)
+    # frames wrap into rows of per_row; the grid's spare panels stay empty
+    wrapped = plot_query_frames(masks, g, query, per_row=2)
+    assert len(wrapped.axes) == 2 * 3 * 2 and sum(bool(ax.images) for ax in wrapped.axes) == 2 * g.frames
+    with pytest.raises(ValueError, match="per_row"):
+        plot_query_frames(masks, g, query, per_row=0)
 
 
 # -- the per-tile cost lesson --------------------------------------------------------------------

@@ -430,13 +430,15 @@ def plot_rounding_diff(plan: TilePlan, aligned, ax=None, title: str | None = Non
 
 # -- one query's keys, frame by frame -----------------------------------------------------------
 
-def plot_query_frames(masks: dict, geometry, query: int, max_frames: int | None = None):
-    """The keys one query keeps, drawn frame by frame: one row of small frames per mask; returns the Figure.
+def plot_query_frames(masks: dict, geometry, query: int, max_frames: int | None = None, per_row: int = 7):
+    """The keys one query keeps, drawn frame by frame: each mask's frames in rows of `per_row`, one
+    block of rows per mask, one above the other; returns the Figure.
 
     masks: {label: Mask} in frame-major coordinates (e.g. a spatial and a temporal head's);
     geometry: their VideoGeometry (frames x height x width video tokens, text tokens not drawn);
     query: the query token's frame-major index, marked in its own frame. Each frame is
-    `height x width` keys, black where the query keeps the key. The row label counts kept keys.
+    `height x width` keys, black where the query keeps the key, titled with its number; each block is
+    titled with its mask's label and how many keys it keeps.
     """
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
@@ -447,29 +449,37 @@ def plot_query_frames(masks: dict, geometry, query: int, max_frames: int | None 
         raise ValueError(f"masks must map labels to svg_lib Masks over this geometry's {geometry.tokens:,} tokens")
     if isinstance(query, bool) or not isinstance(query, (int, np.integer)) or not 0 <= query < F * S:
         raise ValueError(f"query must be a video token's frame-major index in [0, {F * S:,}), got {query!r}")
+    if isinstance(per_row, bool) or not isinstance(per_row, (int, np.integer)) or per_row < 1:
+        raise ValueError(f"per_row must be a positive int (frames drawn side by side), got {per_row!r}")
     frames = F if max_frames is None else min(F, int(max_frames))
+    cols = min(int(per_row), frames)
+    rows_each = -(-frames // cols)
     q_frame, q_slot = divmod(int(query), S)
     keys = np.arange(F * S)
     cmap = plt.get_cmap("Greys")
-    fig, axes = plt.subplots(len(masks), frames, figsize=(0.78 * frames + 1.6, 0.78 * len(masks) * H / W + 1.1),
-                             squeeze=False, layout="constrained")
-    for row, (label, mask) in zip(axes, masks.items()):
+    fig = plt.figure(figsize=(1.5 * cols + 0.4, len(masks) * (rows_each * 1.5 * H / W + 0.75) + 0.7),
+                     layout="constrained")
+    blocks = fig.subfigures(len(masks), 1, squeeze=False)[:, 0]
+    for block, (label, mask) in zip(blocks, masks.items()):
         kept = np.asarray(mask.keep(int(query), keys), bool).reshape(F, H, W)
-        for f, ax in enumerate(row):
-            ax.imshow(kept[f], cmap=cmap, vmin=0, vmax=1, interpolation="nearest", aspect="equal")
+        axes = block.subplots(rows_each, cols, squeeze=False).ravel()
+        for f, ax in enumerate(axes):
             ax.set_xticks([])
             ax.set_yticks([])
-            if row is axes[0]:
-                ax.set_title(str(f), fontsize="small")
+            if f >= frames:
+                ax.set_axis_off()
+                continue
+            ax.imshow(kept[f], cmap=cmap, vmin=0, vmax=1, interpolation="nearest", aspect="equal")
+            ax.set_title(f"frame {f}", fontsize="small", pad=2)
             if f == q_frame:
-                ax.plot(q_slot % W, q_slot // W, marker="o", color="#d55e00", markersize=4, markeredgecolor="white")
-        row[0].set_ylabel(f"{label}\n{int(kept.sum()):,} keys", fontsize="small", rotation=0, ha="right", va="center")
+                ax.plot(q_slot % W, q_slot // W, marker="o", color="#d55e00", markersize=5, markeredgecolor="white")
+        block.suptitle(f"{label}: {int(kept[:frames].sum()):,} keys kept", fontsize="medium", x=0.01, ha="left")
     handles = [Patch(facecolor=cmap(1.0), edgecolor="#555555", label="key kept"),
                Patch(facecolor=cmap(0.0), edgecolor="#555555", label="key not kept"),
                Line2D([], [], marker="o", color="#d55e00", linestyle="none", label=f"the query (frame {q_frame})")]
     fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize="small", frameon=False)
-    fig.suptitle(f"keys kept by query {int(query):,}, frame by frame (frames 0 to {frames - 1}, "
-                 f"each {H} x {W} tokens)", fontsize="medium")
+    fig.suptitle(f"keys kept by query {int(query):,}, frame by frame (each frame {H} x {W} tokens)",
+                 fontsize="large")
     return fig
 
 
