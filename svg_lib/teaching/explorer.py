@@ -98,7 +98,7 @@ def price_facts(prices: dict) -> list:
                                           f"(the fit misses them by up to {prices['fit_error'][chip]:.1%})")) for chip, src in prices["source"].items())
     if any("extrapolated" in src for src in prices["source"].values()):
         how += ("; outside the probed sizes each body's cost is extrapolated on its own, so two methods' order "
-                "there can be wrong (B2 above B1): compare methods at probed sizes")
+                "there can be wrong (B2 slower than B1, say): compare methods at probed sizes")
     return [(f"VMEM (B1-B3, {prices['dtype']})", vmem), ("SMEM (schedule)", f"{prices['smem'].total / 1024:.1f} KiB"),
             ("predicted ms", "a simulation (the compiler's static profile, clock assumed), not a measurement: " + how)]
 

@@ -49,12 +49,14 @@ class TuneResult:
                 ("masked", 7), ("visited", 8), ("steps", 7), ("VMEM MiB", 8)]
         lines = [self.header(), "  ".join(t.rjust(w) for t, w in cols), "  ".join("-" * w for _, w in cols)]
         best = self.best
+        # interpret-mode times are one noisy host run: the fastest of this run, not a best tile for a TPU
+        best_mark = "  <- fastest this run" if self.runtime.get("mode") == "interpret" else "  <- best"
         for row in sorted(self.rows, key=lambda r: r["median_ms"]):
             cells = [f"{row['block_q']}", f"{row['block_kv']}",
                      "-" if row["block_kv_compute"] is None else f"{row['block_kv_compute']}",
                      f"{row['median_ms']:.2f}", f"{row['min_ms']:.2f}", f"{row['masked_fraction']:.2f}",
                      f"{row['visited_fraction']:.2f}", f"{row['grid_steps']:,}", f"{row['vmem_bytes'] / 2**20:.1f}"]
-            mark = "  <- best" if row is best else ""
+            mark = best_mark if row is best else ""
             lines.append("  ".join(c.rjust(w) for c, (_, w) in zip(cells, cols)) + mark)
         if best is not None:
             least = self.least_masking
