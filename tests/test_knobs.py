@@ -50,3 +50,15 @@ def test_spine_notebook_runs_at_other_tiles(path, setting, tmp_path):
 
     papermill.execute_notebook(str(path), str(tmp_path / path.name), parameters=dict(setting, PRESET="walkthrough"),
                                cwd=str(path.parent), kernel_name="python3", progress_bar=False)
+
+
+@pytest.mark.knobs
+@pytest.mark.parametrize("study", [{"STUDY_BLOCK_Q": 640, "STUDY_BLOCK_KV": 1280}, {"STUDY_BLOCK_Q": 384, "STUDY_BLOCK_KV": 384}],
+                         ids=lambda s: f"{s['STUDY_BLOCK_Q']}x{s['STUDY_BLOCK_KV']}")
+def test_block_size_notebook_prices_other_study_sized_tiles(study, tmp_path):
+    """05's second pair of knobs, the tile it prices at the case study's size: a coarse and an odd one."""
+    import papermill
+
+    path = ROOT / "notebooks" / "05_block_size_tuning.ipynb"
+    papermill.execute_notebook(str(path), str(tmp_path / path.name), parameters=dict(study, PRESET="walkthrough"),
+                               cwd=str(path.parent), kernel_name="python3", progress_bar=False)
