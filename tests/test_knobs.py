@@ -56,4 +56,3 @@ def test_spine_notebook_runs_at_other_tiles(path, setting, tmp_path):
     papermill.execute_notebook(str(path), str(tmp_path / path.name),
                                parameters=dict(setting, PRESET="walkthrough", **study),
                                cwd=str(path.parent), kernel_name="python3", progress_bar=False)
-

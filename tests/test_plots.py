@@ -264,7 +264,7 @@ def test_query_frames_draw_each_frame_of_the_kept_keys():
             ax = fig.axes[row * g.frames + f]
             np.testing.assert_array_equal(np.asarray(ax.images[0].get_array()), kept[f])
             assert len(ax.lines) == (1 if f == 2 else 0)  # the query is marked in its own frame only
-        assert fig.subfigs[row]._suptitle.get_text().startswith(f"{list(masks)[row]}: {kept.sum():,} keys")
+        assert fig.subfigs[row].get_suptitle().startswith(f"{list(masks)[row]}: {kept.sum():,} keys")
         assert fig.axes[row * g.frames + f].get_title() == f"frame {f}"
     (marker,) = fig.axes[2].lines
     assert (marker.get_xdata()[0], marker.get_ydata()[0]) == (7 % g.width, 7 // g.width)

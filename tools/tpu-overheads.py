@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.metadata as md
 import json
 import statistics
 import sys
@@ -30,13 +29,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
-
-def version(name):
-    try:
-        return md.version(name)
-    except md.PackageNotFoundError:
-        return None
 
 
 def main(argv=None) -> int:
@@ -54,6 +46,8 @@ def main(argv=None) -> int:
     import numpy as np
 
     from svg_lib.attention import check_memory
+    from svg_lib.chips import parse_tpu_generation
+    from svg_lib.environment import installed_version
     from svg_lib.core.planner import EMPTY, FULL, pack_schedule, plan_tiles
     from svg_lib.kernels import forward
     from svg_lib.methods import METHODS
@@ -71,9 +65,9 @@ def main(argv=None) -> int:
     keys = jax.random.split(jax.random.key(0), 3)
     q, k, v = (jax.random.normal(key, config.shape, jnp.bfloat16) for key in keys)
     q = (q.astype(jnp.float32) / np.sqrt(d)).astype(jnp.bfloat16)
-    run = {"chip": "v5e" if "v5" in device.device_kind.lower() else device.device_kind,
+    run = {"chip": parse_tpu_generation(device.device_kind),
            "device_kind": device.device_kind, "date": datetime.date.today().isoformat(),
-           "jax": version("jax"), "jaxlib": version("jaxlib"), "libtpu": version("libtpu"),
+           "jax": installed_version("jax"), "jaxlib": installed_version("jaxlib"), "libtpu": installed_version("libtpu"),
            "git_commit": args.commit, "block_q": bq, "block_kv": bkv, "block_kv_compute": bkc,
            "tokens": n, "heads": heads, "head_dim": d, "query_tiles": nq * heads}
     rows = []
@@ -119,10 +113,12 @@ def main(argv=None) -> int:
                 a, b, c, head_kind, table, steps=steps, method=METHODS["b3"], keep=lambda qi, ki: ki < n,
                 block_q=bq, block_kv=bkv, block_kv_compute=bkc, interpret=False, vmem_limit_bytes=limit)
         t = time.perf_counter()
-        fn = jax.jit(attend).lower(q, k, v).compile()
+        try:   # the patches live only while the kernel is traced and compiled
+            fn = jax.jit(attend).lower(q, k, v).compile()
+        finally:
+            for name, orig in originals.items():
+                setattr(forward, name, orig)
         compile_s = time.perf_counter() - t
-        for name, orig in originals.items():
-            setattr(forward, name, orig)
         jax.block_until_ready(fn(q, k, v))
         times = []
         for _ in range(args.repeats):
