@@ -243,3 +243,45 @@ def test_tpu_measures_record_starts_from_the_committed_one_and_takes_a_given_com
     assert len(written) == len(ROWS) + 1
     ours = [r for r in written if r.get("what") == "a test row"]
     assert [r["git_commit"] for r in ours] == ["abc1234"] and ours[0]["git_commit_as_seen"]
+
+
+def test_the_overheads_tools_schedules_run_the_library_kernel_over_the_tiles_they_name():
+    """tools/tpu-overheads.py's synthetic schedule, run by the library's B3 kernel (CPU interpreter): every
+    query tile attends to the keys of tiles 0 ... N-1 and no others, and the idle steps after them change
+    nothing; off a TPU the tool refuses, naming why."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from svg_lib.kernels.forward import block_sparse_attention
+    from svg_lib.methods import METHODS
+
+    spec = importlib.util.spec_from_file_location("tpu_overheads", ROOT / "tools" / "tpu-overheads.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    n, bq, bkv, tiles = 700, 256, 128, 3
+    q, k, v = (jax.random.normal(key, (2, n, 128), jnp.float32) for key in jax.random.split(jax.random.key(1), 3))
+    q = q / np.sqrt(128)
+    nq = -(-n // bq)
+
+    def run(steps):
+        table = jnp.asarray(tool.synthetic_schedule(nq, tiles, steps))
+        return np.asarray(block_sparse_attention(
+            q, k, v, jnp.zeros((2,), jnp.int32), table, steps=steps, method=METHODS["b3"],
+            keep=lambda qi, ki: ki < n, block_q=bq, block_kv=bkv, block_kv_compute=bkv, interpret=True))
+
+    kept = tiles * bkv
+    p = jax.nn.softmax(jnp.einsum("hqd,hkd->hqk", q, k[:, :kept]), axis=-1)
+    want = np.asarray(jnp.einsum("hqk,hkd->hqd", p, v[:, :kept]))
+    np.testing.assert_allclose(run(tiles), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(run(tiles + 2), run(tiles))
+    with pytest.raises(ValueError, match="tiles <= steps"):
+        tool.synthetic_schedule(nq, 4, 3)
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "tpu-overheads.py"), "--out", "unused.json"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    if jax.devices()[0].platform != "tpu":
+        assert done.returncode == 2 and "needs a TPU" in done.stderr

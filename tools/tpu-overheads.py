@@ -31,6 +31,23 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
+def synthetic_schedule(query_tiles: int, tiles: int, steps: int):
+    """The packed schedule (`planner.pack_schedule`) of `query_tiles` rows that each visit key tiles 0 ...
+    tiles - 1 mask-free (FULL), then idle (EMPTY) for `steps - tiles` steps on the last of them."""
+    import numpy as np
+
+    from svg_lib.core.planner import EMPTY, FULL, pack_schedule
+
+    if not 1 <= tiles <= steps:
+        raise ValueError(f"need 1 <= tiles <= steps, got tiles={tiles}, steps={steps}")
+    kv = np.zeros((query_tiles, steps), np.int64)
+    cls = np.full((query_tiles, steps), EMPTY, np.int64)
+    kv[:, :tiles] = np.arange(tiles)
+    kv[:, tiles:] = tiles - 1          # idle steps repeat the resident tile: no DMA
+    cls[:, :tiles] = FULL
+    return pack_schedule(kv, cls)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--parts", nargs="+", default=["fit", "idle", "parts"], choices=["fit", "idle", "parts"])
@@ -48,7 +65,7 @@ def main(argv=None) -> int:
     from svg_lib.attention import check_memory
     from svg_lib.chips import parse_tpu_generation
     from svg_lib.environment import installed_version
-    from svg_lib.core.planner import EMPTY, FULL, pack_schedule, plan_tiles
+    from svg_lib.core.planner import plan_tiles
     from svg_lib.kernels import forward
     from svg_lib.methods import METHODS
     from svg_lib.problem import get_preset
@@ -77,14 +94,6 @@ def main(argv=None) -> int:
                          block_kv_compute=bkc, generation=None, plan=plan, tables=plan.tables, splash_mask=None,
                          q_len=None, backward=None).forward_limit
 
-    def schedule(tiles_, steps):
-        kv = np.zeros((nq, steps), np.int64)
-        cls = np.full((nq, steps), EMPTY, np.int64)
-        kv[:, :tiles_] = np.arange(tiles_)
-        kv[:, tiles_:] = tiles_ - 1          # idle steps repeat the resident tile: no DMA
-        cls[:, :tiles_] = FULL
-        return jnp.asarray(pack_schedule(kv, cls))
-
     originals = {name: getattr(forward, name) for name in ("init_state", "start_bound", "check_bound", "finish")}
 
     def no_init(m_ref, l_ref, acc_ref, flag_ref=None):
@@ -105,7 +114,7 @@ def main(argv=None) -> int:
     def timed(tiles_, steps, what, patched=()):
         for name, fn in originals.items():
             setattr(forward, name, patches[name] if name in patched else fn)
-        table = schedule(tiles_, steps)
+        table = jnp.asarray(synthetic_schedule(nq, tiles_, steps))
         head_kind = jnp.zeros((heads,), jnp.int32)
 
         def attend(a, b, c):
