@@ -11,6 +11,10 @@ visits the same N mask-free key tiles (0 ... N-1), then idles for S - N steps (c
                the state's zeroing (`init_state`), the bound's start (`start_bound`), its check
                (`check_bound`), the finish (`finish`), and all four at once. Patched kernels are not exact:
                each row prices a part, it is not a kernel to ship.
+    blocks     at N = 2, S = 2: the query and output blocks held for a whole head (`grid.Schedule.q_map`
+               patched to name query tile 0 at every step, so no q block is fetched and no output block
+               written back when the query tile changes), alone and with the four parts out: what the
+               pipeline's block changes cost a query tile. Wrong outputs, a price only.
 
 Each row: median, min and max of `--repeats` calls after a warm-up. Rows go to `--out` (JSON), with the chip,
 date and versions.
@@ -50,7 +54,8 @@ def synthetic_schedule(query_tiles: int, tiles: int, steps: int):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--parts", nargs="+", default=["fit", "idle", "parts"], choices=["fit", "idle", "parts"])
+    p.add_argument("--parts", nargs="+", default=["fit", "idle", "parts", "blocks"],
+                   choices=["fit", "idle", "parts", "blocks"])
     p.add_argument("--tiles", default="3328x1536x512")
     p.add_argument("--fit-n", default="1,2,6,12,22,44")
     p.add_argument("--repeats", type=int, default=5)
@@ -66,7 +71,7 @@ def main(argv=None) -> int:
     from svg_lib.chips import parse_tpu_generation
     from svg_lib.environment import installed_version
     from svg_lib.core.planner import plan_tiles
-    from svg_lib.kernels import forward
+    from svg_lib.kernels import forward, grid
     from svg_lib.methods import METHODS
     from svg_lib.problem import get_preset
 
@@ -109,11 +114,16 @@ def main(argv=None) -> int:
     def no_finish(m_ref, l_ref, acc_ref, o_ref, interpret=False, lse_ref=None):
         o_ref[...] = acc_ref[...].astype(o_ref.dtype)
 
+    def one_block(self, h, i, s, **tables):   # every query tile reads and writes its head's first block
+        return self.head(h, tables["head_order_ref"]), 0, 0
+
     patches = {"init_state": no_init, "start_bound": no_start, "check_bound": no_check, "finish": no_finish}
+    original_q_map = grid.Schedule.q_map
 
     def timed(tiles_, steps, what, patched=()):
         for name, fn in originals.items():
             setattr(forward, name, patches[name] if name in patched else fn)
+        grid.Schedule.q_map = one_block if "q_out_blocks" in patched else original_q_map
         table = jnp.asarray(synthetic_schedule(nq, tiles_, steps))
         head_kind = jnp.zeros((heads,), jnp.int32)
 
@@ -127,6 +137,7 @@ def main(argv=None) -> int:
         finally:
             for name, orig in originals.items():
                 setattr(forward, name, orig)
+            grid.Schedule.q_map = original_q_map
         compile_s = time.perf_counter() - t
         jax.block_until_ready(fn(q, k, v))
         times = []
@@ -161,6 +172,9 @@ def main(argv=None) -> int:
     if "parts" in args.parts:
         for patched in ((), ("init_state",), ("start_bound",), ("check_bound",), ("finish",), tuple(patches)):
             timed(2, 2, "parts", patched)
+    if "blocks" in args.parts:
+        for patched in (("q_out_blocks",), (*patches, "q_out_blocks")):
+            timed(2, 2, "blocks", patched)
     args.out.write_text(json.dumps({"run": run, "rows": rows}, indent=1) + "\n")
     print("tpu-overheads: done", flush=True)
     return 0

@@ -54,8 +54,8 @@ HINTS = Hints("scaled_add's pallas_call", (
     "block_rows), not rows // block_rows.",
     "One BlockSpec serves x, y and the output: pl.BlockSpec(block, index_map), where index_map(i, j) returns "
     "the block's index counted in blocks, (i, j), not its first element (i * block_rows, j * block_cols).",
-    "pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=grid, in_specs=[spec, "
-    "spec], out_specs=spec, interpret=interpret)(x, y)",
+    "pl.pallas_call(kernel, ...) returns a function: apply it to the operands, (x, y), and return that. Its "
+    "out_shape describes the output with no data: a jax.ShapeDtypeStruct shaped like x; pass interpret too.",
 ), SOLUTION)
 
 
@@ -99,6 +99,8 @@ def _index(mapping, step) -> tuple:
 _HINTS = {"required positional argument": ("Pallas calls each index map with one argument per grid axis, and this "
                                            "call has fewer: did you forget grid=(pl.cdiv(rows, block_rows), "
                                            "pl.cdiv(cols, block_cols))?"),
+          "which is not a valid JAX type": ("scaled_add returned a function: pl.pallas_call(kernel, ...) builds the "
+                                            "call, which you then apply to the operands, pl.pallas_call(...)(x, y)"),
           "Mosaic": "pass interpret=interpret to pl.pallas_call: without a TPU the kernel runs in interpret mode",
           "interpret": "pass interpret=interpret to pl.pallas_call: without a TPU the kernel runs in interpret mode"}
 
@@ -185,7 +187,8 @@ def check_scaled_add(fn, *, seed: int = 0) -> CheckResult:
             r, c = (int(v) for v in np.argwhere(bad)[0])
             swapped = alpha * y.astype(np.float64) + x
             hint = ("your body computes alpha * y + x: scale x" if np.allclose(got, swapped, rtol=1e-6, atol=1e-4)
-                    else "unwritten: some grid step never wrote this block" if np.isnan(got[r, c])
+                    else ("unwritten: some grid step never wrote this block (o_ref = ... only rebinds the name; write into "
+                          "the ref, o_ref[...] = ...)") if np.isnan(got[r, c])
                     else "o_ref[...] = alpha * x_ref[...] + y_ref[...]")
             raise _Fail(f"element ({r}, {c}): expected {_fmt(want[r, c])}, got {_fmt(got[r, c])}", hint)
 

@@ -263,7 +263,7 @@ def check_tile_body_on_refs(fn, *, seed: int = 0) -> CheckResult:
             if np.allclose(got, _simulate(qs, k, v, full, bq, bkv, masked, mistake)[:n], rtol=1e-2, atol=atol,
                            equal_nan=True)))
         # an output all nan can come from more than one mistake: name each that gives it
-        named = " Or: ".join(named) if named else None
+        named = "\n  or: ".join(named) if named else None
         if not np.all(np.isfinite(got)) and named is None:
             row = int(np.flatnonzero(~np.isfinite(got).all(axis=1))[0])
             if c["keep"] is not None and not keep[row, :bkv].any():
