@@ -11,7 +11,10 @@ from svg_lib.teaching.yourcode import Hints, choose, cost_line, whose
 
 def test_hints_come_one_at_a_time_then_the_solution(capsys):
     hints = Hints("a piece", ("first", "second", "third"), "def piece(): ...")
-    shown = [hints.next() for _ in range(5)]
+    shown = []
+    for _ in range(5):
+        assert hints.next() is None   # printed once, not echoed again as the cell's value
+        shown.append(capsys.readouterr().out.rstrip("\n"))
     assert shown[:3] == ["Hint 1 of 3: first", "Hint 2 of 3: second", "Hint 3 of 3: third"]
     assert shown[3] == shown[4] == "Solution:\ndef piece(): ..."
     with pytest.raises(ValueError, match="at least three hints"):

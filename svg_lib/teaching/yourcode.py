@@ -49,13 +49,13 @@ class Hints:
         n = len(self.hints)
         return [f"Hint {i} of {n}: {h}" for i, h in enumerate(self.hints, 1)] + [f"Solution:\n{self.solution}"]
 
-    def next(self) -> str:
-        """Print and return the next hint (the solution after the last hint; then the solution again)."""
+    def next(self) -> None:
+        """Print the next hint (the solution after the last hint; then the solution again). Nothing is
+        returned, so a cell ending in `hints.next()` shows the text once, as printed."""
         texts = self.all()
         text = texts[min(self._shown[0], len(texts) - 1)]
         self._shown[0] += 1
         print(text)
-        return text
 
     def _ipython_display_(self):
         try:
