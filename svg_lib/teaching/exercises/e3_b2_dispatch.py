@@ -89,7 +89,12 @@ def check_b2_dispatch(fn, *, seed: int = 0, label: str = "E3 b2_dispatch") -> Ch
             detail = (f"grid step (query tile {i}, step {s}) is {what} ({tile_words}): expected "
                       f"{path_words(int(expected[i, s]))}, your dispatch ran {path_words(int(paths[i, s]))}")
             got = int(paths[i, s])
-            if cls == EMPTY:
+            swapped = (((plan.step_class == FULL) & (paths == MASKED_PATH)).any()
+                       and ((plan.step_class == PARTIAL) & (paths == MASK_FREE_PATH)).any())
+            if swapped and cls != EMPTY:
+                hint = ("your two bodies are swapped: FULL tiles ran the masked body (wasted work) and PARTIAL tiles "
+                        "the mask-free one, whose dropped pairs leak into the softmax (wrong output)")
+            elif cls == EMPTY:
                 hint = ("an idle step must compute nothing: its key tile was already folded in at the step before, "
                         "so computing it adds that tile's keys a second time")
             elif got >= 2 * MASKED_PATH or got % MASKED_PATH >= 2 or (got % MASKED_PATH and got // MASKED_PATH):

@@ -38,8 +38,8 @@ def dispatch_hints():
         "One branch per visited class, FULL and PARTIAL (imported from svg_lib): an idle step (EMPTY) must match "
         "neither, as its key tile was folded in at the step before. `step_class != EMPTY` as one branch's test "
         "would also send FULL tiles down the masked path (B1).",
-        "FULL runs tile(keep=None), the body with no mask; PARTIAL runs tile(keep=keep). pl.when takes the "
-        "function to run: pl.when(condition)(lambda: ...).",
+        "Which body can a FULL tile skip the mask in, and which class still needs keep? pl.when takes the "
+        "function to run, not its result: pl.when(condition)(lambda: ...).",
     ), DISPATCH_SOLUTION)
 
 
