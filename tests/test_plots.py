@@ -172,6 +172,10 @@ def test_tile_map_legend_counts_the_classes():
         assert label.endswith(f": {(plan.classes == cls).sum()}")
     assert any("padding" in t for t in texts)
     assert ax.get_legend().get_title().get_text() == "tiles in this map"
+    # the mask drawn under the tiles gets a key of its own, and only where it is drawn
+    assert "darker: pairs the mask keeps" in texts
+    bare = [t.get_text() for t in plot_tile_map(plan, show_mask=False).axes[0].get_legend().get_texts()]
+    assert not any("darker" in t for t in bare)
 
 
 def test_tile_map_b1_draws_every_visited_tile_masked():

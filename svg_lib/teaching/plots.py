@@ -125,13 +125,15 @@ def _tile_extents(plan: TilePlan):
     return q0, np.minimum(q0 + plan.block_q, n), k0, np.minimum(k0 + plan.block_kv, n)
 
 
-def _legend_handles(counts: dict | None = None, padding: bool = True):
+def _legend_handles(counts: dict | None = None, padding: bool = True, shaded: bool = False):
     from matplotlib.patches import Patch
 
     handles = []
     for cls in (FULL, PARTIAL, EMPTY):
         label = TILE_LABELS[cls] + ("" if counts is None else f": {counts[cls]}")
         handles.append(Patch(facecolor=TILE_COLORS[cls], edgecolor="#555555", linewidth=0.5, label=label))
+    if shaded:   # the mask drawn under the tiles (show_mask): where it keeps pairs the colour darkens
+        handles.append(Patch(facecolor="#8c8c8c", edgecolor="none", alpha=0.5, label="darker: pairs the mask keeps"))
     if padding:
         handles.append(Patch(facecolor="none", edgecolor="#333333", hatch="////", label="visited, reaches into padding"))
         handles.append(Patch(facecolor=PADDING_COLOR, edgecolor="none", label="padding (no tokens)"))
@@ -220,8 +222,9 @@ def plot_tile_map(plan: TilePlan, ax=None, title: str | None = None, show_mask: 
     ax.set_title(title)
     if legend:
         counts = {c: int((classes == c).sum()) for c in (EMPTY, PARTIAL, FULL)}
-        ax.legend(handles=_legend_handles(counts, padding=bool(padded.size)), loc="upper left", bbox_to_anchor=(1.02, 1.0),
-                  fontsize="small", frameon=False, title="tiles in this map", title_fontsize="small")
+        ax.legend(handles=_legend_handles(counts, padding=bool(padded.size), shaded=show_mask), loc="upper left",
+                  bbox_to_anchor=(1.02, 1.0), fontsize="small", frameon=False, title="tiles in this map",
+                  title_fontsize="small")
     return fig
 
 

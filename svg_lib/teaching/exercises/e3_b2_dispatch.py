@@ -19,6 +19,21 @@ from svg_lib.teaching.exercises.plugged import MASKED as MASKED_PATH
 from svg_lib.teaching.exercises.plugged import b2_dispatch_piece, path_words, plugged_attention
 
 
+
+def _codes_note(fn) -> str:
+    """The reminder to compare with FULL and PARTIAL, for a dispatch whose source compares the class with
+    a number (or whose source cannot be read)."""
+    import inspect
+    import re
+
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return " (compare with FULL and PARTIAL, imported from svg_lib, not with their codes)"
+    if re.search(r"(==|!=)\s*-?\d|\d\s*(==|!=)", source):
+        return " (compare with FULL and PARTIAL, imported from svg_lib, not with their codes)"
+    return ""
+
 def b2_exercise_attention(q, k, v, mask: Mask, dispatch, *, block_q: int = 128, block_kv: int = 128,
                           interpret=True, record: bool = True):
     """svg_lib's B2 (`forward.block_sparse_attention`, built by `grid.tile_step_call`) with its
@@ -101,12 +116,10 @@ def check_b2_dispatch(fn, *, seed: int = 0, label: str = "E3 b2_dispatch") -> Ch
                 hint = "each visited step runs exactly one tile body: the conditions of your branches overlap"
             elif cls == FULL and got // MASKED_PATH:
                 hint = ("a FULL tile keeps every pair, so the mask cannot change it: evaluating it anyway is the "
-                        "per-element VPU work B1 pays and B2 removes (compare with FULL and PARTIAL, imported from "
-                        "svg_lib, not with their codes)")
+                        "per-element VPU work B1 pays and B2 removes" + _codes_note(fn))
             elif cls == PARTIAL and got % MASKED_PATH:
                 hint = ("a PARTIAL tile is cut by the mask's edge (or reaches into key padding): without keep, its "
-                        "dropped pairs leak into the softmax (compare with FULL and PARTIAL, imported from svg_lib, "
-                        "not with their codes)")
+                        "dropped pairs leak into the softmax" + _codes_note(fn))
             else:
                 hint = "every visited step must run one of the two tile bodies: which class did your branches leave out?"
             raise _Fail(detail, hint)
