@@ -30,6 +30,26 @@ def test_dispatch_checker_names_the_mistake(wrong, message, capsys):
     assert not result.passed and message in result.message
 
 
+def swapped_bodies(step_class, tile, keep):
+    pl.when(step_class == FULL)(lambda: tile(keep=keep))
+    pl.when(step_class == PARTIAL)(lambda: tile(keep=None))
+
+
+def codes_not_names(step_class, tile, keep):   # B1's test, written with EMPTY's code
+    pl.when(step_class != 0)(lambda: tile(keep=keep))
+
+
+def test_dispatch_checker_names_swapped_bodies_and_codes_only_where_used(capsys):
+    from svg_lib.teaching.exercises.e3_b2_dispatch import CODES_NOTE
+
+    assert EMPTY == 0   # codes_not_names is B1's dispatch only while EMPTY's code is 0
+    swapped = p04_b2_dispatch.check_b2_dispatch(swapped_bodies)
+    assert not swapped.passed and "your two bodies are swapped" in swapped.message
+    codes, names = (p04_b2_dispatch.check_b2_dispatch(fn) for fn in (codes_not_names, b1_style))
+    assert not codes.passed and not names.passed
+    assert CODES_NOTE in codes.message and CODES_NOTE not in names.message
+
+
 def test_the_dry_run_shows_what_a_dispatch_runs_at_the_case_studys_size():
     blog = get_preset("blog")
     plan = plan_tiles(blog.mask(), blog.block_q, blog.block_kv)

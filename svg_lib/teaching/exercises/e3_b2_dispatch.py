@@ -4,6 +4,9 @@ left to the learner), `check_b2_dispatch` and its hidden cases.
 The references are the planner's step classes and `reference_attention`."""
 from __future__ import annotations
 
+import inspect
+import re
+
 import numpy as np
 
 from svg_lib.core.geometry import VideoGeometry
@@ -19,20 +22,17 @@ from svg_lib.teaching.exercises.plugged import MASKED as MASKED_PATH
 from svg_lib.teaching.exercises.plugged import b2_dispatch_piece, path_words, plugged_attention
 
 
+CODES_NOTE = " (compare with FULL and PARTIAL, imported from svg_lib, not with their codes)"
+
 
 def _codes_note(fn) -> str:
-    """The reminder to compare with FULL and PARTIAL, for a dispatch whose source compares the class with
-    a number (or whose source cannot be read)."""
-    import inspect
-    import re
-
+    """CODES_NOTE for a dispatch whose source compares the class with a number, or cannot be read; else ""."""
     try:
         source = inspect.getsource(fn)
     except (OSError, TypeError):
-        return " (compare with FULL and PARTIAL, imported from svg_lib, not with their codes)"
-    if re.search(r"(==|!=)\s*-?\d|\d\s*(==|!=)", source):
-        return " (compare with FULL and PARTIAL, imported from svg_lib, not with their codes)"
-    return ""
+        return CODES_NOTE
+    return CODES_NOTE if re.search(r"(==|!=)\s*-?\d|\d\s*(==|!=)", source) else ""
+
 
 def b2_exercise_attention(q, k, v, mask: Mask, dispatch, *, block_q: int = 128, block_kv: int = 128,
                           interpret=True, record: bool = True):
@@ -61,7 +61,7 @@ _DISPATCH_HINTS = {
     "Concretization": ("step_class is a traced value, known only when the kernel runs: compare it inside "
                        "pl.when(...) instead of converting it to a Python value"),
     "callable": ("pl.when(condition) takes the function to run, not its result: "
-                 "pl.when(step_class == FULL)(lambda: tile(keep=None))"),
+                 "pl.when(condition)(lambda: ...)"),
 }
 
 
