@@ -320,7 +320,8 @@ def test_no_races_under_the_tpu_interpreter(method):
 
 def _tile_body_attention(q, k, v, keep, *, block_q, block_kv, block_kv_compute, body_interpret):
     """Attention over every tile of one head through `online_softmax_tile` (masking each
-    tile with `keep`, or none), the body told `interpret=body_interpret`; run in the interpreter."""
+    tile with `keep`, or none, its key-slice loop unrolled as `forward.unroll_factor` says), the body
+    told `interpret=body_interpret`; run in the interpreter."""
     from svg_lib.kernels import forward as kernels
 
     tokens, head_dim = q.shape
@@ -335,7 +336,8 @@ def _tile_body_attention(q, k, v, keep, *, block_q, block_kv, block_kv_compute, 
 
         pl.when(j >= 0)(lambda: kernels.online_softmax_tile(
             q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, keep=keep, q_start=i * block_q, k_start=j * block_kv,
-            block_kv_compute=block_kv_compute, interpret=body_interpret))
+            block_kv_compute=block_kv_compute, interpret=body_interpret,
+            unrolled=frozenset(kernels.UNROLL_ORDER)))
 
         @pl.when(j == nk - 1)
         def _():
@@ -355,12 +357,13 @@ def _tile_body_attention(q, k, v, keep, *, block_q, block_kv, block_kv_compute, 
 @pytest.mark.parametrize("body_interpret", [True, False], ids=["interpreter-path", "tpu-path"])
 @pytest.mark.parametrize("head_dim, block_kv, block_kv_compute",
                          [(64, 384, 384), (128, 256, 128), (256, 384, 128), (128, 768, 128)],
-                         ids=["d64-1chunk", "d128-2chunks", "d256-3chunks", "d128-6chunks-rolled"])
+                         ids=["d64-1chunk", "d128-2chunks", "d256-3chunks", "d128-6chunks-by-3"])
 @pytest.mark.parametrize("masked", [False, True], ids=["free", "masked"])
 def test_tile_body_paths_agree_with_float64(body_interpret, head_dim, block_kv, block_kv_compute, masked):
-    # above MAX_UNROLLED_CHUNKS the TPU path rolls the key-chunk loop: 6 chunks run it rolled
-    from svg_lib.kernels.forward import MAX_UNROLLED_CHUNKS
-    assert (block_kv // block_kv_compute > MAX_UNROLLED_CHUNKS) == (block_kv == 768)
+    # every body's loop unrolled as the kernels unroll it: above MAX_UNROLLED_CHUNKS by a divisor, 6 chunks
+    # three at a time (two iterations of a rolled loop)
+    from svg_lib.kernels.forward import unroll_factor
+    assert unroll_factor(block_kv // block_kv_compute) == (3 if block_kv == 768 else block_kv // block_kv_compute)
     tokens = 768
     mask = SVGMask.spatial(VideoGeometry(6, 8, 16), 0.3)  # 768 tokens, sink and band: partial tiles
     q, k, v = (x[0] for x in random_qkv(3, 1, tokens, head_dim, "float32"))

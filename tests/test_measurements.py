@@ -87,7 +87,10 @@ def test_the_code_size_estimate_is_the_fit_of_the_compilers_sizes():
 
 def test_shipped_loop_follows_the_kernels_rule():
     assert shipped_loop("b1", 3328, 1536, 512) == "unrolled" and shipped_loop("b3", 3328, 1536, 512) == "partly unrolled"
-    assert shipped_loop("b3", 3328, 1536, 384) == "rolled"  # four slices: more than MAX_UNROLLED_CHUNKS
+    # more slices than MAX_UNROLLED_CHUNKS unroll by a divisor: four slices two at a time, every body fitting
+    # the budget; five, a prime past the limit, stay rolled
+    assert shipped_loop("b3", 3328, 1536, 384) == "unrolled" and shipped_loop("b3", 3328, 1920, 384) == "rolled"
+    assert shipped_loop("b3", 3328, 3072, 512) == "partly unrolled"
     assert shipped_loop("dense", 512, 512, 512) == "one slice" and shipped_loop("splash_dense", 3328, 1536, 512) is None
     assert {m: len(kinds) for m, kinds in BODIES.items()} == {"dense": 4, "b1": 2, "b2": 4, "b3": 4}
 

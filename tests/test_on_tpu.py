@@ -24,7 +24,8 @@ MASK = SVGMask.spatial(GEOMETRY, 0.35)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("blocks", [(256, 128, 128), (128, 256, 128), (512, 512, 256)])
+@pytest.mark.parametrize("blocks", [(256, 128, 128), (128, 256, 128), (512, 512, 256), (256, 512, 128),
+                                    (256, 768, 128)])  # the last two: key-slice loops unrolled 2 of 4, 3 of 6
 @pytest.mark.parametrize("method", ["dense", "b1", "b2", "b3"])
 def test_every_row_is_right_with_partial_last_tiles(method, blocks, dtype):
     block_q, block_kv, block_kv_compute = blocks

@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     for method, bq, bkv, bkc, unrolled in programs:
         # the kernel built next unrolls exactly the bodies its measured row did
         forward.unrolled_bodies = lambda sizes, *_, kinds=frozenset(unrolled), **__: (
-            kinds if 1 < sizes.slices <= forward.MAX_UNROLLED_CHUNKS else frozenset())
+            kinds if forward.unroll_factor(sizes.slices) > 1 else frozenset())
         report = compile_for_tpu(get_preset("blog", block_q=bq, block_kv=bkv, block_kv_compute=bkc), method,
                                  args.chip, check_estimate=False)
         if not report.ok:

@@ -193,7 +193,7 @@ def main(argv=None) -> int:
     def set_unroll(setting):
         """Which bodies the kernels built next unroll: the rule's choice, or a forced set (slice limits kept)."""
         def rule(sizes, masked_kinds=1, mask_free=True):
-            if setting not in forced or not 1 < sizes.slices <= forward.MAX_UNROLLED_CHUNKS:
+            if setting not in forced or forward.unroll_factor(sizes.slices) == 1:
                 return chosen_rule(sizes, masked_kinds, mask_free)
             return frozenset(forced[setting])
         forward.unrolled_bodies = rule
@@ -220,7 +220,9 @@ def main(argv=None) -> int:
         floor = floor_ms(method, bq, bkv)
         tiles = method_tiles(get_preset("blog", block_q=bq, block_kv=bkv), method)
         row.update({"part": part, "method": method, "block_q": bq, "block_kv": bkv, "block_kv_compute": bkc,
-                    "unroll": unroll, "loop": loop_name(method, sizes, unrolled), "code_budget": forward.CODE_BUDGET,
+                    "unroll": unroll, "loop": loop_name(method, sizes, unrolled),
+                    **({"unroll_factor": forward.unroll_factor(sizes.slices)} if unrolled else {}),
+                    "code_budget": forward.CODE_BUDGET,
                     "code_bytes_estimate": forward.code_bytes(sizes, unrolled, 1, METHODS[method].mask_free_body),
                     **({"unrolled_bodies": body_names(unrolled)} if loop_name(method, sizes, unrolled)
                        not in (None, "one slice") else {}),

@@ -44,7 +44,9 @@ activations (`svg_lib.instruments.tpu.cost` prices both from the compiler's stat
 Code size. Every `pl.when` branch is compiled, so a kernel carries one copy of the tile body
 per kind it can run, and two of each (running and bounded): dense, B2 and B3 hold four (mask-free
 and masked), B1 two (masked only). How far each unrolls its loop over key slices is bounded by the
-code size measured fast on a TPU (`unrolled_bodies`, `CODE_BUDGET`).
+code size measured fast on a TPU (`unrolled_bodies`, `CODE_BUDGET`); a loop of more slices than
+`MAX_UNROLLED_CHUNKS` unrolls a divisor of them at a time (`unroll_factor`), so a key tile twice as
+long costs half the grid steps and no more code.
 """
 from __future__ import annotations
 
@@ -73,10 +75,17 @@ LANES = 128
 CODE_FIXED_BYTES, CODE_BYTES_PER_ROW = 397_779, 269.17
 CODE_BYTES_PER_ELEMENT = {(True, False): 0.23421, (True, True): 0.21812, (False, False): 0.31001, (False, True): 0.21832}
 CODE_BUDGET = 4_539_240  # the largest `code_bytes` of a program measured fast
-MAX_UNROLLED_CHUNKS = 3
+MAX_UNROLLED_CHUNKS = 3  # the most copies of a tile body one iteration of an unrolled key-slice loop holds
 # The kinds of tile body, (bounded, masked), in the order they unroll: the hottest first (after a
 # query tile's first step nearly every step runs a bounded body, most of them mask-free).
 UNROLL_ORDER = ((True, False), (True, True), (False, False), (False, True))
+
+
+def unroll_factor(slices: int) -> int:
+    """The slices one iteration of an unrolled loop over `slices` key slices runs: the largest divisor of
+    `slices` up to MAX_UNROLLED_CHUNKS (every slice for 2 or 3, two for 4, three for 6 or 9; 1, no
+    unrolling, for one slice or a prime past the limit). An unrolled body is that many copies of it."""
+    return max(f for f in range(1, min(slices, MAX_UNROLLED_CHUNKS) + 1) if slices % f == 0)
 
 
 def body_copies(masked_kinds: int = 1, mask_free: bool = True) -> dict:
@@ -88,19 +97,20 @@ def body_copies(masked_kinds: int = 1, mask_free: bool = True) -> dict:
 def code_bytes(sizes: TileSizes, unrolled=frozenset(), masked_kinds: int = 1, mask_free: bool = True) -> int:
     """The bytes of code a forward kernel compiles to, estimated: a fixed part, a part per query row, and
     per compiled copy of a tile body its kind's bytes per element of a `[block_q, block_kv_compute]`
-    slice, `sizes.slices` copies for each body whose loop is `unrolled`."""
+    slice, `unroll_factor(sizes.slices)` copies for each body whose loop is `unrolled`."""
     slice_ = sizes.block_q * sizes.block_kv_compute
     return round(CODE_FIXED_BYTES + CODE_BYTES_PER_ROW * sizes.block_q + slice_ * sum(
-        n * CODE_BYTES_PER_ELEMENT[kind] * (sizes.slices if kind in unrolled else 1)
+        n * CODE_BYTES_PER_ELEMENT[kind] * (unroll_factor(sizes.slices) if kind in unrolled else 1)
         for kind, n in body_copies(masked_kinds, mask_free).items()))
 
 
 def unrolled_bodies(sizes: TileSizes, masked_kinds: int = 1, mask_free: bool = True) -> frozenset:
     """The kinds of tile body, (bounded, masked), whose key-slice loop a forward kernel unrolls: in
     `UNROLL_ORDER`, each kind the kernel compiles whose unrolling keeps its `code_bytes` within
-    `CODE_BUDGET`. Loops of one slice, or of more than `MAX_UNROLLED_CHUNKS`, stay as they are."""
+    `CODE_BUDGET`. Loops that `unroll_factor` leaves rolled (one slice, a prime number past
+    `MAX_UNROLLED_CHUNKS`) stay as they are."""
     chosen = frozenset()
-    if 1 < sizes.slices <= MAX_UNROLLED_CHUNKS:
+    if unroll_factor(sizes.slices) > 1:
         for kind, n in body_copies(masked_kinds, mask_free).items():
             if n and code_bytes(sizes, chosen | {kind}, masked_kinds, mask_free) <= CODE_BUDGET:
                 chosen |= {kind}
@@ -217,7 +227,8 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
         acc_ref[...] = _lanes(alpha, head_dim, interpret) * acc_ref[...] + pv
         return carry
 
-    jax.lax.fori_loop(0, chunks, chunk, None, unroll=(bounded, keep is not None) in unrolled)
+    unroll = unroll_factor(chunks) if (bounded, keep is not None) in unrolled else 1
+    jax.lax.fori_loop(0, chunks, chunk, None, unroll=unroll)
 
 
 # -- the bounded max ---------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import numpy as np
 
 from svg_lib.chips import MXUS_FOR_CLOCK, clock_hz
 from svg_lib.instruments.tpu.cost import committed_tile_cost, model_cycles
-from svg_lib.kernels.forward import CODE_BUDGET, UNROLL_ORDER, body_copies, code_bytes, unrolled_bodies
+from svg_lib.kernels.forward import CODE_BUDGET, UNROLL_ORDER, body_copies, code_bytes, unroll_factor, unrolled_bodies
 from svg_lib.kernels.grid import TileSizes
 from svg_lib.methods import BASELINE, METHODS, MODEL_METHODS, SERIES_METHODS, MethodPlans, check_method
 from svg_lib.problem import BLOG_V6E_MS, default_block_kv_compute, get_preset
@@ -60,7 +60,7 @@ def fit_code_bytes(programs) -> tuple[float, float, dict]:
     for p in programs:
         sizes, unrolled = TileSizes(p["block_q"], p["block_kv"], p["block_kv_compute"]), program_unrolled(p)
         copies = body_copies(1, METHODS[p["method"]].mask_free_body)
-        terms.append([1.0, sizes.block_q] + [copies[k] * (sizes.slices if k in unrolled else 1) * sizes.block_q
+        terms.append([1.0, sizes.block_q] + [copies[k] * (unroll_factor(sizes.slices) if k in unrolled else 1) * sizes.block_q
                                              * sizes.block_kv_compute for k in UNROLL_ORDER])
         sizes_out.append(p["code_bytes"])
     fit = np.linalg.lstsq(np.array(terms), np.array(sizes_out, float), rcond=None)[0]
