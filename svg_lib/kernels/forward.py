@@ -72,9 +72,9 @@ LANES = 128
 # 2.5-3x (rolled and single slices too: likely instruction memory overflowing, not verified); within it
 # unrolling gained 1-7 % (data/tpu_measurements.json, tpu_code_sizes.json; `measured.unroll_evidence`).
 # `code_bytes` prices a program before compiling it: a least-squares fit of the compiler's sizes.
-CODE_FIXED_BYTES, CODE_BYTES_PER_ROW = 397_779, 269.17
-CODE_BYTES_PER_ELEMENT = {(True, False): 0.23421, (True, True): 0.21812, (False, False): 0.31001, (False, True): 0.21832}
-CODE_BUDGET = 4_539_240  # the largest `code_bytes` of a program measured fast
+CODE_FIXED_BYTES, CODE_BYTES_PER_ROW = 420_964, 252.65
+CODE_BYTES_PER_ELEMENT = {(True, False): 0.22828, (True, True): 0.22461, (False, False): 0.31266, (False, True): 0.22305}
+CODE_BUDGET = 4_489_685  # the largest `code_bytes` of a program measured fast
 MAX_UNROLLED_CHUNKS = 3  # the most copies of a tile body one iteration of an unrolled key-slice loop holds
 # The kinds of tile body, (bounded, masked), in the order they unroll: the hottest first (after a
 # query tile's first step nearly every step runs a bounded body, most of them mask-free).
