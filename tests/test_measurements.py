@@ -293,3 +293,16 @@ def test_the_overheads_tools_schedules_run_the_library_kernel_over_the_tiles_the
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
     if jax.devices()[0].platform != "tpu":
         assert done.returncode == 2 and "needs a TPU" in done.stderr
+
+
+def test_the_fastest_row_is_the_fastest_compiled_as_the_kernel_now_compiles():
+    """`fastest_row` (notebook 06's "at any tiles"): the fastest row of the method, passing over a faster
+    one whose loop is not the one the kernel now compiles at its tiles."""
+    from svg_lib.instruments.tools.measured import compiled_as_shipped, fastest_row
+    rows = load_measurements()
+    best = fastest_row("b3", rows=rows)
+    assert compiled_as_shipped(best) and best["median_ms"] <= shipped_row("b3", 3328, 1536)["median_ms"]
+    stale = {**best, "median_ms": best["median_ms"] - 1, "loop": "rolled", "unrolled_bodies": []}
+    assert not compiled_as_shipped(stale)
+    assert fastest_row("b3", rows=rows + [stale]) is best
+    assert fastest_row("b3", rows=rows + [{**stale, "unrolled_bodies": best["unrolled_bodies"]}])["median_ms"] < best["median_ms"]

@@ -109,21 +109,36 @@ def shipped_row(method: str, block_q: int, block_kv: int, *, chip: str = "v5e", 
     found = [r for r in rows if r.get("chip") == chip and r.get("part") in parts and r.get("method") == method and r.get("block_q") == block_q and r.get("block_kv") == block_kv
              and "median_ms" in r and r.get("backward") in (None, "fused")]
     if method in BODIES and part == "forward":
-        # the loop as the kernel compiles it at the row's key slices; the shipped slices where measured
-        # (a row of one slice, or of a loop recorded by name, reads as the kinds its loop unrolled)
-        found = [r for r in found if BODIES[method] & (row_unrolled(r) or frozenset())
-                 == unrolled_bodies(TileSizes(block_q, block_kv, r["block_kv_compute"]), 1, METHODS[method].mask_free_body)]
-        slices = default_block_kv_compute(block_q, block_kv)
+        found = [r for r in found if compiled_as_shipped(r)]
+        slices = default_block_kv_compute(block_q, block_kv)   # the shipped slices where measured
         found = [r for r in found if r["block_kv_compute"] == slices] or found
     return found[-1] if found else None
 
 
+def compiled_as_shipped(row: dict) -> bool:
+    """Whether a measured row's key-slice loop is the one its kernel now compiles at the row's tiles and
+    key slices (a row of one slice, or of a loop recorded by name, reads as the kinds its loop unrolled);
+    always for Splash, whose loop is its own."""
+    method = row.get("method")
+    if method not in BODIES:
+        return True
+    sizes = TileSizes(row["block_q"], row["block_kv"], row["block_kv_compute"])
+    return BODIES[method] & (row_unrolled(row) or frozenset()) == unrolled_bodies(sizes, 1, METHODS[method].mask_free_body)
+
+
+def fastest_row(method: str, chip: str = "v5e", rows=None) -> dict | None:
+    """The fastest forward row of `method` measured on `chip`, at any tiles, among those compiled as the
+    kernel now compiles them (`compiled_as_shipped`), or None where none was measured."""
+    check_method(method)
+    rows = load_measurements() if rows is None else rows
+    found = [r for r in rows if r.get("chip") == chip and r.get("method") == method and "median_ms" in r
+             and r.get("part") in ("forward", "splash") and compiled_as_shipped(r)]
+    return min(found, key=lambda r: r["median_ms"]) if found else None
+
+
 def best_splash(chip: str = "v5e", rows=None) -> dict | None:
     """The fastest Splash dense row measured on `chip`, at any block sizes: the B0 to beat."""
-    rows = load_measurements() if rows is None else rows
-    splash = [r for r in rows if r.get("chip") == chip and r.get("method") == BASELINE
-              and r.get("part") in ("forward", "splash") and "median_ms" in r]
-    return min(splash, key=lambda r: r["median_ms"]) if splash else None
+    return fastest_row(BASELINE, chip, rows)
 
 
 def predicted_ms(method: str, chip: str, block_q: int, block_kv: int, block_kv_compute: int,
