@@ -68,13 +68,13 @@ def main(argv=None) -> int:
         shown.update(1)
     shown.close()
     forward.unrolled_bodies = rule
-    record = kept if kept else {"what": "bytes of code the TPU compiler generated for each forward program tools/tpu-measure.py "
-                      "timed (memory_analysis().generated_code_size_in_bytes), compile-only for the chip, at the "
-                      "case study's problem (75,600 tokens, 10 heads x 128, bf16), each with the kinds of tile "
-                      "body its measured row unrolled; written by tools/code-sizes.py",
-              "evidence": "compile-only (the TPU compiler run on a CPU), not measured on a chip",
-              "chip": args.chip, "date": datetime.date.today().isoformat(), "jax": md.version("jax"),
-              "libtpu": md.version("libtpu"), "git_commit": git_commit(), "programs": rows}
+    record = kept or {"what": "bytes of code the TPU compiler generated for each forward program tools/tpu-measure.py "
+                              "timed (memory_analysis().generated_code_size_in_bytes), compile-only for the chip, at "
+                              "the case study's problem (75,600 tokens, 10 heads x 128, bf16), each with the kinds of "
+                              "tile body its measured row unrolled; written by tools/code-sizes.py",
+                      "evidence": "compile-only (the TPU compiler run on a CPU), not measured on a chip",
+                      "chip": args.chip, "date": datetime.date.today().isoformat(), "jax": md.version("jax"),
+                      "libtpu": md.version("libtpu"), "git_commit": git_commit()}
     record["programs"] = rows
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"code-sizes: {len(rows)} programs written to {args.out}")
