@@ -41,12 +41,9 @@ Decided per query tile at run time (tests/test_bounded_max.py counts which body 
 gets the exact result, scores of 1e9 at their bound included. How often tiles pass depends on the
 activations (`svg_lib.instruments.tpu.cost` prices both from the compiler's static profile).
 
-Code size. Every `pl.when` branch is compiled, so a kernel carries one copy of the tile body
-per kind it can run, and two of each (running and bounded): dense, B2 and B3 hold four (mask-free
-and masked), B1 two (masked only). How far each unrolls its loop over key slices is bounded by the
-code size measured fast on a TPU (`unrolled_bodies`, `CODE_BUDGET`); a loop of more slices than
-`MAX_UNROLLED_CHUNKS` unrolls a divisor of them at a time (`unroll_factor`), so a key tile twice as
-long costs half the grid steps and no more code.
+Code size. Every `pl.when` branch is compiled: a kernel holds a tile body per kind it runs, running and
+bounded each (dense, B2, B3 four, mask-free and masked; B1 two), each loop unrolled within the code
+measured fast on a TPU (`unrolled_bodies`, `unroll_factor`, `CODE_BUDGET`).
 """
 from __future__ import annotations
 
@@ -82,9 +79,8 @@ UNROLL_ORDER = ((True, False), (True, True), (False, False), (False, True))
 
 
 def unroll_factor(slices: int) -> int:
-    """The slices one iteration of an unrolled loop over `slices` key slices runs: the largest divisor of
-    `slices` up to MAX_UNROLLED_CHUNKS (every slice for 2 or 3, two for 4, three for 6 or 9; 1, no
-    unrolling, for one slice or a prime past the limit). An unrolled body is that many copies of it."""
+    """The slices one iteration of an unrolled loop of `slices` runs, as many copies of the body: the largest
+    divisor up to MAX_UNROLLED_CHUNKS (all of 2 or 3, two of 4, three of 6; 1 for one slice or a prime past it)."""
     return max(f for f in range(1, min(slices, MAX_UNROLLED_CHUNKS) + 1) if slices % f == 0)
 
 
@@ -107,8 +103,7 @@ def code_bytes(sizes: TileSizes, unrolled=frozenset(), masked_kinds: int = 1, ma
 def unrolled_bodies(sizes: TileSizes, masked_kinds: int = 1, mask_free: bool = True) -> frozenset:
     """The kinds of tile body, (bounded, masked), whose key-slice loop a forward kernel unrolls: in
     `UNROLL_ORDER`, each kind the kernel compiles whose unrolling keeps its `code_bytes` within
-    `CODE_BUDGET`. Loops that `unroll_factor` leaves rolled (one slice, a prime number past
-    `MAX_UNROLLED_CHUNKS`) stay as they are."""
+    `CODE_BUDGET`. Loops that `unroll_factor` leaves rolled stay as they are."""
     chosen = frozenset()
     if unroll_factor(sizes.slices) > 1:
         for kind, n in body_copies(masked_kinds, mask_free).items():
@@ -139,10 +134,9 @@ def dot(a, b, dims):
 def _lanes(x, width: int, interpret: bool):
     """A lane-replicated `[rows, 128]` state array, widened to `[rows, width]`.
 
-    On a TPU the state is already one value per row repeated over the 128 lanes, so
-    repeating whole vregs (`jnp.tile`) costs nothing, while `x[:, :1]` asks for a lane
-    broadcast of every vreg: the compiler's profile put that at twice Splash's cycles per
-    tile. The interpreter prefers the [rows, 1] column, which XLA broadcasts for free.
+    On a TPU the state is one value per row repeated over the 128 lanes: repeating whole vregs
+    (`jnp.tile`) is free, where `x[:, :1]` broadcasts lanes in every vreg (twice Splash's cycles a tile
+    in the compiler's profile). The interpreter prefers the [rows, 1] column, free for XLA to broadcast.
     """
     if width == LANES:
         return x
@@ -186,15 +180,13 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
     keys alone (padding) then costs one row, not a tile. `kv_tokens`: None, or the key count when
     the last key tile is partial: a masked tile then selects its v rows past it to zero (`real_part`;
     the predicate already masks their scores). `unrolled`: the kinds of body, (bounded, masked), whose
-    loop the kernel unrolls (`unrolled_bodies`). `interpret` (known at trace time)
-    picks the broadcasts each backend does cheaply (see `_lanes`). Both matmuls go through `dot`,
-    which states the precision of the inputs' dtype (`matmul_precision`): float32 tiles get float32
-    products on a TPU too, not its default single bf16 pass.
+    loop the kernel unrolls (`unrolled_bodies`, `unroll_factor`). `interpret` (known at trace time) picks
+    the broadcasts each backend does cheaply (see `_lanes`). Both matmuls go through `dot`, at the precision
+    of the inputs' dtype (`matmul_precision`): float32 tiles get float32 products on a TPU too.
 
     Two choices serve the CPU interpreter, at no cost on a TPU: kernels call this only under
     `pl.when`, and blocks are read inside the loop. Without them the interpreter copies the
-    whole q, k and v arrays at every grid step (XLA turns its write-back of a block into a
-    copy). Each unrolled slice is another copy of the body in the program (`CODE_BUDGET`).
+    whole q, k and v arrays at every grid step (XLA turns its write-back of a block into a copy).
     """
     block_q = q_ref.shape[0]
     head_dim = acc_ref.shape[1]
@@ -255,10 +247,8 @@ BOUND_MARGIN = 2.0 ** -10
 # first step; a tile that fails keeps the running max to its end with no further test (a test at
 # every step cost more, in the static profile, than the running body it would save). The first step
 # runs on the bound, checked after: faster on a v5e than the running max first (CONTRIBUTING).
-# RUNNING is 0 because the compiler's static profile reads scalar-prefetched SMEM as zeros
-# (svg_lib.instruments.tpu.probes) and may read this flag so too: a simulated kernel would then take
-# the failing tile's path, the running max with no test, never a test at every step. (Whether it
-# reads scratch SMEM as zeros was not checked.)
+# RUNNING is 0: the compiler's static profile reads scalar-prefetched SMEM (and perhaps this flag: not
+# checked) as zeros (instruments.tpu.probes), so a simulated kernel takes a failing tile's path, never a loop of tests.
 RUNNING, BOUNDED, UNDECIDED = 0, 1, 2
 
 
@@ -307,9 +297,8 @@ def visit(tile, keep, flag_ref, start, check):
 
 
 def plain_interpreter(interpret) -> bool:
-    """Whether a kernel given `interpret` runs in the plain CPU interpreter (`interpret=True`),
-    which takes the broadcasts XLA on a CPU does cheaply (`_lanes`). `pltpu.InterpretParams(...)`,
-    the interpreter that simulates a TPU, runs exactly the code a TPU compiles."""
+    """Whether a kernel given `interpret` runs in the plain CPU interpreter (`interpret=True`, `_lanes`'s
+    cheap broadcasts); `pltpu.InterpretParams(...)` simulates a TPU and runs the code a TPU compiles."""
     return interpret is not None and interpret is not False and not isinstance(interpret, pltpu.InterpretParams)
 
 
