@@ -146,12 +146,9 @@ def _lanes(x, width: int, interpret: bool):
 
 
 def _lane_sum(p):
-    """`[rows, width]` -> `[rows, 128]`: sums of the 128-lane columns of `p`, added lane by lane.
-
-    Adding whole vregs is plain VPU work; the last step of a row sum, across the 128 lanes of a
-    vreg, goes through the cross-lane unit (XLU). The tile body keeps l as these per-lane
-    partial sums and crosses the lanes once per query tile, in `finish`.
-    """
+    """`[rows, width]` -> `[rows, 128]`: sums of the 128-lane columns of `p`, added lane by lane: plain VPU
+    work. Across the lanes of a vreg a sum takes the cross-lane unit (XLU): the tile body keeps l as
+    these per-lane partial sums and crosses the lanes once per query tile, in `finish`."""
     parts = [p[:, i:i + LANES] for i in range(0, p.shape[1], LANES)]
     while len(parts) > 1:
         parts = [a + b for a, b in zip(parts[::2], parts[1::2])] + parts[len(parts) & ~1:]
@@ -219,8 +216,13 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
         acc_ref[...] = _lanes(alpha, head_dim, interpret) * acc_ref[...] + pv
         return carry
 
-    unroll = unroll_factor(chunks) if (bounded, keep is not None) in unrolled else 1
-    jax.lax.fori_loop(0, chunks, chunk, None, unroll=unroll)
+    per = unroll_factor(chunks) if (bounded, keep is not None) in unrolled else 1
+    if 1 < per < chunks:  # `per` slices an iteration of a rolled loop (Colab's jax lowers no partial unroll)
+        def group(g, carry):
+            return [chunk(g * per + j, carry) for j in range(per)][-1]
+        jax.lax.fori_loop(0, chunks // per, group, None)
+    else:
+        jax.lax.fori_loop(0, chunks, chunk, None, unroll=per > 1)
 
 
 # -- the bounded max ---------------------------------------------------------------------------
@@ -349,15 +351,12 @@ def finish(m_ref, l_ref, acc_ref, o_ref, interpret=False, lse_ref=None):
     seen = jnp.logical_not(_lanes(m, head_dim, interpret) <= 0.5 * MASK_VALUE) | jnp.isnan(l)
     o_ref[...] = jnp.where(seen, acc_ref[...] / jnp.where(seen, l, 1.0), 0.0).astype(o_ref.dtype)
     if lse_ref is not None:
-        # log-sum-exp of each row's kept scores, what the backward needs to rebuild p. A row
-        # with no kept key gets +inf, so that the backward's exp(s - lse) is exactly 0 there; a
-        # NaN row gets NaN (the floor below is a select, not a max, so NaN l passes it), so the
-        # backward's p = exp(s - lse) is NaN across that row's computed tiles.
-        # Stored as one value per row: the lane-replicated column, transposed once per query tile
-        # (the cross-lane unit's work), gives the `[1, block_q]` row both backward passes read.
-        # A TPU's float32 log errs by up to ~1e-4 (its exp by a few 1e-6 relative), and an lse off
-        # by e shifts every rebuilt p by the factor exp(-e): one Newton step on exp(y) = l, through
-        # the more exact exp, takes the log to exp's accuracy (once per query tile).
+        # log-sum-exp of each row's kept scores, for the backward to rebuild p: +inf for a row with no
+        # kept key (exp(s - lse) is exactly 0 there), NaN for a NaN row (the floor below is a select, not
+        # a max, so NaN l passes it). One value per row: the lane-replicated column, transposed once per
+        # query tile, gives the `[1, block_q]` row both backward passes read. A TPU's float32 log errs by
+        # up to ~1e-4 (its exp by a few 1e-6 relative), and an lse off by e scales every rebuilt p by
+        # exp(-e): one Newton step on exp(y) = l, through the more exact exp, takes the log to exp's accuracy.
         seen_rows = jnp.logical_not(m <= 0.5 * MASK_VALUE) | jnp.isnan(row_sum)      # [block_q, 128]
         total = jnp.where(row_sum < 1e-30, 1e-30, row_sum)
         log_l = jnp.log(total)
