@@ -219,7 +219,8 @@ def online_softmax_tile(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, keep, q_s
     per = unroll_factor(chunks) if (bounded, keep is not None) in unrolled else 1
     if 1 < per < chunks:  # `per` slices an iteration of a rolled loop (Colab's jax lowers no partial unroll)
         def group(g, carry):
-            return [chunk(g * per + j, carry) for j in range(per)][-1]
+            for j in range(per):
+                chunk(g * per + j, carry)
         jax.lax.fori_loop(0, chunks // per, group, None)
     else:
         jax.lax.fori_loop(0, chunks, chunk, None, unroll=per > 1)
