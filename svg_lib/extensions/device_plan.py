@@ -73,33 +73,34 @@ def schedule_rows(classes, steps: int):
 
     Returns `(index, step_class, num_steps)`: int32 `[rows, steps]` the column tile of each step,
     int32 `[rows, steps]` its class (EMPTY for idle steps), int32 `[rows]` the non-empty tiles of
-    each row (may exceed `steps`: those past the budget are dropped). Each row lists its non-empty
-    tiles in ascending order, then idle steps on the tile already resident: the row's last tile, or
-    for a row that visits nothing, the last tile of the nearest visiting row above (before the
-    first visiting row, that row's first tile), so an idle step never issues a DMA.
+    each row (may exceed `steps`: those past the budget are dropped). Each row starts with its idle
+    steps, on its first tile, then lists its non-empty tiles in ascending order; a row that visits
+    nothing idles on the tile already resident: the last tile of the nearest visiting row above
+    (before the first visiting row, that row's first tile), so an idle step never issues a DMA.
     """
     rows, cols = classes.shape
     visited = classes != EMPTY
     num_steps = jnp.sum(visited, axis=1, dtype=jnp.int32)
-    # visited tiles first, in ascending order: a stable sort on "not visited"
+    # each row's visited tiles in ascending order: a stable sort on "not visited"
     order = jnp.argsort(~visited, axis=1, stable=True)[:, :steps].astype(jnp.int32)
     taken = jnp.minimum(num_steps, steps)
     last = jnp.take_along_axis(order, jnp.maximum(taken - 1, 0)[:, None], axis=1)[:, 0]
-    last = _resident_for_keyless_rows(last, order[:, 0], taken > 0)
-    idle = jnp.arange(steps)[None, :] >= taken[:, None]
-    index = jnp.where(idle, last[:, None], order)
+    visit = jnp.arange(steps)[None, :] - (steps - taken)[:, None]  # the visit a step makes; < 0: idle
+    order = jnp.take_along_axis(order, jnp.maximum(visit, 0), axis=1)
+    idle = visit < 0
+    index = jnp.where(idle, _idle_tiles(order[:, 0], last, taken > 0)[:, None], order)
     step_class = jnp.where(idle, EMPTY, jnp.take_along_axis(classes, order, axis=1))
     return index, step_class.astype(jnp.int32), num_steps
 
 
-def _resident_for_keyless_rows(last, first, has):
-    """Each row's idle-step tile `[rows]`: its own last visited tile, or for a row with no visit the
+def _idle_tiles(first, last, has):
+    """Each row's idle-step tile `[rows]`: its own first visited tile, or for a row with no visit the
     last tile of the nearest visiting row above, or before any visiting row the first visiting
     row's first tile (0 if no row visits anything). `has` bool `[rows]`: the row visits a tile."""
     rows = last.shape[0]
     above = jax.lax.cummax(jnp.where(has, jnp.arange(rows), -1), axis=0)  # nearest visiting row at or above
     first_row = jnp.argmax(has)
-    resident = jnp.where(above >= 0, last[jnp.maximum(above, 0)], first[first_row])
+    resident = jnp.where(has, first, jnp.where(above >= 0, last[jnp.maximum(above, 0)], first[first_row]))
     return jnp.where(jnp.any(has), resident, 0).astype(jnp.int32)
 
 

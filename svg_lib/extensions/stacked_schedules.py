@@ -17,8 +17,8 @@ def stack_schedules(plans) -> np.ndarray:
     """Several plans' schedules as one packed table of `len(plans) * nq` rows of `steps` entries.
 
     Row `kind * nq + i` is query tile i of `plans[kind]`; `steps` is the largest of the plans'.
-    A shorter plan's extra steps repeat its row's last key tile with class EMPTY: idle steps that
-    fetch and compute nothing, like the planner's own. Used by kernels that pick each head's
+    A shorter plan's rows start with extra idle steps (class EMPTY) on their first key tile: steps
+    that fetch and compute nothing, like the planner's own. Used by kernels that pick each head's
     row by a per-head kind (the in-kernel routing).
     """
     plans = list(plans)
@@ -28,6 +28,6 @@ def stack_schedules(plans) -> np.ndarray:
     kv, cls = [], []
     for p in plans:
         extra = steps - p.steps
-        kv.append(np.concatenate([p.kv_index, np.repeat(p.kv_index[:, -1:], extra, axis=1)], axis=1))
-        cls.append(np.concatenate([p.step_class, np.full((p.grid[0], extra), EMPTY, np.int8)], axis=1))
+        kv.append(np.concatenate([np.repeat(p.kv_index[:, :1], extra, axis=1), p.kv_index], axis=1))
+        cls.append(np.concatenate([np.full((p.grid[0], extra), EMPTY, np.int8), p.step_class], axis=1))
     return pack_schedule(np.concatenate(kv), np.concatenate(cls))

@@ -98,7 +98,7 @@ def bound_pass_rate(q, k, mask=None, *, method: str = "dense", block_q: int, blo
     else:
         kernel_mask = record.computed_mask(mask, block_q, block_kv)
         plan = plan_tiles(kernel_mask, block_q, block_kv)
-        first = plan.step_class[:, 0]
+        first = plan.classes[np.arange(plan.grid[0]), plan.kv_index[:, 0]]  # the first visit's (idle steps' tile)
         masked = record.step_classes(first) == PARTIAL
         passed = bound_test(q, k, block_q=block_q, block_kv=block_kv, first_kv=plan.kv_index[:, 0],
                             keep=(kernel_mask.kernel_predicate(block_q, block_kv), masked))

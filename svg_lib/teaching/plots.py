@@ -308,7 +308,7 @@ def plot_schedule(plan: TilePlan, transposed: bool = False, ax=None, title: str 
     fig = plot_tile_map(plan, ax=ax, title=title, show_mask=False, legend=False, stage=stage)
     ax = fig.axes[0] if ax is None else ax
     for r in range(rows):
-        tiles = index[r, :num_steps[r]]
+        tiles = index[r, steps - num_steps[r]:]  # the visits, after the idle steps
         if not tiles.size:
             continue  # a row that visits nothing: idle steps only
         xs, ys = (k_mid[r], q_mid[tiles]) if transposed else (k_mid[tiles], q_mid[r])

@@ -7,8 +7,9 @@ a block in only when its block index differs from the previous grid step's, so:
 * the first step of every query row usually fetches (its key tile differs from the one the
   previous row ended on) - but not always: a row may start on the very tile the row before
   ended on, and then that step issues no DMA;
-* idle steps (rows with fewer visits than `steps`) repeat the row's last visited tile, so
-  they never issue a DMA.
+* idle steps (rows with fewer visits than `steps`) come first in their row, on its first
+  visited tile: that tile is copied while the row above computes its last tile, and the
+  steps after it issue no DMA.
 
 `grid_trace` derives the traversal from the planner's tables; `recorded_grid_trace` runs the
 real kernel in the TPU interpreter with a grid-point recorder and returns what it visited,
