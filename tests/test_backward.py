@@ -163,12 +163,13 @@ def test_transposed_schedule_visits_each_tile_once_from_the_keys():
     nq, nk = plan.grid
     seen = np.zeros((nq, nk), int)
     for j in range(nk):
+        idle = q_index.shape[1] - num_steps[j]  # a row's idle steps come first
         for s in range(q_index.shape[1]):
-            if s < num_steps[j]:
+            if s >= idle:
                 assert step_class[j, s] == plan.classes[q_index[j, s], j] != EMPTY
                 seen[q_index[j, s], j] += 1
-            else:  # idle: no class, and the query tile already resident
-                assert step_class[j, s] == EMPTY and q_index[j, s] == q_index[j, max(num_steps[j] - 1, 0)]
+            else:  # idle: no class, on the query tile the row visits first (copied once)
+                assert step_class[j, s] == EMPTY and q_index[j, s] == q_index[j, min(idle, q_index.shape[1] - 1)]
     assert (seen == plan.visited).all()
     rows, cls = unpack_schedule(plan.transposed_schedule, nk, q_index.shape[1])
     assert (rows == q_index).all() and (cls == step_class).all()

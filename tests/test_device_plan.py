@@ -36,10 +36,10 @@ def random_selection(seed, heads, nq, nk, density=0.4):
 
 def padded_rows(index, step_class, steps):
     """A NumPy plan's `[rows, s]` tables padded to `steps` steps the way `stack_schedules` pads a
-    shorter plan: idle (EMPTY) steps on the row's last tile."""
+    shorter plan: idle (EMPTY) steps first, on the row's first tile."""
     extra = steps - index.shape[1]
-    return (np.concatenate([index, np.repeat(index[:, -1:], extra, axis=1)], axis=1),
-            np.concatenate([step_class, np.full((index.shape[0], extra), EMPTY, step_class.dtype)], axis=1))
+    return (np.concatenate([np.repeat(index[:, :1], extra, axis=1), index], axis=1),
+            np.concatenate([np.full((index.shape[0], extra), EMPTY, step_class.dtype), step_class], axis=1))
 
 
 def numpy_tables(tiles, tokens, block_q, block_kv, steps, steps_t):

@@ -139,12 +139,13 @@ def test_schedule_tables(mask_dense, bq, bk):
     for i, tiles in enumerate(visits):
         m = tiles.size
         assert plan.num_steps[i] == m
-        np.testing.assert_array_equal(plan.kv_index[i, :m], tiles)  # visited tiles, ascending
-        np.testing.assert_array_equal(plan.step_class[i, :m], classes[i, tiles])
-        # idle steps re-point at the block already resident (no DMA) and compute nothing
+        idle = steps - m  # idle steps first, then the visited tiles, ascending
+        np.testing.assert_array_equal(plan.kv_index[i, idle:], tiles)
+        np.testing.assert_array_equal(plan.step_class[i, idle:], classes[i, tiles])
+        # idle steps point at the row's first tile (copied once, before its visit) and compute nothing
         if m:
-            assert (plan.kv_index[i, m:] == tiles[-1]).all()
-        assert (plan.step_class[i, m:] == EMPTY).all()
+            assert (plan.kv_index[i, :idle] == tiles[0]).all()
+        assert (plan.step_class[i, :idle] == EMPTY).all()
     # the packed table the kernel reads holds exactly these two tables
     kv, cls = unpack_schedule(plan.schedule, plan.grid[0], plan.steps)
     np.testing.assert_array_equal(kv, plan.kv_index)
@@ -159,8 +160,8 @@ def test_query_tile_with_nothing_to_visit():
     plan = plan_tiles(ArrayMask(dense), 128, 128)
     assert plan.num_steps.tolist() == [1, 0, 2]
     assert plan.steps == 2
-    assert plan.kv_index[0].tolist() == [1, 1]
-    assert plan.step_class[0].tolist() == [PARTIAL, EMPTY]
+    assert plan.kv_index[0].tolist() == [1, 1]  # its idle step first, on the tile it visits
+    assert plan.step_class[0].tolist() == [EMPTY, PARTIAL]
     assert plan.step_class[1].tolist() == [EMPTY, EMPTY]
     assert plan.kv_index[1].tolist() == [1, 1]  # the tile query tile 0 left resident: no DMA
     assert plan.kv_index[2].tolist() == [0, 1]
@@ -193,9 +194,9 @@ def test_pack_and_stack_schedules():
     kv, cls = unpack_schedule(table, 6, 3)
     np.testing.assert_array_equal(kv[:3], a.kv_index)
     np.testing.assert_array_equal(cls[:3], a.step_class)
-    np.testing.assert_array_equal(kv[3:, :1], b.kv_index)
-    # b's rows are padded with idle steps on the row's own last tile
-    assert (cls[3:, 1:] == EMPTY).all() and (kv[3:, 1:] == b.kv_index[:, -1:]).all()
+    np.testing.assert_array_equal(kv[3:, -1:], b.kv_index)
+    # b's rows start with idle steps on the row's own first tile
+    assert (cls[3:, :-1] == EMPTY).all() and (kv[3:, :-1] == b.kv_index[:, :1]).all()
     # the layout the kernel decodes: entry n in half n % 2 of word n // 2
     n = np.arange(18)
     entry = (table.view(np.uint32)[n // 2].astype(np.int64) >> (STEP_BITS * (n % 2))) & 0xFFFF

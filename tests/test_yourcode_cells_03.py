@@ -30,10 +30,10 @@ def transposed(h, i, s, schedule_ref, *, steps):            # row and step swapp
     return h, schedule_entry(schedule_ref, s * steps + i)[0], 0
 
 
-def idle_on_tile_zero(h, i, s, schedule_ref, *, steps):     # idle steps fetch tile 0
+def idle_on_tile_one(h, i, s, schedule_ref, *, steps):      # idle steps fetch tile 1 (rows start on the sink, 0)
     import jax.numpy as jnp
     tile, cls = schedule_entry(schedule_ref, i * steps + s)
-    return h, jnp.where(cls == EMPTY, 0, tile), 0
+    return h, jnp.where(cls == EMPTY, 1, tile), 0
 
 
 def off_by_one_row(h, i, s, schedule_ref, *, steps):        # i * (steps - 1) + s: small tiles can equal entries
@@ -80,7 +80,7 @@ def entry_pair(h, i, s, schedule_ref, *, steps):            # the decoder's pair
     (two_indices, "return three block indices, (head, key tile, 0)"),
     (packed_entry, "the packed entry itself"),
     (transposed, "entry n = i * steps + s"),
-    (idle_on_tile_zero, "an idle step must repeat the resident tile"),
+    (idle_on_tile_one, "an idle step must fetch the tile its entry names"),
     (off_by_one_row, "entry n = i * steps + s"),
     (no_head, "the first block index picks the head"),
 ])

@@ -3,8 +3,8 @@
 The planner knows masks; kernels know tables. For `block_q` x `block_kv` tiles it
 classifies every tile (EMPTY / PARTIAL / FULL) from exact pair counts (no N x N
 array), and lays out a compressed schedule: for each query tile, the key/value
-tiles to visit in order, padded to a common length with idle steps that point at
-the block already resident, so an idle grid step issues no DMA.
+tiles to visit in order, after idle steps that pad it to a common length and point
+at its first tile, so that tile is copied once, while the row above still computes.
 
 The kernel receives that schedule as one flat int32 table in SMEM (`TilePlan.schedule`):
 each grid step is a 16-bit entry `kv_index << CLASS_BITS | step_class`, two entries to a

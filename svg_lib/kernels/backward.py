@@ -18,7 +18,7 @@ those rows, and comes in one of two forms:
             for dk and dv; each rebuilds p. Where a head's dq does not fit in VMEM (1440p).
 
 Either visits exactly the forward's non-empty tiles, FULL tiles mask-free, PARTIAL tiles masked by
-the same predicate, idle steps on the resident block; dense takes its tiles from program ids.
+the same predicate, idle steps first on a row's first block; dense takes its tiles from program ids.
 The simulated cost per tile of each form, beside Splash's backward and the fused tile's five matmuls
 alone, is `svg_lib/data/backward_cost_reference.json` (the TPU compiler's static profile,
 `svg_lib.instruments.tpu.cost.backward_tile_cost`; `python -m svg_lib cost --backward`, notebook 11).

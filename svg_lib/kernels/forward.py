@@ -421,8 +421,8 @@ def block_sparse_attention(q, k, v, head_kind, schedule, *, steps, method, keep,
     fetch and its class, two entries to a word; `steps` grid steps per query tile. head_kind:
     int32 `[heads]`, which of the `kinds` schedules (and predicates) head h follows; all zeros
     for one mask. Both are scalar-prefetched into SMEM so the index maps can read them. Grid
-    step (h, i, s) fetches the key tile of its entry; idle steps (class EMPTY) repeat the
-    resident tile, so the pipeline issues no DMA for them. `keep(q_ids, k_ids)` is the
+    step (h, i, s) fetches the key tile of its entry; idle steps (class EMPTY) open a row on its
+    first tile, so the pipeline copies it once, as the row above computes. `keep(q_ids, k_ids)` is the
     elementwise predicate for masked tiles (the exact mask for B1/B2, padding only for B3), or
     a tuple of them, one per kind. With `residuals`, returns `(out, lse)`, lse f32
     `[heads, 1, q tokens]` for the backward (svg_lib.kernels.backward).

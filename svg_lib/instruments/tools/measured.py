@@ -112,7 +112,7 @@ def shipped_row(method: str, block_q: int, block_kv: int, *, chip: str = "v5e", 
         found = [r for r in found if compiled_as_shipped(r)]
         slices = default_block_kv_compute(block_q, block_kv)   # the shipped slices where measured
         found = [r for r in found if r["block_kv_compute"] == slices] or found
-    return found[-1] if found else None
+    return sorted(found, key=lambda r: r.get("date", ""))[-1] if found else None   # same day: the later row
 
 
 def compiled_as_shipped(row: dict) -> bool:

@@ -269,7 +269,7 @@ def check_b1_kv_map(fn, *, seed: int = 0) -> CheckResult:
 
     On each hidden case: the block index it returns at every grid step (evaluated on traced grid
     indices, as Pallas traces an index map) against (h, the plan's kv_index[i, s], 0), idle steps
-    included (they must repeat the resident tile, or the pipeline copies a tile nobody uses); then the
+    included (they name the row's first tile; another would start a copy nobody uses); then the
     B1 kernel with `fn` as its key/value index map, against reference attention."""
     rng = np.random.default_rng(seed)
 
@@ -304,17 +304,17 @@ def check_b1_kv_map(fn, *, seed: int = 0) -> CheckResult:
                 hint = ("that is the packed entry itself (key tile << 2 | class): decode it with "
                         "schedule_entry(schedule_ref, n), which returns (key tile, class)")
             elif idle:
-                hint = ("every visited step is right; an idle step must repeat the resident tile, which its entry "
-                        "already names: a different tile starts a copy nobody uses")
-            elif got == s:
-                hint = ("s counts the row's steps, not key tiles: the key tile comes from the schedule, "
-                        "entry i * steps + s")
-            elif (tiles == np.broadcast_to(plan.step_class, tiles.shape))[~idle_steps].all():
+                hint = ("every visited step is right; an idle step must fetch the tile its entry names (the row's "
+                        "first, copied early so its visit needs no copy): a different tile starts a copy nobody uses")
+            elif (tiles == np.broadcast_to(plan.step_class, tiles.shape))[~idle_steps].all():  # whole tables first
                 hint = ("that is the step's class (EMPTY 0, PARTIAL 1, FULL 2), not its key tile: "
                         "schedule_entry(schedule_ref, n) returns (key tile, class), in that order")
             elif (tiles == want * bkv)[~idle_steps].all():
                 hint = (f"a block index counts blocks, not elements: return the key tile itself, not key tile * "
                         f"block_kv ({bkv})")
+            elif got == s:
+                hint = ("s counts the row's steps, not key tiles: the key tile comes from the schedule, "
+                        "entry i * steps + s")
             elif got >= plan.grid[1] or got < 0:
                 hint = (f"key tile {got} does not exist (a row has {plan.grid[1]} key tiles): decode the entry with "
                         "schedule_entry(schedule_ref, n), which reads its half of an int32 word (two 16-bit "
@@ -329,7 +329,7 @@ def check_b1_kv_map(fn, *, seed: int = 0) -> CheckResult:
                         "effects and returns the same values inside the kernel")
 
     return _finish("03 kv_map", _cases(rng), run,
-                   "every grid step fetches the plan's key tile, idle steps the resident one, and B1 with your map "
+                   "every grid step fetches the plan's key tile, idle steps included, and B1 with your map "
                    "matches reference attention")
 
 
