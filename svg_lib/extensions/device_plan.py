@@ -10,7 +10,7 @@ B3's padding-only mask), and an unselected tile is EMPTY.
 
 What differs from the NumPy planner is only where the step count comes from. There it is the
 longest row of the plan; here it must be known when tracing, so it is a budget the caller states
-(`steps`, `steps_t`), and every row is padded to it with idle steps on the resident tile, exactly
+(`steps`, `steps_t`), and every row is padded to it with idle steps first, on its first tile, exactly
 as `stacked_schedules.stack_schedules` pads a shorter plan. For a selection whose longest row equals the
 budget the tables are the NumPy planner's, word for word (tests/test_device_plan.py checks it
 against `plan_tiles(TileAlignedMask(...))`). A row that selects more tiles than the budget cannot
