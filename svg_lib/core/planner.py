@@ -202,12 +202,12 @@ def schedule_rows(classes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarr
     visited = classes != EMPTY
     num_steps = visited.sum(axis=1).astype(np.int32)
     steps = max(int(num_steps.max(initial=0)), 1)
-    order = np.argsort(~visited, axis=1, kind="stable")[:, :steps]  # each row's visited tiles, ascending
-    last = np.take_along_axis(order, np.maximum(num_steps - 1, 0)[:, None], axis=1)[:, 0]
-    taken = np.arange(steps)[None, :] - (steps - num_steps)[:, None]  # the visit a step makes; < 0: idle
-    order = np.take_along_axis(order, np.maximum(taken, 0), axis=1)
-    idle = taken < 0
-    index = np.where(idle, _idle_tiles(order[:, 0], last, num_steps)[:, None], order).astype(np.int32)
+    visits = np.argsort(~visited, axis=1, kind="stable")[:, :steps]  # each row's visited tiles, ascending
+    last = np.take_along_axis(visits, np.maximum(num_steps - 1, 0)[:, None], axis=1)[:, 0]
+    visit = np.arange(steps)[None, :] - (steps - num_steps)[:, None]  # which visit a step makes; < 0: idle
+    order = np.take_along_axis(visits, np.maximum(visit, 0), axis=1)
+    idle = visit < 0
+    index = np.where(idle, _idle_tiles(visits[:, 0], last, num_steps)[:, None], order).astype(np.int32)
     step_class = np.where(idle, EMPTY, np.take_along_axis(classes, order, axis=1)).astype(np.int8)
     return index, step_class, num_steps
 

@@ -82,13 +82,13 @@ def schedule_rows(classes, steps: int):
     visited = classes != EMPTY
     num_steps = jnp.sum(visited, axis=1, dtype=jnp.int32)
     # each row's visited tiles in ascending order: a stable sort on "not visited"
-    order = jnp.argsort(~visited, axis=1, stable=True)[:, :steps].astype(jnp.int32)
+    visits = jnp.argsort(~visited, axis=1, stable=True)[:, :steps].astype(jnp.int32)
     taken = jnp.minimum(num_steps, steps)
-    last = jnp.take_along_axis(order, jnp.maximum(taken - 1, 0)[:, None], axis=1)[:, 0]
-    visit = jnp.arange(steps)[None, :] - (steps - taken)[:, None]  # the visit a step makes; < 0: idle
-    order = jnp.take_along_axis(order, jnp.maximum(visit, 0), axis=1)
+    last = jnp.take_along_axis(visits, jnp.maximum(taken - 1, 0)[:, None], axis=1)[:, 0]
+    visit = jnp.arange(steps)[None, :] - (steps - taken)[:, None]  # which visit a step makes; < 0: idle
+    order = jnp.take_along_axis(visits, jnp.maximum(visit, 0), axis=1)
     idle = visit < 0
-    index = jnp.where(idle, _idle_tiles(order[:, 0], last, taken > 0)[:, None], order)
+    index = jnp.where(idle, _idle_tiles(visits[:, 0], last, taken > 0)[:, None], order)
     step_class = jnp.where(idle, EMPTY, jnp.take_along_axis(classes, order, axis=1))
     return index, step_class.astype(jnp.int32), num_steps
 
